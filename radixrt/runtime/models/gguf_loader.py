@@ -1,0 +1,240 @@
+"""Load llama-architecture GGUF files: metadata, dequantized HF-named tensors, tokenizer.
+
+The header is parsed here directly (gguf.GGUFReader builds a numpy view per tokenizer string and
+takes seconds on a 49k-token vocabulary); the common tensor types are dequantized with vectorized
+torch ops and any other type goes through gguf.quants.dequantize.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+import numpy as np
+import torch
+from torch import Tensor
+
+from radixrt.runtime.config import CACHE_DIR_ENV, DEFAULT_CACHE_DIR
+from radixrt.runtime.models.model_config import ModelConfig
+
+_SCALAR_FORMATS = {
+    gguf.GGUFValueType.UINT8: "<B",
+    gguf.GGUFValueType.INT8: "<b",
+    gguf.GGUFValueType.UINT16: "<H",
+    gguf.GGUFValueType.INT16: "<h",
+    gguf.GGUFValueType.UINT32: "<I",
+    gguf.GGUFValueType.INT32: "<i",
+    gguf.GGUFValueType.FLOAT32: "<f",
+    gguf.GGUFValueType.BOOL: "<?",
+    gguf.GGUFValueType.UINT64: "<Q",
+    gguf.GGUFValueType.INT64: "<q",
+    gguf.GGUFValueType.FLOAT64: "<d",
+}
+_QT = gguf.GGMLQuantizationType
+# GGUF per-layer tensor suffix -> HF module path inside model.layers.N
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+_GLOBAL_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+}
+
+
+@dataclass(frozen=True)
+class GGUFTensorInfo:
+    name: str
+    qtype: int  # gguf.GGMLQuantizationType value
+    shape: tuple[int, ...]  # torch order (outermost first), e.g. (out_features, in_features)
+    start: int  # absolute byte offset of the data in the file
+    nbytes: int
+
+
+class GGUFFile:
+    """Scalar metadata and tensor directory of a GGUF file; tensor data is memory-mapped."""
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = str(path)
+        with open(self.path, "rb") as f:
+            head = f.read(24)
+            magic, version, n_tensors, n_kv = struct.unpack("<4sIQQ", head)
+            if magic != b"GGUF" or version not in (2, 3):
+                raise ValueError(f"{self.path} is not a GGUF v2/v3 file")
+            reader = _HeaderReader(f)
+            self.metadata: dict[str, Any] = {}
+            for _ in range(n_kv):
+                key = reader.string()
+                self.metadata[key] = reader.value(reader.u32())
+            infos = []
+            for _ in range(n_tensors):
+                name = reader.string()
+                dims = [reader.u64() for _ in range(reader.u32())]
+                qtype, offset = reader.u32(), reader.u64()
+                infos.append((name, qtype, tuple(reversed(dims)), offset))
+            align = int(self.metadata.get("general.alignment", 32))
+            data_start = -(-reader.pos // align) * align
+        self.tensors: dict[str, GGUFTensorInfo] = {}
+        for name, qtype, shape, offset in infos:
+            block, type_size = gguf.GGML_QUANT_SIZES[_QT(qtype)]
+            nbytes = int(np.prod(shape)) // block * type_size
+            self.tensors[name] = GGUFTensorInfo(name, qtype, shape, data_start + offset, nbytes)
+        self._data = np.memmap(self.path, dtype=np.uint8, mode="c")
+
+    def tensor(self, name: str) -> Tensor:
+        """Dequantized float32 tensor in torch order."""
+        info = self.tensors[name]
+        raw = self._data[info.start : info.start + info.nbytes]
+        return dequantize(raw, info.qtype, info.shape)
+
+
+class _HeaderReader:
+    """Sequential little-endian reader of the GGUF header; arrays are skipped, not decoded."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.pos = 24
+
+    def _read(self, n: int) -> bytes:
+        self.pos += n
+        return self.f.read(n)
+
+    def u32(self) -> int:
+        return struct.unpack("<I", self._read(4))[0]
+
+    def u64(self) -> int:
+        return struct.unpack("<Q", self._read(8))[0]
+
+    def string(self) -> str:
+        return self._read(self.u64()).decode("utf-8", errors="replace")
+
+    def value(self, vtype: int) -> Any:
+        if vtype == gguf.GGUFValueType.STRING:
+            return self.string()
+        if vtype == gguf.GGUFValueType.ARRAY:
+            item_type, count = self.u32(), self.u64()
+            if item_type == gguf.GGUFValueType.STRING:
+                for _ in range(count):  # a vocabulary: only its length is kept
+                    length = self.u64()
+                    self.pos += length
+                    self.f.seek(self.pos)
+            elif item_type == gguf.GGUFValueType.ARRAY:
+                for _ in range(count):
+                    self.value(gguf.GGUFValueType.ARRAY)
+            else:
+                self.pos += count * struct.calcsize(_SCALAR_FORMATS[item_type])
+                self.f.seek(self.pos)
+            return ("array", count)
+        fmt = _SCALAR_FORMATS[gguf.GGUFValueType(vtype)]
+        return struct.unpack(fmt, self._read(struct.calcsize(fmt)))[0]
+
+
+def dequantize(raw: np.ndarray, qtype: int, shape: tuple[int, ...]) -> Tensor:
+    """Raw uint8 bytes of one tensor -> float32 tensor of the given (torch-order) shape."""
+    data = torch.from_numpy(raw)  # [nbytes] uint8
+    if qtype == _QT.F32:
+        return data.view(torch.float32).reshape(shape).clone()
+    if qtype == _QT.F16:
+        return data.view(torch.float16).float().reshape(shape)
+    if qtype == _QT.BF16:
+        return data.view(torch.bfloat16).float().reshape(shape)
+    if qtype in (_QT.Q4_0, _QT.Q4_1, _QT.Q8_0):
+        block, type_size = gguf.GGML_QUANT_SIZES[_QT(qtype)]
+        blocks = data.view(-1, type_size)  # [num_blocks, type_size]
+        d = blocks[:, :2].contiguous().view(torch.float16).float()  # [num_blocks, 1]
+        out = torch.empty(blocks.shape[0], block, dtype=torch.float32)  # [num_blocks, 32]
+        if qtype == _QT.Q8_0:
+            out.copy_(blocks[:, 2:].contiguous().view(torch.int8))
+            return out.mul_(d).reshape(shape)
+        packed = blocks[:, type_size - block // 2 :]  # [num_blocks, 16]: low nibbles, then high
+        half = block // 2
+        out[:, :half] = packed & 0x0F
+        out[:, half:] = packed >> 4
+        if qtype == _QT.Q4_0:
+            return out.sub_(8.0).mul_(d).reshape(shape)
+        m = blocks[:, 2:4].contiguous().view(torch.float16).float()  # [num_blocks, 1]
+        return out.mul_(d).add_(m).reshape(shape)
+    out = gguf.quants.dequantize(np.asarray(raw), _QT(qtype))
+    return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(shape)
+
+
+def unpermute_rope_rows(w: Tensor, n_heads: int) -> Tensor:
+    """Undo llama.cpp's conversion permute of Q/K rows (interleaved rope pairs -> rotate-half).
+
+    The converter maps rows laid out [head, half, pair_index] to [head, pair_index, half].
+    """
+    rest = w.shape[1:]
+    half_dim = w.shape[0] // n_heads // 2
+    return w.reshape(n_heads, half_dim, 2, *rest).transpose(1, 2).reshape(w.shape)
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """HF tensor name of a GGUF tensor name (None for tensors the model does not use)."""
+    base, _, suffix = gguf_name.rpartition(".")
+    if base.startswith("blk."):
+        _, layer, part = base.split(".", 2)
+        module = _LAYER_NAMES.get(part)
+        return None if module is None else f"model.layers.{layer}.{module}.{suffix}"
+    module = _GLOBAL_NAMES.get(base)
+    return None if module is None else f"{module}.{suffix}"
+
+
+def gguf_config(gf: GGUFFile) -> ModelConfig:
+    vocab_size = gf.tensors["token_embd.weight"].shape[0]
+    tied = "output.weight" not in gf.tensors
+    return ModelConfig.from_gguf_metadata(gf.metadata, vocab_size, tied)
+
+
+def iter_gguf_weights(gf: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, Tensor]]:
+    """(HF name, float32 tensor) pairs, with the Q/K row permutation undone."""
+    for name in gf.tensors:
+        target = hf_name(name)
+        if target is None:
+            continue
+        w = gf.tensor(name)
+        if target.endswith("q_proj.weight") or target.endswith("q_proj.bias"):
+            w = unpermute_rope_rows(w, config.num_heads)
+        elif target.endswith("k_proj.weight") or target.endswith("k_proj.bias"):
+            w = unpermute_rope_rows(w, config.num_kv_heads)
+        yield target, w
+
+
+def load_gguf_tokenizer(path: str) -> Any:
+    """transformers tokenizer of a GGUF file, converted once and then reused from the disk cache."""
+    from transformers import AutoTokenizer
+
+    folder, fname = os.path.split(os.path.abspath(path))
+    stat = os.stat(path)
+    cache_root = Path(os.environ.get(CACHE_DIR_ENV) or DEFAULT_CACHE_DIR).expanduser()
+    cached = cache_root / "tokenizers" / f"{Path(fname).stem}-{stat.st_size}-{stat.st_mtime_ns}"
+    if (cached / "tokenizer_config.json").is_file():
+        try:
+            return AutoTokenizer.from_pretrained(str(cached))
+        except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt below
+            shutil.rmtree(cached, ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+    tmp: str | None = None
+    try:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=cached.parent)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, cached)
+    except OSError:  # read-only or racing writers: the cache is only an optimisation
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return tokenizer

@@ -1,0 +1,45 @@
+"""Load Hugging Face checkpoint folders: config.json, *.safetensors, tokenizer files."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from torch import Tensor
+
+from radixrt.runtime.models.model_config import ModelConfig
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+
+
+def hf_config(folder: str) -> ModelConfig:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} has no config.json")
+    with open(path) as f:
+        return ModelConfig.from_hf_dict(json.load(f))
+
+
+def iter_safetensors_weights(folder: str) -> Iterator[tuple[str, Tensor]]:
+    """(name, tensor) pairs of every *.safetensors file in the folder, in file order."""
+    from safetensors import safe_open
+
+    files = sorted(Path(folder).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{folder} has no *.safetensors files")
+    for file in files:
+        with safe_open(str(file), framework="pt", device="cpu") as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                yield name, f.get_tensor(name)
+
+
+def load_hf_tokenizer(folder: str) -> Any | None:
+    """The folder's tokenizer, or None when it has no tokenizer files."""
+    if not any(os.path.isfile(os.path.join(folder, name)) for name in _TOKENIZER_FILES):
+        return None
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)

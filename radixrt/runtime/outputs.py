@@ -1,0 +1,67 @@
+"""What the engine hands back: finished outputs and streaming chunks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from radixrt.runtime.messages import TokenLogprob
+
+
+@dataclass
+class CompletionOutput:
+    """One of the n samples of a request."""
+
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error: ..."
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # when params.logprobs
+
+
+@dataclass
+class RequestOutput:
+    rid: int
+    prompt_token_ids: list[int]
+    samples: list[CompletionOutput]
+    cached_tokens: int = 0  # prompt tokens served from the radix cache
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    @property
+    def text(self) -> str:
+        return self.samples[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.samples[0].token_ids
+
+    @property
+    def finish_reason(self) -> str | None:
+        return self.samples[0].finish_reason
+
+    @property
+    def logprobs(self) -> list[TokenLogprob]:
+        return self.samples[0].logprobs
+
+    @property
+    def prompt_tokens(self) -> int:
+        return len(self.prompt_token_ids)
+
+    @property
+    def completion_tokens(self) -> int:
+        return sum(len(s.token_ids) for s in self.samples)
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.samples)
+
+
+@dataclass(frozen=True)
+class StreamChunk:
+    """New text and tokens of one sample since the previous chunk."""
+
+    rid: int
+    index: int
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] = field(default_factory=list)

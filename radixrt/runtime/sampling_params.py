@@ -1,0 +1,218 @@
+"""SamplingParams: the one definition of how a request is sampled (frozen, validated once).
+
+Every other layer (HTTP, DSL, scheduler, worker) reuses this class. Validation happens in
+``__post_init__`` so an invalid object cannot exist; ``with_`` returns a validated copy. Error
+messages name the field, the bad value and what is allowed.
+
+The object is hashable: ``stop`` and ``stop_token_ids`` are normalised to tuples and ``logit_bias``
+to a read-only, hashable dict (:class:`LogitBias`), while a plain ``dict`` is accepted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from radixrt.runtime.config import LOGIT_BIAS_LIMIT, MAX_TOP_LOGPROBS, PENALTY_LIMIT
+
+
+class LogitBias(dict[int, float]):
+    """Read-only, hashable ``{token_id: bias}`` dict (a dict subclass, so msgspec encodes it)."""
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> None:
+        raise TypeError("logit_bias of a SamplingParams is read-only; use params.with_(...)")
+
+    __setitem__ = __delitem__ = __ior__ = _read_only  # type: ignore[assignment]
+    clear = pop = popitem = setdefault = update = _read_only  # type: ignore[assignment]
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(frozenset(self.items()))
+
+    def __reduce__(self) -> tuple[type[LogitBias], tuple[dict[int, float]]]:
+        return (LogitBias, (dict(self),))
+
+
+def _bad(field: str, value: Any, allowed: str) -> ValueError:
+    return ValueError(f"{field}={value!r} is invalid: {allowed}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    max_tokens: int = 16  # the caller fills a default; None is not accepted here
+    min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens exist
+    temperature: float = 1.0  # 0 = greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1 or 0 = off
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0  # OpenAI-style, over output tokens
+    presence_penalty: float = 0.0  # OpenAI-style, over output tokens
+    repetition_penalty: float = 1.0  # HF-style, over prompt + output tokens
+    logit_bias: Mapping[int, float] | None = None  # stored as LogitBias; {} becomes None
+    stop: tuple[str, ...] = ()  # a str is accepted and becomes a 1-tuple
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+    n: int = 1
+    logprobs: bool = False  # return the sampled token's logprob
+    top_logprobs: int = 0  # 0..MAX_TOP_LOGPROBS alternatives per position (independent of logprobs)
+    prompt_logprobs_start: int | None = None  # prompt position from which logprobs are returned
+    skip_special_tokens: bool = True
+
+    def __post_init__(self) -> None:
+        self._check_ints()
+        self._check_floats()
+        self._check_bools()
+        self._normalise_logit_bias()
+        self._normalise_stop()
+        self._normalise_stop_token_ids()
+
+    # --- validation --------------------------------------------------------------------------
+
+    def _set(self, name: str, value: Any) -> None:
+        object.__setattr__(self, name, value)  # frozen: normalisation happens only here
+
+    def _check_ints(self) -> None:
+        for name in ("max_tokens", "min_tokens", "top_k", "n", "top_logprobs"):
+            value = getattr(self, name)
+            if not _is_int(value):
+                raise _bad(name, value, "must be an int")
+        for name in ("seed", "prompt_logprobs_start"):
+            value = getattr(self, name)
+            if value is not None and not _is_int(value):
+                raise _bad(name, value, "must be an int or None")
+        if self.max_tokens < 1:
+            raise _bad("max_tokens", self.max_tokens, "must be >= 1")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            allowed = f"must be in [0, max_tokens={self.max_tokens}]"
+            raise _bad("min_tokens", self.min_tokens, allowed)
+        if self.top_k < -1:
+            raise _bad("top_k", self.top_k, "must be -1 or 0 (off) or >= 1")
+        if self.n < 1:
+            raise _bad("n", self.n, "must be >= 1")
+        if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise _bad("top_logprobs", self.top_logprobs, f"must be in [0, {MAX_TOP_LOGPROBS}]")
+        if self.prompt_logprobs_start is not None and self.prompt_logprobs_start < 0:
+            raise _bad("prompt_logprobs_start", self.prompt_logprobs_start, "must be >= 0 or None")
+
+    def _check_floats(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "frequency_penalty", "presence_penalty",
+                     "repetition_penalty"):
+            value = getattr(self, name)
+            if not _is_real(value) or not math.isfinite(value):
+                raise _bad(name, value, "must be a finite number")
+            self._set(name, float(value))
+        if self.temperature < 0:
+            raise _bad("temperature", self.temperature, "must be >= 0 (0 means greedy)")
+        if not 0 < self.top_p <= 1:
+            raise _bad("top_p", self.top_p, "must be in (0, 1]")
+        if not 0 <= self.min_p <= 1:
+            raise _bad("min_p", self.min_p, "must be in [0, 1]")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not -PENALTY_LIMIT <= value <= PENALTY_LIMIT:
+                raise _bad(name, value, f"must be in [-{PENALTY_LIMIT}, {PENALTY_LIMIT}]")
+        if self.repetition_penalty <= 0:
+            raise _bad("repetition_penalty", self.repetition_penalty, "must be > 0 (1 means off)")
+
+    def _check_bools(self) -> None:
+        for name in ("ignore_eos", "logprobs", "skip_special_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise _bad(name, value, "must be a bool")
+
+    def _normalise_logit_bias(self) -> None:
+        bias = self.logit_bias
+        if bias is None:
+            return
+        if not isinstance(bias, Mapping):
+            raise _bad("logit_bias", bias, "must be a mapping {token_id: bias} or None")
+        for token_id, value in bias.items():
+            if not _is_int(token_id) or token_id < 0:
+                raise _bad("logit_bias", bias, f"key {token_id!r} must be a token id (int >= 0)")
+            if not _is_real(value) or not -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT:
+                raise _bad("logit_bias", bias, f"value {value!r} for token {token_id} must be a "
+                           f"finite number in [-{LOGIT_BIAS_LIMIT}, {LOGIT_BIAS_LIMIT}]")
+        items = {token_id: float(value) for token_id, value in bias.items()}
+        self._set("logit_bias", LogitBias(items) if items else None)
+
+    def _normalise_stop(self) -> None:
+        stop = self.stop
+        if isinstance(stop, str):
+            stop = (stop,)
+        if not isinstance(stop, Sequence) or isinstance(stop, (bytes, bytearray)):
+            raise _bad("stop", self.stop, "must be a str or a sequence of non-empty str")
+        for item in stop:
+            if not isinstance(item, str) or not item:
+                raise _bad("stop", self.stop, f"entry {item!r} must be a non-empty str")
+        self._set("stop", tuple(stop))
+
+    def _normalise_stop_token_ids(self) -> None:
+        ids = self.stop_token_ids
+        if not isinstance(ids, Sequence) or isinstance(ids, (str, bytes, bytearray)):
+            raise _bad("stop_token_ids", ids, "must be a sequence of token ids (int >= 0)")
+        for token_id in ids:
+            if not _is_int(token_id) or token_id < 0:
+                raise _bad("stop_token_ids", ids, f"entry {token_id!r} must be an int >= 0")
+        self._set("stop_token_ids", tuple(ids))
+
+    def validate_for_vocab(self, vocab_size: int) -> None:
+        """Reject token ids that the model cannot produce (needs the vocab, so not in __init__)."""
+        if self.logit_bias is not None:
+            for token_id in self.logit_bias:
+                if token_id >= vocab_size:
+                    raise _bad("logit_bias", dict(self.logit_bias),
+                               f"token id {token_id} must be < vocab_size={vocab_size}")
+        for token_id in self.stop_token_ids:
+            if token_id >= vocab_size:
+                raise _bad("stop_token_ids", self.stop_token_ids,
+                           f"token id {token_id} must be < vocab_size={vocab_size}")
+
+    # --- derived -----------------------------------------------------------------------------
+
+    def with_(self, **changes: Any) -> SamplingParams:
+        """A validated copy with some fields changed."""
+        known = {f.name for f in fields(self)}
+        unknown = sorted(set(changes) - known)
+        if unknown:
+            raise TypeError(f"unknown sampling option(s) {unknown}; known options: {sorted(known)}")
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values only (for msgpack across process boundaries); from_dict inverts it."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["logit_bias"] = dict(self.logit_bias) if self.logit_bias else None
+        out["stop"] = list(self.stop)
+        out["stop_token_ids"] = list(self.stop_token_ids)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, Any]) -> SamplingParams:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown sampling option(s) {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    @property
+    def uses_penalties(self) -> bool:
+        """True if the sampler needs this request's token history (prompt and/or output ids)."""
+        return (self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0
+                or self.presence_penalty != 0.0)
+
+    @property
+    def wants_logprobs(self) -> bool:
+        return self.logprobs or self.top_logprobs > 0

@@ -1,0 +1,209 @@
+"""KV slot bookkeeping for the scheduler: the page pool, the radix cache and each request's pages.
+
+Ownership: every page has a reference count. The radix tree holds one reference on each page it
+owns; a request holds one on each page of its slot table. A page is free at zero. The invariant,
+checkable at any time: free + evictable + locked-in-tree + private-to-requests == total.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from radixrt.runtime.messages import SlotCopy
+from radixrt.runtime.scheduler.page_pool import PagePool
+from radixrt.runtime.scheduler.radix_cache import RadixCache
+from radixrt.runtime.scheduler.request import Request
+
+
+@dataclass(frozen=True)
+class PoolCounters:
+    """Sizes in tokens (pages * page_size)."""
+
+    total: int
+    free: int
+    evictable: int
+    locked: int
+    private: int
+
+
+class KVManager:
+    def __init__(self, num_pages: int, page_size: int, disable_radix_cache: bool = False) -> None:
+        self.page_size = page_size
+        self.pool = PagePool(num_pages, page_size)
+        self.tree = RadixCache(page_size)
+        self.disable_radix_cache = disable_radix_cache
+
+    # --- capacity ------------------------------------------------------------------------------
+    @property
+    def capacity_tokens(self) -> int:
+        return self.pool.num_pages * self.page_size
+
+    def pages_for(self, num_positions: int) -> int:
+        return -(-num_positions // self.page_size)
+
+    def available_pages(self) -> int:
+        return self.pool.num_free + self.tree.evictable_pages
+
+    def room(self, req: Request) -> int:
+        """How many more positions the request could be given right now (evicting if needed)."""
+        ps = self.page_size
+        filled = req.kv_len % ps
+        avail = self.available_pages()
+        if not filled:
+            return avail * ps
+        if self.pool.refcount(req.pages[-1]) > 1:  # copy-on-write takes a page first
+            return (avail - 1) * ps + (ps - filled) if avail >= 1 else 0
+        return avail * ps + (ps - filled)
+
+    # --- prefix cache --------------------------------------------------------------------------
+    def match_len(self, req: Request) -> int:
+        """Cached prefix length of a waiting request, without taking it (for policies)."""
+        if self.disable_radix_cache:
+            return 0
+        return self.tree.match_prefix(self.match_key(req), req.extra_key).length
+
+    def match_key(self, req: Request) -> list[int]:
+        ids = req.all_ids
+        limit = len(ids) - 1  # the last token is always computed: its logits are needed
+        start = req.prompt_logprob_from()
+        if start >= 0:
+            limit = min(limit, start - 1)  # prompt logprobs need the logits of earlier rows
+        return ids[: max(limit, 0)]
+
+    def admit(self, req: Request) -> int:
+        """Give a waiting request its cached prefix: lock the tree path and share its pages."""
+        assert not req.pages and req.tree_node is None
+        req.kv_len = 0
+        if self.disable_radix_cache:
+            return 0
+        match = self.tree.match_prefix(self.match_key(req), req.extra_key)
+        if match.length:
+            self.tree.lock(match.node)
+            req.tree_node = match.node
+            self.pool.incref(match.pages)
+            req.pages = list(match.pages)
+            req.kv_len = match.length
+        return match.length
+
+    def cache_prefix(self, req: Request) -> None:
+        """Put the request's computed whole pages into the tree (so others can share them now)."""
+        if self.disable_radix_cache:
+            return
+        num_pages = req.kv_len // self.page_size
+        if num_pages == 0:
+            return
+        key = req.all_ids[: num_pages * self.page_size]
+        result = self.tree.insert(key, req.pages[:num_pages], req.extra_key)
+        self.pool.incref(result.new_pages)
+        self.tree.lock(result.node)
+        if req.tree_node is not None:
+            self.tree.unlock(req.tree_node)
+        req.tree_node = result.node
+
+    def release(self, req: Request, cache: bool = True) -> None:
+        """Drop every page reference and tree lock of the request."""
+        if cache:
+            self.cache_prefix(req)
+        if req.tree_node is not None:
+            self.tree.unlock(req.tree_node)
+            req.tree_node = None
+        self.pool.decref(req.pages)
+        req.pages = []
+        req.kv_len = 0
+
+    def share(self, parent: Request, child: Request) -> None:
+        """n > 1: the child starts with the parent's pages (all of them, the partial last one too)."""
+        self.pool.incref(parent.pages)
+        child.pages = list(parent.pages)
+        child.kv_len = parent.kv_len
+        if parent.tree_node is not None:
+            self.tree.lock(parent.tree_node)
+            child.tree_node = parent.tree_node
+
+    # --- allocation ----------------------------------------------------------------------------
+    def reserve(self, req: Request, num_new: int, copies: list[SlotCopy]) -> list[int] | None:
+        """Slots for positions kv_len .. kv_len+num_new-1, evicting cached pages if needed.
+
+        A shared, partially filled last page is copied first (copy-on-write); the copy is
+        appended to `copies`. Returns None (changing nothing) when the memory is not there."""
+        ps = self.page_size
+        filled = req.kv_len % ps
+        cow = filled and self.pool.refcount(req.pages[-1]) > 1
+        need = self.pages_for(req.kv_len + num_new) - len(req.pages) + (1 if cow else 0)
+        if need > 0 and not self._ensure_free(need):
+            return None
+        fresh = self.pool.alloc(need) if need > 0 else []
+        assert fresh is not None
+        if cow:
+            old, new = req.pages[-1], fresh.pop(0)
+            start = req.kv_len - filled
+            src = [old * ps + i for i in range(filled)]
+            dst = [new * ps + i for i in range(filled)]
+            copies.append(SlotCopy(rid=req.rid, start=start, src=src, dst=dst))
+            self.pool.decref([old])
+            req.pages[-1] = new
+        req.pages.extend(fresh)
+        slots = self.slots(req, req.kv_len, req.kv_len + num_new)
+        req.kv_len += num_new
+        return slots
+
+    def slots(self, req: Request, start: int, end: int) -> list[int]:
+        """Slots of the request's positions start .. end-1."""
+        ps = self.page_size
+        pages = req.pages
+        return [pages[p // ps] * ps + p % ps for p in range(start, end)]
+
+    def _ensure_free(self, num_pages: int) -> bool:
+        short = num_pages - self.pool.num_free
+        if short > 0 and self.tree.evictable_pages >= short:
+            self.pool.decref(self.tree.evict(short))
+        return self.pool.num_free >= num_pages
+
+    def flush(self) -> int:
+        """Drop every unlocked cached page; returns how many tokens were freed."""
+        freed = self.tree.evict(self.tree.evictable_pages)
+        self.pool.decref(freed)
+        return len(freed) * self.page_size
+
+    # --- accounting ----------------------------------------------------------------------------
+    def counters(self, requests: Iterable[Request]) -> PoolCounters:
+        ps = self.page_size
+        tree_pages = set(self.tree.pages())
+        private = {p for r in requests for p in r.pages if p not in tree_pages}
+        return PoolCounters(
+            total=self.pool.num_pages * ps,
+            free=self.pool.num_free * ps,
+            evictable=self.tree.evictable_pages * ps,
+            locked=self.tree.locked_pages * ps,
+            private=len(private) * ps,
+        )
+
+    def check_integrity(self, requests: Iterable[Request]) -> None:
+        """Raise RuntimeError on any leak, double reference or miscount."""
+        requests = list(requests)
+        self.pool.check()
+        self.tree.check()
+        holders: Counter[int] = Counter()
+        tree_pages = self.tree.pages()
+        holders.update(tree_pages)
+        if len(set(tree_pages)) != len(tree_pages):
+            raise RuntimeError("a page is owned twice by the radix tree")
+        for req in requests:
+            holders.update(req.pages)
+            if len(req.pages) != self.pages_for(req.kv_len):
+                raise RuntimeError(
+                    f"request {req.rid} holds {len(req.pages)} pages for {req.kv_len} positions"
+                )
+        for page in range(self.pool.num_pages):
+            if self.pool.refcount(page) != holders.get(page, 0):
+                raise RuntimeError(
+                    f"page {page}: refcount {self.pool.refcount(page)} but "
+                    f"{holders.get(page, 0)} holders (leak or double free)"
+                )
+        c = self.counters(requests)
+        if c.free + c.evictable + c.locked + c.private != c.total:
+            raise RuntimeError(f"KV accounting broken: {c}")
+        if self.tree.evictable_pages + self.tree.locked_pages != self.tree.total_pages:
+            raise RuntimeError("radix tree evictable + locked != total")

@@ -1,0 +1,74 @@
+"""Waiting-queue orderings. Small, swappable objects: each returns the queue in admission order."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Protocol
+
+from radixrt.runtime.config import LPM_FALLBACK_QUEUE_LEN
+from radixrt.runtime.scheduler.kv_manager import KVManager
+from radixrt.runtime.scheduler.request import Request
+
+
+class SchedulePolicy(Protocol):
+    def order(self, waiting: list[Request], kv: KVManager) -> list[Request]: ...
+
+
+class FCFS:
+    """First come, first served."""
+
+    def order(self, waiting: list[Request], kv: KVManager) -> list[Request]:
+        return sorted(waiting, key=lambda r: r.arrival)
+
+
+class LongestPrefixMatch:
+    """Longest cached prefix first, so the requests that reuse the most run while it is cached.
+    Matching costs a tree walk per request: past `fallback_len` waiting requests, fcfs."""
+
+    def __init__(self, fallback_len: int = LPM_FALLBACK_QUEUE_LEN) -> None:
+        self.fallback_len = fallback_len
+
+    def order(self, waiting: list[Request], kv: KVManager) -> list[Request]:
+        if len(waiting) > self.fallback_len or kv.disable_radix_cache:
+            return FCFS().order(waiting, kv)
+        matched = {r.rid: kv.match_len(r) for r in waiting}
+        return sorted(waiting, key=lambda r: (-matched[r.rid], r.arrival))
+
+
+class DFSWeight:
+    """Walk the radix tree depth first, heaviest subtree (most waiting requests) first, so that
+    requests sharing a prefix run next to each other while that prefix is cached."""
+
+    def order(self, waiting: list[Request], kv: KVManager) -> list[Request]:
+        if kv.disable_radix_cache or len(waiting) <= 1:
+            return FCFS().order(waiting, kv)
+        tree = kv.tree
+        at_node: dict[int, list[Request]] = defaultdict(list)
+        weight: dict[int, int] = defaultdict(int)
+        nodes: dict[int, Any] = {}
+        for req in sorted(waiting, key=lambda r: r.arrival):
+            node = tree.match_prefix(kv.match_key(req), req.extra_key).node
+            at_node[id(node)].append(req)
+            while node is not None:
+                nodes[id(node)] = node
+                weight[id(node)] += 1
+                node = node.parent
+        roots = [n for n in nodes.values() if n.parent is None]
+        ordered: list[Request] = []
+        stack = sorted(roots, key=lambda n: weight[id(n)])
+        while stack:
+            node = stack.pop()
+            ordered.extend(at_node.get(id(node), ()))
+            children = [c for c in node.children.values() if weight.get(id(c), 0) > 0]
+            stack.extend(sorted(children, key=lambda c: weight[id(c)]))
+        return ordered
+
+
+def make_policy(name: str) -> SchedulePolicy:
+    if name == "fcfs":
+        return FCFS()
+    if name == "lpm":
+        return LongestPrefixMatch()
+    if name == "dfs-weight":
+        return DFSWeight()
+    raise ValueError(f"unknown schedule policy {name!r}; use fcfs, lpm or dfs-weight")

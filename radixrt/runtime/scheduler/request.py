@@ -1,0 +1,74 @@
+"""The scheduler's view of one request: its tokens, its KV pages, where it is in its life."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+from radixrt.runtime.sampling_params import SamplingParams
+
+
+class Phase(enum.Enum):
+    WAITING = "waiting"  # queued (new, or preempted by recompute)
+    SWAPPED = "swapped"  # preempted by swap: KV in host memory, waiting to come back
+    RUNNING = "running"  # holds KV pages; prefilling or decoding
+    FINISHED = "finished"
+
+
+@dataclass(eq=False)
+class Request:
+    rid: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival: int  # monotonically increasing submission counter (fcfs order)
+    extra_key: str | None = None  # radix-cache namespace: different keys never share KV
+    seed_offset: int = 0  # which of the n samples of its prompt this request is
+    parent_rid: int | None = None  # set on the n children of an n > 1 request
+    output_ids: list[int] = field(default_factory=list)
+    phase: Phase = Phase.WAITING
+    # KV bookkeeping (owned by KVManager)
+    pages: list[int] = field(default_factory=list)  # page of each page_size run of positions
+    kv_len: int = 0  # positions whose K/V is computed (or planned in the current step)
+    cached_len: int = 0  # prompt tokens served from the radix cache at (first) admission
+    tree_node: Any = None  # deepest radix node this request holds a lock on
+    admitted_at: int = -1  # admission counter: preemption picks the most recent
+    num_preemptions: int = 0
+    kv_len_swapped: int = 0  # positions whose K/V sits in host memory while SWAPPED
+    prompt_logprobs_done: bool = False
+    finish_reason: str | None = None
+    # per-token outputs gathered as the worker reports them
+    output_logprobs: list[Any] = field(default_factory=list)
+    prompt_logprobs: list[Any] = field(default_factory=list)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def remaining(self) -> int:
+        """Tokens still to compute before the next sample."""
+        return self.num_tokens - self.kv_len
+
+    @property
+    def is_decoding(self) -> bool:
+        return self.phase is Phase.RUNNING and self.remaining == 1 and bool(self.output_ids)
+
+    @property
+    def finished(self) -> bool:
+        return self.phase is Phase.FINISHED
+
+    @property
+    def fork_count(self) -> int:
+        """n > 1 prompts are prefilled once by a parent that forks into n children."""
+        return self.params.n if self.parent_rid is None else 1
+
+    def prompt_logprob_from(self) -> int:
+        start = self.params.prompt_logprobs_start
+        if start is None or self.prompt_logprobs_done:
+            return -1
+        return max(start, 1)

@@ -1,0 +1,199 @@
+"""The worker: owns the model, the KV tensors and sampling; executes one StepPlan at a time.
+
+It keeps per-request state (token ids, slot table) so the scheduler's plans carry deltas only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from radixrt.runtime.messages import (
+    Run,
+    RunResult,
+    StepPlan,
+    StepResult,
+    TokenLogprob,
+    WorkerRequest,
+)
+from radixrt.runtime.models.loader import LoadedModel
+from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.worker.forward_batch import ForwardBatch
+from radixrt.runtime.worker.kv_cache import KVCache
+from radixrt.runtime.worker.sampler import Sampler, SamplingRow, prompt_logprobs
+
+
+@dataclass
+class _RequestState:
+    params: SamplingParams
+    token_ids: list[int]  # prompt + outputs so far
+    prompt_len: int
+    slots: list[int]  # slot of every position whose K/V is computed
+    seed_offset: int
+
+
+@dataclass
+class _LogitRows:
+    """Which rows of the step's hidden states need logits, and why."""
+
+    rows: list[int]
+    sample: list[tuple[int, Run]]  # (index into rows, run) for runs that sample
+    prompt: list[tuple[int, int, Run]]  # (first index into rows, count, run) for prompt logprobs
+
+
+class Worker:
+    def __init__(self, loaded: LoadedModel, num_slots: int, seed: int = 0) -> None:
+        self.model = loaded.model
+        self.config = loaded.config
+        param = next(self.model.parameters())
+        self.device = param.device
+        self.dtype = param.dtype
+        self.kv_cache = KVCache.from_config(loaded.config, num_slots, self.dtype, self.device)
+        eos = list(loaded.config.eos_token_ids)
+        self.sampler = Sampler(loaded.config.vocab_size, eos, self.device, base_seed=seed)
+        self.states: dict[int, _RequestState] = {}
+        self.swapped: dict[int, torch.Tensor] = {}  # rid -> host K/V
+
+    # --- plan execution ------------------------------------------------------------------
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> StepResult:
+        for swap in plan.swap_out:
+            slots = torch.tensor(swap.slots, dtype=torch.int64)
+            self.swapped[swap.rid] = self.kv_cache.read_slots(slots)
+            self.states[swap.rid].slots = []
+        for rid in plan.free:
+            self.states.pop(rid, None)
+            self.swapped.pop(rid, None)
+        for new in plan.new_requests:
+            self.states[new.rid] = self._new_state(new)
+        for copy in plan.copies:
+            self.kv_cache.copy_slots(torch.tensor(copy.src), torch.tensor(copy.dst))
+            table = self.states[copy.rid].slots
+            table[copy.start : copy.start + len(copy.dst)] = copy.dst
+        for swap in plan.swap_in:
+            data = self.swapped.pop(swap.rid)
+            self.kv_cache.write_slots(torch.tensor(swap.slots, dtype=torch.int64), data)
+            self.states[swap.rid].slots = list(swap.slots)
+        if not plan.runs:
+            return StepResult(step_id=plan.step_id)
+        return self._forward(plan)
+
+    def _new_state(self, new: WorkerRequest) -> _RequestState:
+        return _RequestState(
+            params=SamplingParams.from_dict(new.params),
+            token_ids=list(new.prompt_ids) + list(new.output_ids),
+            prompt_len=len(new.prompt_ids),
+            slots=list(new.prefix_slots),
+            seed_offset=new.seed_offset,
+        )
+
+    def _forward(self, plan: StepPlan) -> StepResult:
+        tokens, prefix_lens, tables = [], [], []
+        for run in plan.runs:
+            state = self.states[run.rid]
+            if len(state.slots) != run.start:
+                raise RuntimeError(
+                    f"request {run.rid}: slot table has {len(state.slots)} positions, "
+                    f"the plan starts at {run.start}"
+                )
+            state.slots.extend(run.new_slots)
+            tokens.append(state.token_ids[run.start : run.start + run.num_new])
+            prefix_lens.append(run.start)
+            tables.append(state.slots)
+        batch = ForwardBatch.build(tokens, prefix_lens, tables, device=self.device)
+        hidden = self.model(batch, self.kv_cache)  # [num_tokens, hidden_size]
+        wanted = self._logit_rows(plan.runs, batch)
+        results: list[RunResult] = []
+        if wanted.rows:
+            index = torch.tensor(wanted.rows, dtype=torch.int64, device=self.device)
+            logits = self.model.compute_logits(hidden[index])  # [len(rows), vocab] float32
+            prompt = self._prompt_logprobs(logits, wanted)
+            results = self._sample(logits, wanted, prompt)
+        return StepResult(step_id=plan.step_id, results=results, num_tokens=batch.num_tokens)
+
+    def _logit_rows(self, runs: list[Run], batch: ForwardBatch) -> _LogitRows:
+        wanted = _LogitRows(rows=[], sample=[], prompt=[])
+        offset = 0
+        for run in runs:
+            state = self.states[run.rid]
+            if run.prompt_logprob_from >= 0:
+                # row at position p predicts the token at p + 1; prompt tokens only
+                first = max(run.start, run.prompt_logprob_from - 1)
+                last = min(run.start + run.num_new, state.prompt_len - 1)
+                if last > first:
+                    wanted.prompt.append((len(wanted.rows), last - first, run))
+                    wanted.rows.extend(range(offset + first - run.start, offset + last - run.start))
+            if run.sample:
+                wanted.sample.append((len(wanted.rows), run))
+                wanted.rows.append(offset + run.num_new - 1)
+            offset += run.num_new
+        return wanted
+
+    def _prompt_logprobs(self, logits: torch.Tensor, wanted: _LogitRows) -> dict[int, list]:
+        out: dict[int, list[TokenLogprob]] = {}
+        for first, count, run in wanted.prompt:
+            state = self.states[run.rid]
+            start_pos = max(run.start, run.prompt_logprob_from - 1)
+            targets = state.token_ids[start_pos + 1 : start_pos + 1 + count]
+            target_t = torch.tensor(targets, dtype=torch.int64, device=self.device)
+            lps, tops = prompt_logprobs(
+                logits[first : first + count], target_t, state.params.top_logprobs
+            )
+            out[run.rid] = [
+                TokenLogprob(token_id=t, logprob=lp, top=top)
+                for t, lp, top in zip(targets, lps, tops)
+            ]
+        return out
+
+    def _sample(self, logits: torch.Tensor, wanted: _LogitRows, prompt: dict) -> list[RunResult]:
+        row_index: list[int] = []
+        rows: list[SamplingRow] = []
+        owners: list[int] = []
+        for idx, run in wanted.sample:
+            state = self.states[run.rid]
+            for i, child in enumerate(run.fork_into or [run.rid]):
+                params = state.params if not run.fork_into else state.params.with_(n=1)
+                rows.append(
+                    SamplingRow(
+                        params=params,
+                        prompt_ids=state.token_ids[: state.prompt_len],
+                        output_ids=state.token_ids[state.prompt_len :],
+                        seed_offset=i if run.fork_into else state.seed_offset,
+                    )
+                )
+                row_index.append(idx)
+                owners.append(child)
+        results: list[RunResult] = []
+        sampled: dict[int, TokenLogprob] = {}
+        if rows:
+            out = self.sampler.sample(logits[torch.tensor(row_index, device=self.device)], rows)
+            for j, rid in enumerate(owners):
+                top = out.top_logprobs[j] if out.top_logprobs else []
+                sampled[rid] = TokenLogprob(out.token_ids[j], out.logprobs[j], top)
+        for _, run in wanted.sample:
+            if run.fork_into:
+                self._fork(run, sampled)
+                results += [RunResult(rid=c, token=sampled[c]) for c in run.fork_into]
+                results.append(RunResult(rid=run.rid, prompt_logprobs=prompt.get(run.rid, [])))
+            else:
+                self.states[run.rid].token_ids.append(sampled[run.rid].token_id)
+                results.append(
+                    RunResult(rid=run.rid, token=sampled[run.rid], prompt_logprobs=prompt.get(run.rid, []))
+                )
+        sampled_rids = {run.rid for _, run in wanted.sample}
+        for rid, lps in prompt.items():
+            if rid not in sampled_rids:
+                results.append(RunResult(rid=rid, prompt_logprobs=lps))
+        return results
+
+    def _fork(self, run: Run, sampled: dict[int, TokenLogprob]) -> None:
+        parent = self.states.pop(run.rid)
+        for i, child in enumerate(run.fork_into):
+            self.states[child] = _RequestState(
+                params=parent.params.with_(n=1),
+                token_ids=parent.token_ids + [sampled[child].token_id],
+                prompt_len=parent.prompt_len,
+                slots=list(parent.slots),
+                seed_offset=i,
+            )

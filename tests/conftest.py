@@ -1,0 +1,62 @@
+"""Session-wide fixtures: the default model is loaded once (ours and the HF reference), and every
+engine a test builds runs the KV invariant check after each step and again at teardown."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def loaded_model() -> Any:
+    """Our model code on the default model's weights, float32 on the CPU."""
+    from radixrt.runtime.models.loader import load_model
+
+    return load_model("default", dtype="float32", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tokenizer(loaded_model: Any) -> Any:
+    return loaded_model.tokenizer
+
+
+@pytest.fixture(scope="session")
+def hf_model() -> Any:
+    """Hugging Face transformers on the same GGUF weights: the reference for correctness."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from radixrt.runtime.models.loader import default_model_path
+
+    folder, fname = default_model_path()
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=fname, dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture
+def make_engine(loaded_model: Any) -> Iterator[Callable[..., Any]]:
+    """Build engines on the shared weights; each checks its KV invariants after every step, and
+    at teardown must be idle: nothing running, nothing private, the pool all free or cached."""
+    from radixrt import Engine
+
+    engines: list[Any] = []
+
+    def build(**options: Any) -> Any:
+        options.setdefault("max_total_tokens", 4096)
+        engine = Engine(model=loaded_model, check_integrity=True, **options)
+        engines.append(engine)
+        return engine
+
+    yield build
+    for engine in engines:
+        engine.check_integrity()
+        stats = engine.stats()
+        assert stats["running"] == 0 and stats["waiting"] == 0 and stats["swapped"] == 0
+        assert stats["kv_private"] == 0 and stats["kv_locked"] == 0
+        assert stats["kv_free"] + stats["kv_evictable"] == stats["kv_total"]

@@ -1,0 +1,269 @@
+"""Our Llama-family model code vs Hugging Face transformers on the same weights (CPU, float32).
+
+The default model (SmolLM2-135M-Instruct GGUF) comes from the session fixtures `loaded_model` and
+`hf_model` of tests/conftest.py; tiny random Qwen2 / Qwen3 / Llama-3 / Mistral checkpoints are
+built here with transformers' own classes and loaded through our HF-folder loader.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import Tensor
+
+from radixrt.runtime.models import LoadedModel, default_model_path, load_model
+from radixrt.runtime.worker.forward_batch import ForwardBatch
+from radixrt.runtime.worker.kv_cache import KVCache
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+POOL_SLOTS = 1024
+DECODE_STEPS = 16
+PROMPTS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [
+        {"role": "system", "content": "You answer in one short sentence."},
+        {"role": "user", "content": "Why is the sky blue?"},
+    ],
+    "The quick brown fox jumps over the lazy dog. Once upon a time, in a small village,",
+]
+
+
+class Runner:
+    """Drives our model through a KV pool whose slots are handed out in a random order."""
+
+    def __init__(self, loaded: LoadedModel, seed: int = 0) -> None:
+        self.model = loaded.model
+        self.kv = KVCache.from_config(loaded.config, POOL_SLOTS, torch.float32, "cpu")
+        self.free = torch.randperm(POOL_SLOTS, generator=torch.Generator().manual_seed(seed))
+        self.next_free = 0
+
+    def slots(self, n: int) -> Tensor:
+        out = self.free[self.next_free : self.next_free + n]
+        self.next_free += n
+        return out
+
+    def logprobs(self, batch: ForwardBatch, rows: Tensor | None = None) -> Tensor:
+        hidden = self.model.forward(batch, self.kv)  # [num_tokens, hidden]
+        if rows is not None:
+            hidden = hidden[rows]
+        return torch.log_softmax(self.model.compute_logits(hidden), dim=-1)
+
+
+def encode(tokenizer: Any, prompt: str | list[dict[str, str]]) -> list[int]:
+    if isinstance(prompt, str):
+        return list(tokenizer(prompt).input_ids)
+    text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    return list(tokenizer(text, add_special_tokens=False).input_ids)
+
+
+def hf_logprobs(hf_model: Any, ids: list[int]) -> Tensor:
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([ids])).logits[0]  # [seq, vocab]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+@pytest.fixture(scope="session")
+def hf_tokenizer() -> Any:
+    """The GGUF tokenizer converted directly by transformers (ours may come from a disk cache)."""
+    from transformers import AutoTokenizer
+
+    folder, fname = default_model_path()
+    return AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+
+
+def test_config_and_tokenizer(loaded_model: LoadedModel, hf_tokenizer: Any) -> None:
+    cfg = loaded_model.config
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads) == (30, 576, 9, 3)
+    assert cfg.tie_word_embeddings and cfg.vocab_size == 49152
+    assert loaded_model.gguf_file is not None and loaded_model.gguf_file.endswith(".gguf")
+    ours = loaded_model.tokenizer
+    for prompt in PROMPTS:
+        assert encode(ours, prompt) == encode(hf_tokenizer, prompt)
+    assert (ours.bos_token_id, ours.eos_token_id) == (hf_tokenizer.bos_token_id, 2)
+
+
+@pytest.mark.parametrize("prompt_index", range(len(PROMPTS)))
+def test_prefill_and_greedy_decode_match_hf(
+    loaded_model: LoadedModel, hf_model: Any, hf_tokenizer: Any, prompt_index: int
+) -> None:
+    ids = encode(hf_tokenizer, PROMPTS[prompt_index])
+    run = Runner(loaded_model, seed=prompt_index)
+    table = run.slots(len(ids) + DECODE_STEPS)
+    ours = run.logprobs(ForwardBatch.build([ids], [0], [table]))  # [len, vocab]
+    torch.testing.assert_close(ours, hf_logprobs(hf_model, ids), atol=1e-3, rtol=0)
+
+    with torch.no_grad():
+        gen = hf_model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.int64),
+            do_sample=False,
+            max_new_tokens=DECODE_STEPS,
+            min_new_tokens=DECODE_STEPS,
+            output_logits=True,
+            return_dict_in_generate=True,
+            pad_token_id=loaded_model.config.eos_token_id,
+        )
+    hf_tokens = gen.sequences[0, len(ids) :].tolist()
+    eos = torch.tensor(loaded_model.config.eos_token_ids)
+    step_logprobs = ours[-1:]
+    tokens: list[int] = []
+    for step in range(DECODE_STEPS):
+        expected = torch.log_softmax(gen.logits[step][0].float(), dim=-1)
+        torch.testing.assert_close(step_logprobs[0], expected, atol=1e-3, rtol=0)
+        # min_new_tokens makes HF mask EOS in its choice (its raw logits keep it): do the same
+        tokens.append(int(step_logprobs[0].index_fill(0, eos, float("-inf")).argmax()))
+        prefix_len = len(ids) + step
+        batch = ForwardBatch.build([[tokens[-1]]], [prefix_len], [table[: prefix_len + 1]])
+        step_logprobs = run.logprobs(batch)
+    assert tokens == hf_tokens
+
+
+def test_mixed_extend_and_decode_batch(
+    loaded_model: LoadedModel, hf_model: Any, hf_tokenizer: Any
+) -> None:
+    """One batch: A extends after a cached prefix, B decodes; equals running each alone and HF."""
+    ids_a = encode(hf_tokenizer, PROMPTS[1])
+    ids_b = encode(hf_tokenizer, PROMPTS[2])
+    run = Runner(loaded_model, seed=7)
+    table_a, table_b = run.slots(len(ids_a)), run.slots(len(ids_b) + 1)
+    cut = len(ids_a) * 3 // 5
+    run.logprobs(ForwardBatch.build([ids_a[:cut]], [0], [table_a]))
+    first_b = run.logprobs(ForwardBatch.build([ids_b], [0], [table_b]), torch.tensor([-1]))
+    token_b = int(first_b[0].argmax())
+
+    mixed = ForwardBatch.build([ids_a[cut:], [token_b]], [cut, len(ids_b)], [table_a, table_b])
+    together = run.logprobs(mixed)  # [len(ids_a) - cut + 1, vocab]
+    alone_a = run.logprobs(ForwardBatch.build([ids_a[cut:]], [cut], [table_a]))
+    alone_b = run.logprobs(ForwardBatch.build([[token_b]], [len(ids_b)], [table_b]))
+    torch.testing.assert_close(together, torch.cat([alone_a, alone_b]), atol=1e-4, rtol=0)
+
+    torch.testing.assert_close(alone_a, hf_logprobs(hf_model, ids_a)[cut:], atol=1e-3, rtol=0)
+    expected_b = hf_logprobs(hf_model, ids_b + [token_b])[-1]
+    torch.testing.assert_close(alone_b[0], expected_b, atol=1e-3, rtol=0)
+
+
+# --- tiny random checkpoints built with transformers' own classes --------------------------------
+
+TINY = dict(
+    vocab_size=96,
+    hidden_size=64,
+    intermediate_size=112,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+)
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
+
+def _tiny_qwen2() -> Any:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    return Qwen2ForCausalLM(Qwen2Config(**TINY, tie_word_embeddings=True))
+
+
+def _tiny_qwen3() -> Any:
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    return Qwen3ForCausalLM(Qwen3Config(**TINY, head_dim=24, tie_word_embeddings=False))
+
+
+def _tiny_llama3() -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(**TINY, rope_scaling=LLAMA3_ROPE, tie_word_embeddings=False)
+    return LlamaForCausalLM(config)
+
+
+def _tiny_mistral() -> Any:
+    from transformers import MistralConfig, MistralForCausalLM
+
+    return MistralForCausalLM(MistralConfig(**TINY, sliding_window=None))
+
+
+TINY_BUILDERS: dict[str, Callable[[], Any]] = {
+    "qwen2": _tiny_qwen2,
+    "qwen3": _tiny_qwen3,
+    "llama3": _tiny_llama3,
+    "mistral": _tiny_mistral,
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
+    """name -> (folder with config.json + safetensors, the HF model) with non-trivial weights."""
+    out = {}
+    for i, (name, build) in enumerate(TINY_BUILDERS.items()):
+        torch.manual_seed(i)
+        model = build().eval()
+        with torch.no_grad():
+            for pname, param in model.named_parameters():
+                if pname.endswith("norm.weight"):
+                    param.copy_(1.0 + 0.2 * torch.randn_like(param))
+                else:
+                    param.normal_(0.0, 0.3 if pname.endswith(".bias") else 0.15)
+        folder = tmp_path_factory.mktemp(f"tiny_{name}")
+        model.save_pretrained(folder)
+        out[name] = (folder, model)
+    return out
+
+
+@pytest.mark.parametrize("name", list(TINY_BUILDERS))
+def test_tiny_hf_checkpoint_matches(name: str, tiny_checkpoints: dict[str, Any]) -> None:
+    folder, hf = tiny_checkpoints[name]
+    loaded = load_model(str(folder))
+    assert loaded.tokenizer is None and loaded.gguf_file is None
+    cfg = loaded.config
+    assert cfg.attention_bias == (name == "qwen2") and cfg.qk_norm == (name == "qwen3")
+    ids = torch.randint(0, TINY["vocab_size"], (120,), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        expected = hf(ids[None]).logits[0].float()  # [120, vocab]
+
+    run = Runner(loaded, seed=11)
+    table = run.slots(len(ids))
+    full = loaded.model.compute_logits(
+        loaded.model.forward(ForwardBatch.build([ids], [0], [table]), run.kv)
+    )
+    torch.testing.assert_close(full, expected, atol=1e-4, rtol=1e-4)
+
+    # the same sequence again in other slots: a chunk, a chunk after a prefix, then decodes
+    table = run.slots(len(ids))
+    got = []
+    for start, end in [(0, 70), (70, 110), *[(p, p + 1) for p in range(110, 120)]]:
+        batch = ForwardBatch.build([ids[start:end]], [start], [table])
+        got.append(loaded.model.compute_logits(loaded.model.forward(batch, run.kv)))
+    torch.testing.assert_close(torch.cat(got), expected, atol=1e-4, rtol=1e-4)
+
+
+def test_tiny_bfloat16_and_dummy(tiny_checkpoints: dict[str, Any]) -> None:
+    folder, hf = tiny_checkpoints["llama3"]
+    ids = torch.arange(1, 40)
+    with torch.no_grad():
+        expected = hf(ids[None]).logits[0].float()
+    loaded = load_model(str(folder), dtype="bfloat16")
+    assert next(loaded.model.parameters()).dtype == torch.bfloat16
+    kv = KVCache.from_config(loaded.config, 64, torch.bfloat16, "cpu")
+    batch = ForwardBatch.build([ids], [0], [torch.arange(len(ids))])
+    logits = loaded.model.compute_logits(loaded.model.forward(batch, kv))
+    assert logits.dtype == torch.float32
+    torch.testing.assert_close(logits, expected, atol=0.15, rtol=0.05)
+
+    dummy = load_model(str(folder), load_format="dummy")
+    assert dummy.tokenizer is None
+    kv = KVCache.from_config(dummy.config, 64, torch.float32, "cpu")
+    out = dummy.model.compute_logits(dummy.model.forward(batch, kv))
+    assert out.shape == (len(ids), TINY["vocab_size"]) and torch.isfinite(out).all()
