@@ -51,7 +51,8 @@ def test_hf_greedy_reference_equals_hf_generate(hf_model, tokenizer, reference):
 
 @pytest.fixture(scope="module")
 def reference(hf_model, tokenizer) -> dict[str, list[int]]:
-    return {p: hf_greedy(hf_model, tokenizer, p, GREEDY.max_tokens) for p in PROMPTS + SHARED_PROMPTS}
+    prompts = PROMPTS + SHARED_PROMPTS
+    return {p: hf_greedy(hf_model, tokenizer, p, GREEDY.max_tokens) for p in prompts}
 
 
 def test_greedy_equals_hf_generate(make_engine, reference):

@@ -48,9 +48,10 @@ def test_next_turn_of_a_conversation_hits_the_cache(make_engine):
 def test_n_samples_share_prompt_pages_and_copy_on_write(make_engine, page_size):
     engine = make_engine(page_size=page_size)
     prompt = SYSTEM * 2 + "What is the largest ocean?"
-    single = engine.generate(prompt, SamplingParams(max_tokens=10, temperature=0))[0]
+    greedy = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    single = engine.generate(prompt, greedy)[0]
     engine.flush_cache()
-    rid = engine.submit(prompt, SamplingParams(max_tokens=10, temperature=0, n=3))
+    rid = engine.submit(prompt, greedy.with_(n=3))
     prompt_len = len(engine._trackers[rid].output.prompt_token_ids)
     forked_seen = False
     while not engine._trackers[rid].output.finished:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import psutil
@@ -15,11 +14,12 @@ import torch
 
 from radixrt.runtime.config import CPU_MAX_POOL_TOKENS, EngineConfig
 from radixrt.runtime.models.loader import LoadedModel, load_model
-from radixrt.runtime.outputs import CompletionOutput, RequestOutput, StreamChunk
+from radixrt.runtime.outputs import RequestOutput, StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.scheduler.output_deltas import collect_deltas
 from radixrt.runtime.scheduler.request import Request
 from radixrt.runtime.scheduler.scheduler import Scheduler
-from radixrt.runtime.tokenizer.detokenizer import IncrementalDetokenizer
+from radixrt.runtime.tokenizer.output_tracker import OutputTracker
 from radixrt.runtime.tokenizer.prompts import (
     Prompt,
     check_token_ids,
@@ -28,21 +28,6 @@ from radixrt.runtime.tokenizer.prompts import (
 )
 from radixrt.runtime.worker.kv_cache import KVCache
 from radixrt.runtime.worker.worker import Worker
-
-
-@dataclass
-class _Sample:
-    detok: IncrementalDetokenizer
-    out: CompletionOutput
-    seen: int = 0  # output tokens already passed on
-
-
-@dataclass
-class _Tracker:
-    output: RequestOutput
-    params: SamplingParams
-    samples: dict[int, _Sample] = field(default_factory=dict)  # by scheduler rid
-    queue: asyncio.Queue | None = None
 
 
 def resolve_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
@@ -110,8 +95,8 @@ class Engine:
         self.worker = Worker(loaded, num_pages * self.config.page_size, seed=self.config.seed)
         self.eos_token_ids = list(loaded.config.eos_token_ids)
         self.scheduler = Scheduler(self.config, num_pages, self.context_length, self.eos_token_ids)
-        self._trackers: dict[int, _Tracker] = {}
-        self._owner: dict[int, int] = {}  # scheduler rid of a sample -> tracker rid
+        self._trackers: dict[int, OutputTracker] = {}
+        self._queues: dict[int, asyncio.Queue] = {}  # rid -> chunks of a running stream
 
     # --- submission ----------------------------------------------------------------------
     def submit(
@@ -123,27 +108,8 @@ class Engine:
         ids = encode_prompt(self.tokenizer, prompt)
         check_token_ids(ids, self.model_config.vocab_size)
         req = self.scheduler.add_request(ids, params, extra_key)
-        output = RequestOutput(rid=req.rid, prompt_token_ids=ids, samples=[])
-        tracker = _Tracker(output=output, params=params)
-        self._trackers[req.rid] = tracker
-        if params.n == 1:
-            self._add_sample(tracker, req.rid, 0, ids)
-        else:
-            output.samples = [CompletionOutput(index=i) for i in range(params.n)]
+        self._trackers[req.rid] = OutputTracker(self.tokenizer, req.rid, ids, params)
         return req.rid
-
-    def _add_sample(self, tracker: _Tracker, rid: int, index: int, prompt_ids: list[int]) -> None:
-        params = tracker.params
-        detok = IncrementalDetokenizer(
-            self.tokenizer, prompt_ids, params.skip_special_tokens, params.stop
-        )
-        out = CompletionOutput(index=index)
-        if len(tracker.output.samples) > index:
-            tracker.output.samples[index] = out
-        else:
-            tracker.output.samples.append(out)
-        tracker.samples[rid] = _Sample(detok=detok, out=out)
-        self._owner[rid] = tracker.output.rid
 
     def abort(self, rid: int) -> None:
         """Abort a request (and all its samples) wherever it is."""
@@ -167,73 +133,22 @@ class Engine:
 
     def _emit(self, touched: Sequence[Request]) -> list[StreamChunk]:
         chunks: list[StreamChunk] = []
-        for req in touched:
-            if req.finish_reason == "forked":
-                tracker = self._trackers[req.rid]
-                tracker.output.prompt_logprobs = list(req.prompt_logprobs)
-                tracker.output.cached_tokens = req.cached_len
-                for i, child in enumerate(self.scheduler.children.get(req.rid, [])):
-                    self._add_sample(tracker, child, i, req.prompt_ids)
+        for delta in collect_deltas(self.scheduler, touched):
+            tracker = self._trackers.get(delta.owner)
+            if tracker is None:
                 continue
-            owner = self._owner.get(req.rid)
-            if owner is None:
-                if req.finished and req.rid in self._trackers:  # n > 1, ended before forking
-                    chunks += self._end_unforked(self._trackers[req.rid], req)
-                continue
-            tracker = self._trackers[owner]
-            sample = tracker.samples[req.rid]
-            if req.parent_rid is None:
-                tracker.output.cached_tokens = req.cached_len
-                tracker.output.prompt_logprobs = list(req.prompt_logprobs)
-            chunk = self._advance(tracker, sample, req)
-            if chunk is not None:
-                chunks.append(chunk)
+            new, stopped = tracker.apply(delta)
+            chunks += new
+            if stopped:  # a stop string: end it here and on the scheduler side
+                self.scheduler.finish(delta.rid, "stop")
+                collect_deltas(self.scheduler, [self.scheduler.requests[delta.rid]])
         return chunks
-
-    def _advance(self, tracker: _Tracker, sample: _Sample, req: Request) -> StreamChunk | None:
-        new_ids = req.output_ids[sample.seen :]
-        new_lps = req.output_logprobs[sample.seen :] if tracker.params.wants_logprobs else []
-        sample.seen = len(req.output_ids)
-        text = sample.detok.add(new_ids) if new_ids else ""
-        if sample.detok.stopped and not req.finished:
-            self.scheduler.finish(req.rid, "stop")
-        if req.finished:
-            text += sample.detok.finish()
-        out = sample.out
-        out.token_ids.extend(new_ids)
-        out.logprobs.extend(new_lps)
-        out.text += text
-        if req.finished:
-            out.finish_reason = req.finish_reason
-            self.scheduler.forget(req.rid)
-            if tracker.output.finished:
-                self.scheduler.forget(tracker.output.rid)
-                for rid in tracker.samples:
-                    self._owner.pop(rid, None)
-        if not (new_ids or req.finished):
-            return None
-        return StreamChunk(
-            rid=tracker.output.rid,
-            index=out.index,
-            text=text,
-            token_ids=new_ids,
-            finish_reason=out.finish_reason,
-            logprobs=list(new_lps),
-        )
-
-    def _end_unforked(self, tracker: _Tracker, req: Request) -> list[StreamChunk]:
-        self.scheduler.forget(req.rid)
-        for out in tracker.output.samples:
-            out.finish_reason = req.finish_reason
-        return [
-            StreamChunk(req.rid, o.index, "", [], o.finish_reason) for o in tracker.output.samples
-        ]
 
     def _deliver(self, chunks: list[StreamChunk]) -> None:
         for chunk in chunks:
-            tracker = self._trackers.get(chunk.rid)
-            if tracker is not None and tracker.queue is not None:
-                tracker.queue.put_nowait(chunk)
+            queue = self._queues.get(chunk.rid)
+            if queue is not None:
+                queue.put_nowait(chunk)
 
     # --- blocking and streaming APIs -----------------------------------------------------
     def generate(
@@ -258,7 +173,7 @@ class Engine:
                 self.abort(rid)
                 self._trackers.pop(rid, None)
             raise
-        while not all(self._trackers[rid].output.finished for rid in rids):
+        while not all(self._trackers[rid].finished for rid in rids):
             self.step()
         return [self._trackers.pop(rid).output for rid in rids]
 
@@ -269,20 +184,22 @@ class Engine:
         whichever is waiting drives the engine's steps."""
         rid = self.submit(prompt, params)
         tracker = self._trackers[rid]
-        tracker.queue = asyncio.Queue()
+        queue: asyncio.Queue[StreamChunk] = asyncio.Queue()
+        self._queues[rid] = queue
         try:
             while True:
-                while tracker.queue.empty() and not tracker.output.finished:
+                while queue.empty() and not tracker.finished:
                     self.step()
                     await asyncio.sleep(0)
-                while not tracker.queue.empty():
-                    yield tracker.queue.get_nowait()
-                if tracker.output.finished:
+                while not queue.empty():
+                    yield queue.get_nowait()
+                if tracker.finished:
                     return
         finally:
-            if not tracker.output.finished:
+            if not tracker.finished:
                 self.abort(rid)
             self._trackers.pop(rid, None)
+            self._queues.pop(rid, None)
 
     # --- introspection -------------------------------------------------------------------
     def check_integrity(self) -> None:

@@ -80,3 +80,18 @@ class StepResult(msgspec.Struct, frozen=True):
     step_id: int
     results: list[RunResult] = []
     num_tokens: int = 0  # tokens in the forward pass
+
+
+class OutputDelta(msgspec.Struct, frozen=True):
+    """What one sample gained in a step, scheduler -> tokenizer. `owner` is the rid the client
+    knows (the parent of n > 1 samples); `index` is the sample's index, -1 for all samples of an
+    n > 1 request that ended before it forked (abort, error)."""
+
+    rid: int
+    owner: int
+    index: int
+    token_ids: list[int] = []
+    logprobs: list[TokenLogprob] = []
+    finish_reason: str | None = None
+    cached_tokens: int = 0
+    prompt_logprobs: list[TokenLogprob] = []

@@ -87,20 +87,40 @@ class KVManager:
             req.kv_len = match.length
         return match.length
 
-    def cache_prefix(self, req: Request) -> None:
-        """Put the request's computed whole pages into the tree (so others can share them now)."""
+    def cache_prefix(self, req: Request) -> int:
+        """Put the request's computed whole pages into the tree (so others can share them now).
+        Returns how many of those pages the tree already held (possibly in other pages)."""
         if self.disable_radix_cache:
-            return
-        num_pages = req.kv_len // self.page_size
+            return 0
+        ps = self.page_size
+        num_pages = req.kv_len // ps
         if num_pages == 0:
-            return
-        key = req.all_ids[: num_pages * self.page_size]
+            return 0
+        key = req.all_ids[: num_pages * ps]
         result = self.tree.insert(key, req.pages[:num_pages], req.extra_key)
         self.pool.incref(result.new_pages)
         self.tree.lock(result.node)
         if req.tree_node is not None:
             self.tree.unlock(req.tree_node)
         req.tree_node = result.node
+        return result.existing_len // ps
+
+    def dedupe(self, req: Request, num_pages: int, repoints: list[SlotCopy]) -> None:
+        """Where the tree holds the request's first pages' tokens in other pages (computed twice,
+        by two requests at once), move the request onto the tree's pages and free its own. The
+        worker learns of it through `repoints`: copies of slots onto themselves that re-point
+        its slot table."""
+        ps = self.page_size
+        num_pages = min(num_pages, req.kv_len // ps)
+        key = req.all_ids[: num_pages * ps]
+        tree_pages = self.tree.match_prefix(key, req.extra_key).pages
+        for i, page in enumerate(tree_pages):
+            if req.pages[i] != page:
+                self.pool.incref([page])
+                self.pool.decref([req.pages[i]])
+                req.pages[i] = page
+                slots = [page * ps + j for j in range(ps)]
+                repoints.append(SlotCopy(rid=req.rid, start=i * ps, src=slots, dst=slots))
 
     def release(self, req: Request, cache: bool = True) -> None:
         """Drop every page reference and tree lock of the request."""
@@ -114,7 +134,7 @@ class KVManager:
         req.kv_len = 0
 
     def share(self, parent: Request, child: Request) -> None:
-        """n > 1: the child starts with the parent's pages (all of them, the partial last one too)."""
+        """n > 1: the child starts with all the parent's pages, the partial last one too."""
         self.pool.incref(parent.pages)
         child.pages = list(parent.pages)
         child.kv_len = parent.kv_len

@@ -37,6 +37,7 @@ class Request:
     kv_len_swapped: int = 0  # positions whose K/V sits in host memory while SWAPPED
     prompt_logprobs_done: bool = False
     finish_reason: str | None = None
+    num_sent: int = 0  # output tokens already reported to the client side
     # per-token outputs gathered as the worker reports them
     output_logprobs: list[Any] = field(default_factory=list)
     prompt_logprobs: list[Any] = field(default_factory=list)

@@ -7,11 +7,9 @@ worker's `StepResult` back into its requests.
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from radixrt.runtime.config import IN_BATCH_PREFIX_MIN, EngineConfig
+from radixrt.runtime.config import IN_BATCH_PREFIX_MIN
 from radixrt.runtime.messages import (
     Run,
     RunResult,
@@ -21,21 +19,8 @@ from radixrt.runtime.messages import (
     Swap,
     WorkerRequest,
 )
-from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.scheduler.kv_manager import KVManager
-from radixrt.runtime.scheduler.policy import make_policy
 from radixrt.runtime.scheduler.request import Phase, Request
-
-
-@dataclass
-class SchedulerStats:
-    steps: int = 0
-    prompt_tokens: int = 0  # prompt tokens of admitted requests (first admission)
-    cached_tokens: int = 0  # of which served from the radix cache
-    computed_tokens: int = 0  # tokens through the model (prefill + decode)
-    generated_tokens: int = 0
-    preemptions: int = 0
-    swaps: int = 0
+from radixrt.runtime.scheduler.state import SchedulerState
 
 
 @dataclass
@@ -50,121 +35,12 @@ class _StepDraft:
     swap_out: list[Swap]
     free: list[int]
     planned: set[int]
+    swapped_in: set[int]  # brought back this step: never preempted in the same plan
     prefilling: set[int]  # requests computing more than one token this step
 
 
-class Scheduler:
-    def __init__(
-        self,
-        config: EngineConfig,
-        num_pages: int,
-        context_length: int,
-        eos_token_ids: Sequence[int],
-    ) -> None:
-        self.config = config
-        self.context_length = context_length
-        self.eos_token_ids = frozenset(eos_token_ids)
-        self.kv = KVManager(num_pages, config.page_size, config.disable_radix_cache)
-        self.policy = make_policy(config.schedule_policy)
-        self.requests: dict[int, Request] = {}
-        self.waiting: list[Request] = []
-        self.running: list[Request] = []  # admission order
-        self.swapped: list[Request] = []
-        self.children: dict[int, list[int]] = {}  # n > 1 parent rid -> child rids
-        self.stats = SchedulerStats()
-        self.swap_used = 0  # host slots holding swapped-out KV
-        self._rids = itertools.count()
-        self._arrivals = itertools.count()
-        self._admissions = itertools.count()
-        self._pending_free: list[int] = []
-        self._finished_outside_step: list[Request] = []
-
-    # --- submission ------------------------------------------------------------------------
-    def add_request(
-        self, prompt_ids: Sequence[int], params: SamplingParams, extra_key: str | None = None
-    ) -> Request:
-        """Queue a request. Raises ValueError for a prompt that breaks the context limits; a
-        request that can never fit the KV pool finishes at once with an error reason."""
-        prompt_ids = [int(t) for t in prompt_ids]
-        if not prompt_ids:
-            raise ValueError("prompt is empty: give at least one token")
-        limit = self.context_length
-        if len(prompt_ids) >= limit:
-            raise ValueError(
-                f"prompt has {len(prompt_ids)} tokens but the context length is {limit}: "
-                f"shorten the prompt to at most {limit - 1} tokens"
-            )
-        if len(prompt_ids) + params.max_tokens > limit:
-            raise ValueError(
-                f"max_tokens={params.max_tokens} plus the prompt's {len(prompt_ids)} tokens "
-                f"exceeds the context length {limit}: lower max_tokens to at most "
-                f"{limit - len(prompt_ids)}"
-            )
-        req = Request(
-            rid=next(self._rids),
-            prompt_ids=prompt_ids,
-            params=params,
-            arrival=next(self._arrivals),
-            extra_key=extra_key,
-        )
-        self.requests[req.rid] = req
-        need = len(prompt_ids) + params.n * (params.max_tokens + self.kv.page_size)
-        if need > self.kv.capacity_tokens:
-            self._finish(
-                req,
-                f"error: the request needs up to {need} KV slots (prompt {len(prompt_ids)} + "
-                f"n={params.n} x max_tokens={params.max_tokens}) but the KV pool holds "
-                f"{self.kv.capacity_tokens}; lower max_tokens or n, or raise max_total_tokens",
-            )
-            self._finished_outside_step.append(req)
-            return req
-        self.waiting.append(req)
-        return req
-
-    def abort(self, rid: int) -> list[Request]:
-        """Abort a request at any stage (waiting, mid-prefill, decoding, swapped)."""
-        req = self.requests.get(rid)
-        if req is None:
-            return []
-        aborted = []
-        for child in self.children.get(rid, []):
-            aborted += self.abort(child)
-        if not req.finished:
-            self.finish(rid, "abort")
-            aborted.append(req)
-        return aborted
-
-    def finish(self, rid: int, reason: str) -> None:
-        """End a request from outside (an abort, a stop string seen by the detokenizer)."""
-        req = self.requests.get(rid)
-        if req is None or req.finished:
-            return
-        if req.phase is Phase.WAITING:
-            self.waiting.remove(req)
-        elif req.phase is Phase.SWAPPED:
-            self.swapped.remove(req)
-            self.swap_used -= req.kv_len_swapped
-            self._pending_free.append(rid)
-        elif req.phase is Phase.RUNNING:
-            self.running.remove(req)
-            self.kv.release(req)
-            self._pending_free.append(rid)
-        self._finish(req, reason)
-
-    def forget(self, rid: int) -> None:
-        """Drop a finished request's record (the engine calls this once it has the output)."""
-        req = self.requests.get(rid)
-        if req is not None and req.finished:
-            del self.requests[rid]
-            self.children.pop(rid, None)
-
-    @property
-    def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped or self._pending_free)
-
-    def take_finished_outside_step(self) -> list[Request]:
-        out, self._finished_outside_step = self._finished_outside_step, []
-        return out
+class Scheduler(SchedulerState):
+    """Plans each step's StepPlan and folds the worker's StepResult back in."""
 
     # --- planning --------------------------------------------------------------------------
     def schedule(self) -> StepPlan | None:
@@ -177,6 +53,7 @@ class Scheduler:
             swap_out=[],
             free=self._pending_free,
             planned=set(),
+            swapped_in=set(),
             prefilling=set(),
         )
         self._pending_free = []
@@ -191,7 +68,8 @@ class Scheduler:
                 chunk = min(req.remaining, draft.budget)
                 self._plan_chunk(req, chunk, draft, may_preempt=True)
         self._admit(draft)
-        if not (draft.runs or draft.free or draft.swap_out):
+        self._move_onto_tree_pages(draft)  # after planning: preempted requests are skipped
+        if not (draft.runs or draft.free or draft.swap_out or draft.copies or draft.swap_in):
             return None
         self.stats.steps += 1
         return StepPlan(
@@ -204,9 +82,17 @@ class Scheduler:
             runs=draft.runs,
         )
 
+    def _move_onto_tree_pages(self, draft: _StepDraft) -> None:
+        """A prefix computed twice at once is held once: requests move onto the tree's pages."""
+        pending, self._dedupe = self._dedupe, {}
+        for rid, num_pages in pending.items():
+            req = self.requests.get(rid)
+            if req is not None and req.phase is Phase.RUNNING:
+                self.kv.dedupe(req, num_pages, draft.copies)
+
     def _admit(self, draft: _StepDraft) -> None:
-        if not self.waiting:
-            return
+        if not self.waiting or self.swapped:
+            return  # swapped-out requests come back before anything new starts
         for req in self.policy.order(self.waiting, self.kv):
             if draft.budget <= 0 or len(self.running) >= self.config.max_running_requests:
                 break
@@ -310,7 +196,11 @@ class Scheduler:
 
     # --- preemption ------------------------------------------------------------------------
     def _pick_victim(self, req: Request, draft: _StepDraft) -> Request | None:
-        candidates = [r for r in self.running if r is not req and r.rid not in draft.planned]
+        candidates = [
+            r
+            for r in self.running
+            if r is not req and r.rid not in draft.planned and r.rid not in draft.swapped_in
+        ]
         return max(candidates, key=lambda r: r.admitted_at, default=None)
 
     def _preempt(self, victim: Request, draft: _StepDraft) -> None:
@@ -346,6 +236,7 @@ class Scheduler:
             self.swapped.remove(req)
             self.swap_used -= req.kv_len_swapped
             draft.swap_in.append(Swap(rid=req.rid, slots=slots))
+            draft.swapped_in.add(req.rid)
             req.phase = Phase.RUNNING
             self.running.append(req)
             self.running.sort(key=lambda r: r.admitted_at)
@@ -365,7 +256,10 @@ class Scheduler:
                 req.prompt_logprobs.extend(res.prompt_logprobs)
                 req.prompt_logprobs_done = run.sample
             if run.num_new > 1 or not run.sample:
-                self.kv.cache_prefix(req)  # share the computed prompt from the next step on
+                # share the computed prompt from the next step on
+                shared = self.kv.cache_prefix(req)
+                if shared:
+                    self._dedupe[req.rid] = shared
             if not run.sample:
                 continue
             if run.fork_into:
@@ -430,17 +324,3 @@ class Scheduler:
         if len(req.output_ids) >= p.max_tokens or req.num_tokens >= self.context_length:
             return "length"
         return None
-
-    def _finish(self, req: Request, reason: str) -> None:
-        req.phase = Phase.FINISHED
-        req.finish_reason = reason
-
-    # --- accounting ------------------------------------------------------------------------
-    def check_integrity(self) -> None:
-        for req in self.waiting + self.swapped:
-            if req.pages or req.tree_node is not None:
-                raise RuntimeError(f"request {req.rid} holds KV while {req.phase.value}")
-        self.kv.check_integrity(self.running)
-        swapped = sum(r.kv_len_swapped for r in self.swapped)
-        if swapped != self.swap_used:
-            raise RuntimeError(f"swap accounting: {swapped} swapped != {self.swap_used} used")

@@ -68,7 +68,8 @@ class Worker:
         for new in plan.new_requests:
             self.states[new.rid] = self._new_state(new)
         for copy in plan.copies:
-            self.kv_cache.copy_slots(torch.tensor(copy.src), torch.tensor(copy.dst))
+            if copy.src != copy.dst:  # equal: only re-point the table (onto shared pages)
+                self.kv_cache.copy_slots(torch.tensor(copy.src), torch.tensor(copy.dst))
             table = self.states[copy.rid].slots
             table[copy.start : copy.start + len(copy.dst)] = copy.dst
         for swap in plan.swap_in:
@@ -178,9 +179,8 @@ class Worker:
                 results.append(RunResult(rid=run.rid, prompt_logprobs=prompt.get(run.rid, [])))
             else:
                 self.states[run.rid].token_ids.append(sampled[run.rid].token_id)
-                results.append(
-                    RunResult(rid=run.rid, token=sampled[run.rid], prompt_logprobs=prompt.get(run.rid, []))
-                )
+                lps = prompt.get(run.rid, [])
+                results.append(RunResult(rid=run.rid, token=sampled[run.rid], prompt_logprobs=lps))
         sampled_rids = {run.rid for _, run in wanted.sample}
         for rid, lps in prompt.items():
             if rid not in sampled_rids:

@@ -1,0 +1,154 @@
+"""The scheduler's bookkeeping: its queues, its requests, submission, aborts and the KV
+invariant check. Planning and result folding build on it in scheduler.py."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from radixrt.runtime.config import EngineConfig
+from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.scheduler.kv_manager import KVManager
+from radixrt.runtime.scheduler.policy import make_policy
+from radixrt.runtime.scheduler.request import Phase, Request
+
+
+@dataclass
+class SchedulerStats:
+    steps: int = 0
+    prompt_tokens: int = 0  # prompt tokens of admitted requests (first admission)
+    cached_tokens: int = 0  # of which served from the radix cache
+    computed_tokens: int = 0  # tokens through the model (prefill + decode)
+    generated_tokens: int = 0
+    preemptions: int = 0
+    swaps: int = 0
+
+
+class SchedulerState:
+    def __init__(
+        self,
+        config: EngineConfig,
+        num_pages: int,
+        context_length: int,
+        eos_token_ids: Sequence[int],
+    ) -> None:
+        self.config = config
+        self.context_length = context_length
+        self.eos_token_ids = frozenset(eos_token_ids)
+        self.kv = KVManager(num_pages, config.page_size, config.disable_radix_cache)
+        self.policy = make_policy(config.schedule_policy)
+        self.requests: dict[int, Request] = {}
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []  # admission order
+        self.swapped: list[Request] = []
+        self.children: dict[int, list[int]] = {}  # n > 1 parent rid -> child rids
+        self.stats = SchedulerStats()
+        self.swap_used = 0  # host slots holding swapped-out KV
+        self._rids = itertools.count()
+        self._arrivals = itertools.count()
+        self._admissions = itertools.count()
+        self._pending_free: list[int] = []
+        self._dedupe: dict[int, int] = {}  # rid -> pages that may duplicate the tree's
+        self._finished_outside_step: list[Request] = []
+
+    # --- submission ------------------------------------------------------------------------
+    def add_request(
+        self, prompt_ids: Sequence[int], params: SamplingParams, extra_key: str | None = None
+    ) -> Request:
+        """Queue a request. Raises ValueError for a prompt that breaks the context limits; a
+        request that can never fit the KV pool finishes at once with an error reason."""
+        prompt_ids = [int(t) for t in prompt_ids]
+        if not prompt_ids:
+            raise ValueError("prompt is empty: give at least one token")
+        limit = self.context_length
+        if len(prompt_ids) >= limit:
+            raise ValueError(
+                f"prompt has {len(prompt_ids)} tokens but the context length is {limit}: "
+                f"shorten the prompt to at most {limit - 1} tokens"
+            )
+        if len(prompt_ids) + params.max_tokens > limit:
+            raise ValueError(
+                f"max_tokens={params.max_tokens} plus the prompt's {len(prompt_ids)} tokens "
+                f"exceeds the context length {limit}: lower max_tokens to at most "
+                f"{limit - len(prompt_ids)}"
+            )
+        req = Request(
+            rid=next(self._rids),
+            prompt_ids=prompt_ids,
+            params=params,
+            arrival=next(self._arrivals),
+            extra_key=extra_key,
+        )
+        self.requests[req.rid] = req
+        need = len(prompt_ids) + params.n * (params.max_tokens + self.kv.page_size)
+        if need > self.kv.capacity_tokens:
+            self._finish(
+                req,
+                f"error: the request needs up to {need} KV slots (prompt {len(prompt_ids)} + "
+                f"n={params.n} x max_tokens={params.max_tokens}) but the KV pool holds "
+                f"{self.kv.capacity_tokens}; lower max_tokens or n, or raise max_total_tokens",
+            )
+            self._finished_outside_step.append(req)
+            return req
+        self.waiting.append(req)
+        return req
+
+    def abort(self, rid: int) -> list[Request]:
+        """Abort a request at any stage (waiting, mid-prefill, decoding, swapped)."""
+        req = self.requests.get(rid)
+        if req is None:
+            return []
+        aborted = []
+        for child in self.children.get(rid, []):
+            aborted += self.abort(child)
+        if not req.finished:
+            self.finish(rid, "abort")
+            aborted.append(req)
+        return aborted
+
+    def finish(self, rid: int, reason: str) -> None:
+        """End a request from outside (an abort, a stop string seen by the detokenizer)."""
+        req = self.requests.get(rid)
+        if req is None or req.finished:
+            return
+        if req.phase is Phase.WAITING:
+            self.waiting.remove(req)
+        elif req.phase is Phase.SWAPPED:
+            self.swapped.remove(req)
+            self.swap_used -= req.kv_len_swapped
+            self._pending_free.append(rid)
+        elif req.phase is Phase.RUNNING:
+            self.running.remove(req)
+            self.kv.release(req)
+            self._pending_free.append(rid)
+        self._finish(req, reason)
+
+    def forget(self, rid: int) -> None:
+        """Drop a finished request's record (the engine calls this once it has the output)."""
+        req = self.requests.get(rid)
+        if req is not None and req.finished:
+            del self.requests[rid]
+            self.children.pop(rid, None)
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped or self._pending_free)
+
+    def take_finished_outside_step(self) -> list[Request]:
+        out, self._finished_outside_step = self._finished_outside_step, []
+        return out
+
+    def _finish(self, req: Request, reason: str) -> None:
+        req.phase = Phase.FINISHED
+        req.finish_reason = reason
+
+    # --- accounting ------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        for req in self.waiting + self.swapped:
+            if req.pages or req.tree_node is not None:
+                raise RuntimeError(f"request {req.rid} holds KV while {req.phase.value}")
+        self.kv.check_integrity(self.running)
+        swapped = sum(r.kv_len_swapped for r in self.swapped)
+        if swapped != self.swap_used:
+            raise RuntimeError(f"swap accounting: {swapped} swapped != {self.swap_used} used")

@@ -1,0 +1,68 @@
+"""Client-side assembly of one request's output from OutputDelta messages: incremental
+detokenization per sample, stop strings, logprobs, and the StreamChunks a stream yields."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from radixrt.runtime.messages import OutputDelta
+from radixrt.runtime.outputs import CompletionOutput, RequestOutput, StreamChunk
+from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.tokenizer.detokenizer import IncrementalDetokenizer
+
+
+class OutputTracker:
+    def __init__(
+        self, tokenizer: Any, rid: int, prompt_ids: list[int], params: SamplingParams
+    ) -> None:
+        self.params = params
+        self.output = RequestOutput(
+            rid=rid,
+            prompt_token_ids=prompt_ids,
+            samples=[CompletionOutput(index=i) for i in range(params.n)],
+        )
+        self._detoks = [
+            IncrementalDetokenizer(tokenizer, prompt_ids, params.skip_special_tokens, params.stop)
+            for _ in range(params.n)
+        ]
+
+    @property
+    def finished(self) -> bool:
+        return self.output.finished
+
+    def apply(self, delta: OutputDelta) -> tuple[list[StreamChunk], bool]:
+        """Fold a delta in. Returns the chunks for a stream, and True when a stop string ended
+        this sample here (the caller then ends the request on the scheduler side)."""
+        out = self.output
+        out.cached_tokens = delta.cached_tokens
+        if delta.prompt_logprobs:
+            out.prompt_logprobs = list(delta.prompt_logprobs)
+        if delta.index < 0:  # n > 1 request that ended before it forked
+            chunks = []
+            for sample in out.samples:
+                if sample.finish_reason is None:
+                    sample.finish_reason = delta.finish_reason
+                    chunks.append(StreamChunk(out.rid, sample.index, "", [], delta.finish_reason))
+            return chunks, False
+        sample = out.samples[delta.index]
+        if sample.finish_reason is not None:
+            return [], False  # already ended here by a stop string
+        detok = self._detoks[delta.index]
+        text = detok.add(delta.token_ids) if delta.token_ids else ""
+        stopped_here = detok.stopped and delta.finish_reason is None
+        reason = "stop" if detok.stopped else delta.finish_reason
+        if reason is not None:
+            text += detok.finish()
+        sample.token_ids.extend(delta.token_ids)
+        sample.logprobs.extend(delta.logprobs)
+        sample.text += text
+        sample.finish_reason = reason
+        chunk = StreamChunk(
+            rid=out.rid,
+            index=sample.index,
+            text=text,
+            token_ids=list(delta.token_ids),
+            finish_reason=reason,
+            logprobs=list(delta.logprobs),
+        )
+        return [chunk], stopped_here
