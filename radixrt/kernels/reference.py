@@ -29,12 +29,24 @@ def store_kv_ref(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, out_slo
 def _attend(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float
 ) -> Tensor:
-    """SDPA over [batch, heads, len, head_dim] tensors, expanding KV heads for GQA."""
-    group = q.shape[1] // k.shape[1]
-    if group > 1:
-        k = k.repeat_interleave(group, dim=1)
-        v = v.repeat_interleave(group, dim=1)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal, scale=scale)
+    """SDPA over q [batch, heads, q_len, head_dim] and k, v [batch, kv_heads, kv_len, head_dim].
+
+    GQA without copying K/V: query head h reads KV head h // group, so the group's query heads
+    are folded into the query-length axis of their KV head ([b, kv_heads, group * q_len, d])."""
+    b, num_heads, q_len, head_dim = q.shape
+    num_kv_heads, kv_len = k.shape[1], k.shape[2]
+    group = num_heads // num_kv_heads
+    if group == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                              scale=scale)
+    if causal:
+        mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril()
+    if mask is not None:
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # [b|1, 1, q_len, kv]
+        mask = mask.expand(mask.shape[0], 1, q_len, kv_len).repeat(1, 1, group, 1)
+    qg = q.reshape(b, num_kv_heads, group * q_len, head_dim)
+    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
+    return out.reshape(b, num_heads, q_len, head_dim)
 
 
 def extend_attention_ref(

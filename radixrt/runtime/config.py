@@ -32,6 +32,14 @@ DUMMY_INIT_STD = 0.02  # std of the normal init of load_format="dummy" weights
 CACHE_DIR_ENV = "RADIXRT_CACHE_DIR"
 DEFAULT_CACHE_DIR = "~/.cache/radixrt"
 
+# --- service -----------------------------------------------------------------------------------
+PARENT_POLL_MS = 500  # children check this often that the launcher is still alive
+CHILD_WATCH_S = 0.5  # the launcher checks this often that both children are alive
+STARTUP_TIMEOUT_S = 600.0  # model load + pool allocation
+DRAIN_TIMEOUT_S = 30.0  # SIGTERM/SIGINT: in-flight requests get this long to finish
+LOG_INTERVAL_S = 10.0  # the scheduler's periodic status line
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
 # --- sampling ----------------------------------------------------------------------------------
 MAX_TOP_LOGPROBS = 20
 LOGIT_BIAS_LIMIT = 100.0  # |logit_bias value| allowed (OpenAI's range)
@@ -40,6 +48,17 @@ PENALTY_LIMIT = 2.0  # |frequency_penalty| and |presence_penalty| allowed (OpenA
 MIN_SAMPLING_TEMPERATURE = 1e-5
 # Prompt tokens the incremental detokenizer decodes as left context before the first output token.
 DETOKENIZE_PROMPT_CONTEXT = 5
+
+# --- HTTP server (helper F) ----------------------------------------------------------------------
+# max_tokens when a request leaves it out: the rest of the context, capped here.
+DEFAULT_MAX_TOKENS = 256
+MODEL_ALIAS = "default"  # clients may send this as `model` instead of the served model's name
+HEALTH_GENERATE_TIMEOUT_S = 60.0  # /health_generate answers 503 past this
+DISCONNECT_POLL_S = 0.05  # how often a non-streaming request checks that its client is still there
+# Buckets (seconds) of the latency histograms on /metrics.
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 
 @dataclass(frozen=True)

@@ -210,24 +210,5 @@ class Engine:
         return self.scheduler.kv.flush()
 
     def stats(self) -> dict[str, Any]:
-        s = self.scheduler.stats
-        counters = self.scheduler.kv.counters(self.scheduler.running)
-        return {
-            "kv_total": counters.total,
-            "kv_free": counters.free,
-            "kv_evictable": counters.evictable,
-            "kv_locked": counters.locked,
-            "kv_private": counters.private,
-            "page_size": self.config.page_size,
-            "running": len(self.scheduler.running),
-            "waiting": len(self.scheduler.waiting),
-            "swapped": len(self.scheduler.swapped),
-            "steps": s.steps,
-            "prompt_tokens": s.prompt_tokens,
-            "cached_tokens": s.cached_tokens,
-            "cache_hit_rate": s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
-            "computed_tokens": s.computed_tokens,
-            "generated_tokens": s.generated_tokens,
-            "preemptions": s.preemptions,
-            "swaps": s.swaps,
-        }
+        """Pool counters (tokens), cache hit rate, steps, preemptions."""
+        return self.scheduler.stats_dict()

@@ -50,7 +50,7 @@ class Swap(msgspec.Struct, frozen=True):
     slots: list[int]
 
 
-class StepPlan(msgspec.Struct, frozen=True):
+class StepPlan(msgspec.Struct, frozen=True, tag=True):
     """The worker applies the parts in field order: swap_out reads KV before anything in this
     step can overwrite the slots the scheduler just freed; free comes before new_requests so a
     request preempted and re-admitted in one plan starts clean."""
@@ -76,7 +76,7 @@ class RunResult(msgspec.Struct, frozen=True):
     prompt_logprobs: list[TokenLogprob] = []  # in prompt order from the run's prompt_logprob_from
 
 
-class StepResult(msgspec.Struct, frozen=True):
+class StepResult(msgspec.Struct, frozen=True, tag=True):
     step_id: int
     results: list[RunResult] = []
     num_tokens: int = 0  # tokens in the forward pass
@@ -95,3 +95,55 @@ class OutputDelta(msgspec.Struct, frozen=True):
     finish_reason: str | None = None
     cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprob] = []
+
+
+# --- worker -> scheduler at start-up ------------------------------------------------------------
+class WorkerReady(msgspec.Struct, frozen=True, tag=True):
+    num_pages: int
+    page_size: int
+    context_length: int
+    vocab_size: int
+    eos_token_ids: list[int]
+    device: str
+    dtype: str
+
+
+# --- tokenizer <-> scheduler ---------------------------------------------------------------------
+class SubmitRequest(msgspec.Struct, frozen=True, tag=True):
+    rid: int  # chosen by the tokenizer process (>= 0); n > 1 children get negative rids
+    prompt_ids: list[int]
+    params: dict  # SamplingParams.to_dict()
+    extra_key: str | None = None
+
+
+class AbortRequest(msgspec.Struct, frozen=True, tag=True):
+    rid: int
+    reason: str = "abort"  # "stop" when the detokenizer saw a stop string
+
+
+class ControlRequest(msgspec.Struct, frozen=True, tag=True):
+    call_id: int
+    op: str  # "info" | "flush_cache"
+
+
+class DeltaBatch(msgspec.Struct, frozen=True, tag=True):
+    deltas: list[OutputDelta]
+
+
+class SubmitError(msgspec.Struct, frozen=True, tag=True):
+    rid: int
+    message: str
+
+
+class ControlReply(msgspec.Struct, frozen=True, tag=True):
+    call_id: int
+    result: dict
+
+
+class SchedulerReady(msgspec.Struct, frozen=True, tag=True):
+    info: dict
+
+
+ToScheduler = SubmitRequest | AbortRequest | ControlRequest
+ToTokenizer = DeltaBatch | SubmitError | ControlReply | SchedulerReady
+FromWorker = WorkerReady | StepResult

@@ -65,3 +65,4 @@ class StreamChunk:
     token_ids: list[int]
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens served from the radix cache

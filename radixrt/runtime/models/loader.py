@@ -130,3 +130,25 @@ def _init_dummy(net: LlamaForCausalLM) -> None:
             param.zero_()
         else:
             param.normal_(0.0, DUMMY_INIT_STD, generator=generator)
+
+
+def resolve_model_path(model: str) -> tuple[str, str | None]:
+    """(folder, gguf file name or None) of "default", a .gguf file, or a checkpoint folder."""
+    if model == DEFAULT_MODEL:
+        return default_model_path()
+    if model.endswith(".gguf"):
+        folder, fname = os.path.split(os.path.abspath(model))
+        return folder, fname
+    if not os.path.isdir(model):
+        raise FileNotFoundError(
+            f"model={model!r} is neither 'default', a .gguf file nor a checkpoint folder"
+        )
+    return model, None
+
+
+def load_tokenizer(model: str) -> Any:
+    """Only the tokenizer of a model (the tokenizer process needs no weights)."""
+    folder, fname = resolve_model_path(model)
+    if fname is not None:
+        return load_gguf_tokenizer(os.path.join(folder, fname))
+    return load_hf_tokenizer(folder)

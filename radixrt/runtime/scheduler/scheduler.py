@@ -176,7 +176,7 @@ class Scheduler(SchedulerState):
         sample = req.kv_len == req.num_tokens
         fork_into: list[int] = []
         if sample and req.fork_count > 1:
-            fork_into = [next(self._rids) for _ in range(req.fork_count)]
+            fork_into = [next(self._child_rids) for _ in range(req.fork_count)]
             self.children[req.rid] = fork_into
         draft.runs.append(
             Run(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from radixrt.runtime.config import EngineConfig
 from radixrt.runtime.sampling_params import SamplingParams
@@ -46,6 +47,7 @@ class SchedulerState:
         self.stats = SchedulerStats()
         self.swap_used = 0  # host slots holding swapped-out KV
         self._rids = itertools.count()
+        self._child_rids = itertools.count(-1, -1)  # n > 1 samples: never clash with clients'
         self._arrivals = itertools.count()
         self._admissions = itertools.count()
         self._pending_free: list[int] = []
@@ -54,7 +56,11 @@ class SchedulerState:
 
     # --- submission ------------------------------------------------------------------------
     def add_request(
-        self, prompt_ids: Sequence[int], params: SamplingParams, extra_key: str | None = None
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams,
+        extra_key: str | None = None,
+        rid: int | None = None,
     ) -> Request:
         """Queue a request. Raises ValueError for a prompt that breaks the context limits; a
         request that can never fit the KV pool finishes at once with an error reason."""
@@ -73,8 +79,10 @@ class SchedulerState:
                 f"exceeds the context length {limit}: lower max_tokens to at most "
                 f"{limit - len(prompt_ids)}"
             )
+        if rid is not None and (rid < 0 or rid in self.requests):
+            raise ValueError(f"request id {rid} is negative or already in use")
         req = Request(
-            rid=next(self._rids),
+            rid=next(self._rids) if rid is None else rid,
             prompt_ids=prompt_ids,
             params=params,
             arrival=next(self._arrivals),
@@ -142,6 +150,30 @@ class SchedulerState:
     def _finish(self, req: Request, reason: str) -> None:
         req.phase = Phase.FINISHED
         req.finish_reason = reason
+
+    def stats_dict(self) -> dict[str, Any]:
+        """Pool counters and totals, as Engine.stats() and /server_info report them."""
+        s = self.stats
+        counters = self.kv.counters(self.running)
+        return {
+            "kv_total": counters.total,
+            "kv_free": counters.free,
+            "kv_evictable": counters.evictable,
+            "kv_locked": counters.locked,
+            "kv_private": counters.private,
+            "page_size": self.kv.page_size,
+            "running": len(self.running),
+            "waiting": len(self.waiting),
+            "swapped": len(self.swapped),
+            "steps": s.steps,
+            "prompt_tokens": s.prompt_tokens,
+            "cached_tokens": s.cached_tokens,
+            "cache_hit_rate": s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
+            "computed_tokens": s.computed_tokens,
+            "generated_tokens": s.generated_tokens,
+            "preemptions": s.preemptions,
+            "swaps": s.swaps,
+        }
 
     # --- accounting ------------------------------------------------------------------------
     def check_integrity(self) -> None:

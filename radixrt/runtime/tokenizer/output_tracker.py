@@ -42,7 +42,9 @@ class OutputTracker:
             for sample in out.samples:
                 if sample.finish_reason is None:
                     sample.finish_reason = delta.finish_reason
-                    chunks.append(StreamChunk(out.rid, sample.index, "", [], delta.finish_reason))
+                    chunks.append(
+                        StreamChunk(out.rid, sample.index, "", [], delta.finish_reason)
+                    )
             return chunks, False
         sample = out.samples[delta.index]
         if sample.finish_reason is not None:
@@ -64,5 +66,6 @@ class OutputTracker:
             token_ids=list(delta.token_ids),
             finish_reason=reason,
             logprobs=list(delta.logprobs),
+            cached_tokens=delta.cached_tokens,
         )
         return [chunk], stopped_here

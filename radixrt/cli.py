@@ -1,0 +1,102 @@
+"""The `radixrt` command line: `radixrt serve [options]` (also `python -m radixrt serve`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from radixrt.runtime.config import (
+    ATTENTION_BACKENDS,
+    DEFAULT_MODEL,
+    DTYPES,
+    LOAD_FORMATS,
+    PREEMPTION_MODES,
+    SCHEDULE_POLICIES,
+    EngineConfig,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="radixrt", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser(
+        "serve",
+        help="run the OpenAI-compatible server (tokenizer, scheduler and worker processes)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )
+    add = serve.add_argument
+    add("--model", default=DEFAULT_MODEL,
+        help="'default' (SmolLM2-135M-Instruct, embedded), a .gguf file, or a checkpoint folder "
+        "with config.json and safetensors")
+    add("--served-model-name", default=None, help="the name clients send as `model`")
+    add("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes the server")
+    add("--port", type=int, default=30000, help="HTTP port")
+    add("--api-key", default=None,
+        help="require `Authorization: Bearer KEY` on every endpoint but /health")
+    add("--dtype", default="auto", choices=DTYPES,
+        help="weights and KV dtype; auto = float32 on CPU, bfloat16 on CUDA")
+    add("--device", default="auto", help="cpu, cuda, cuda:N; auto = cuda when available")
+    add("--page-size", type=int, default=1, help="tokens per KV page (1 or 16 are typical)")
+    pool = serve.add_mutually_exclusive_group()
+    pool.add_argument("--max-total-tokens", type=int, default=None,
+                      help="KV pool size in tokens (default: from --mem-fraction)")
+    pool.add_argument("--mem-fraction", type=float, default=0.5,
+                      help="share of free device memory given to the KV pool")
+    add("--context-length", type=int, default=None,
+        help="longest prompt + output; default: the model's")
+    add("--max-running-requests", type=int, default=256, help="requests decoding at once")
+    add("--max-num-batched-tokens", type=int, default=2048,
+        help="token budget of one forward pass (prefill is chunked to fit)")
+    add("--schedule-policy", default="lpm", choices=SCHEDULE_POLICIES,
+        help="waiting-queue order: fcfs, longest cached prefix first, or radix-tree DFS")
+    add("--preemption", default="recompute", choices=PREEMPTION_MODES,
+        help="when KV runs out: recompute (cache hit on re-prefill) or swap to host memory")
+    add("--disable-radix-cache", action="store_true", help="no prefix reuse (for comparison)")
+    add("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,
+        help="auto = triton on CUDA, torch elsewhere")
+    add("--load-format", default="auto", choices=LOAD_FORMATS,
+        help="dummy = random weights from config.json (benchmarks of big shapes)")
+    add("--seed", type=int, default=0, help="seed of unseeded sampling")
+    add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.command == "serve":
+        from radixrt.runtime.launcher import ServerOptions, serve
+
+        try:
+            config = EngineConfig(
+                model=args.model,
+                dtype=args.dtype,
+                device=args.device,
+                load_format=args.load_format,
+                attention_backend=args.attention_backend,
+                page_size=args.page_size,
+                max_total_tokens=args.max_total_tokens,
+                mem_fraction=args.mem_fraction,
+                context_length=args.context_length,
+                max_running_requests=args.max_running_requests,
+                max_num_batched_tokens=args.max_num_batched_tokens,
+                schedule_policy=args.schedule_policy,
+                preemption=args.preemption,
+                disable_radix_cache=args.disable_radix_cache,
+                seed=args.seed,
+            )
+        except ValueError as exc:
+            print(f"radixrt serve: {exc}", file=sys.stderr)
+            return 2
+        if not 0 < args.port < 65536:
+            print(f"radixrt serve: --port={args.port} is invalid: use 1..65535", file=sys.stderr)
+            return 2
+        options = ServerOptions(
+            host=args.host,
+            port=args.port,
+            api_key=args.api_key,
+            served_model_name=args.served_model_name,
+            log_level=args.log_level,
+        )
+        return serve(config, options)
+    return 2

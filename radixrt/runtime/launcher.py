@@ -1,0 +1,154 @@
+"""`radixrt serve`: start the scheduler and worker processes, run the tokenizer process (HTTP)
+here, and keep the three alive together (fail-stop) or shut them down together."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass
+from multiprocessing.process import BaseProcess
+
+import uvicorn
+
+from radixrt.runtime.config import (
+    CHILD_WATCH_S,
+    DEFAULT_MODEL,
+    DRAIN_TIMEOUT_S,
+    LOG_FORMAT,
+    STARTUP_TIMEOUT_S,
+    EngineConfig,
+)
+from radixrt.runtime.ipc import Addresses
+
+log = logging.getLogger("radixrt.serve")
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: str | None = None
+    served_model_name: str | None = None
+    log_level: str = "info"
+
+
+def served_name(config: EngineConfig, options: ServerOptions) -> str:
+    if options.served_model_name:
+        return options.served_model_name
+    if config.model == DEFAULT_MODEL:
+        return DEFAULT_MODEL
+    return os.path.basename(os.path.normpath(config.model))
+
+
+def serve(config: EngineConfig, options: ServerOptions) -> int:
+    """Run the server until SIGTERM/SIGINT (exit 0) or until a process dies (exit 1)."""
+    import setproctitle
+
+    from radixrt.runtime.models.loader import load_tokenizer
+    from radixrt.runtime.scheduler.process import run_scheduler
+    from radixrt.runtime.tokenizer.zmq_manager import ZmqTokenizerManager
+    from radixrt.runtime.worker.process import run_worker
+
+    logging.basicConfig(level=options.log_level.upper(), format=LOG_FORMAT)
+    setproctitle.setproctitle("radixrt::tokenizer")
+    addrs, ipc_dir = Addresses.in_private_dir()
+    try:
+        tokenizer = load_tokenizer(config.model)
+        manager = ZmqTokenizerManager(tokenizer, served_name(config, options), addrs)
+        spawn = multiprocessing.get_context("spawn")
+        args = (config, addrs, os.getpid(), options.log_level)
+        procs = {
+            "scheduler": spawn.Process(target=run_scheduler, args=args, name="radixrt-scheduler"),
+            "worker": spawn.Process(target=run_worker, args=args, name="radixrt-worker"),
+        }
+        for proc in procs.values():
+            proc.start()
+        try:
+            return asyncio.run(_serve_http(manager, procs, options))
+        finally:
+            _stop(procs)
+    finally:
+        shutil.rmtree(ipc_dir, ignore_errors=True)
+
+
+async def _serve_http(manager, procs: dict[str, BaseProcess], options: ServerOptions) -> int:
+    from radixrt.runtime.tokenizer.http_server import create_app
+
+    def alive() -> bool:
+        return all(p.is_alive() for p in procs.values())
+
+    try:
+        await manager.wait_ready(alive, STARTUP_TIMEOUT_S)
+    except (RuntimeError, TimeoutError) as exc:
+        log.error("%s: %s", exc, _dead(procs) or "start-up timed out")
+        return 1
+    app = create_app(manager, api_key=options.api_key)
+    server = _Server(
+        uvicorn.Config(
+            app,
+            host=options.host,
+            port=options.port,
+            log_level=options.log_level.lower(),
+            timeout_graceful_shutdown=int(DRAIN_TIMEOUT_S),
+        )
+    )
+    exit_code = 0
+
+    async def watch() -> None:
+        nonlocal exit_code
+        while not server.should_exit:
+            await asyncio.sleep(CHILD_WATCH_S)
+            dead = _dead(procs)
+            if dead:
+                log.error("%s; shutting the server down", dead)
+                exit_code = 1
+                server.should_exit = server.force_exit = True
+
+    watcher = asyncio.create_task(watch())
+    log.info("serving %s on http://%s:%d", manager.model_name, options.host, options.port)
+    await server.serve()
+    watcher.cancel()
+    await manager.close()
+    if exit_code == 0 and _dead(procs):
+        exit_code = 1
+    return exit_code
+
+
+def _dead(procs: dict[str, BaseProcess]) -> str:
+    for name, proc in procs.items():
+        if not proc.is_alive():
+            return f"the {name} process died (exit code {proc.exitcode})"
+    return ""
+
+
+def _stop(procs: dict[str, BaseProcess]) -> None:
+    for proc in procs.values():
+        if proc.is_alive():
+            proc.terminate()
+    for proc in procs.values():
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(timeout=5)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn.Server whose signal handling drains and returns instead of re-raising the signal
+    (uvicorn re-raises it after shutdown, which would skip stopping the child processes)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        previous = {
+            sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)
+        }
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)

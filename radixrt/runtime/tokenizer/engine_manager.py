@@ -1,0 +1,57 @@
+"""TokenizerManager over an in-process Engine: for tests of the HTTP layer and for embedding a
+server in one process. `radixrt serve` uses the ZeroMQ process trio instead."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from radixrt.runtime.engine import Engine
+from radixrt.runtime.outputs import StreamChunk
+from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.tokenizer.manager_base import RequestMetrics
+from radixrt.runtime.tokenizer.prompts import Prompt, check_token_ids, encode_prompt
+
+
+class EngineManager:
+    def __init__(self, engine: Engine, model_name: str = "default") -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.context_length = engine.context_length
+        self.vocab_size = engine.model_config.vocab_size
+        self.tokenizer = engine.tokenizer
+        self._callbacks: list[Callable[[RequestMetrics], None]] = []
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        ids = encode_prompt(self.tokenizer, prompt)
+        check_token_ids(ids, self.vocab_size)
+        return ids
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, rid_hint: str | None = None
+    ) -> AsyncIterator[StreamChunk]:
+        metrics = RequestMetrics(arrival=time.monotonic(), prompt_tokens=len(prompt_ids))
+        try:
+            async for chunk in self.engine.generate_stream(prompt_ids, params):
+                metrics.record(chunk, time.monotonic())
+                yield chunk
+        finally:
+            metrics.finished = time.monotonic()
+            for callback in self._callbacks:
+                callback(metrics)
+
+    async def abort(self, rid: int) -> None:
+        self.engine.abort(rid)
+
+    async def flush_cache(self) -> int:
+        return self.engine.flush_cache()
+
+    async def server_info(self) -> dict[str, Any]:
+        info = dict(self.engine.stats())
+        info["model"] = self.model_name
+        info["context_length"] = self.context_length
+        return info
+
+    def on_finish(self, callback: Callable[[RequestMetrics], None]) -> None:
+        self._callbacks.append(callback)

@@ -1,0 +1,77 @@
+"""Prometheus metrics of one HTTP app, in a registry of its own (never the global one).
+
+Gauges (running and waiting requests, KV usage, cache hit rate) are read from
+manager.server_info() at scrape time; latency histograms and token counters are fed by the
+manager's on_finish callback, once per finished request.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from radixrt.runtime.config import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+from radixrt.runtime.tokenizer.manager_base import RequestMetrics, TokenizerManager
+
+PREFIX = "radixrt"
+
+
+class HTTPMetrics:
+    def __init__(self, manager: TokenizerManager) -> None:
+        self.manager = manager
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.running = Gauge(f"{PREFIX}_num_running_requests", "Requests decoding now", registry=r)
+        self.waiting = Gauge(f"{PREFIX}_num_waiting_requests", "Requests queued", registry=r)
+        self.kv_usage = Gauge(f"{PREFIX}_kv_usage_ratio",
+                              "Fraction of KV slots held by requests or locked", registry=r)
+        self.kv_cached = Gauge(f"{PREFIX}_kv_cached_ratio",
+                               "Fraction of KV slots holding evictable cached prefixes", registry=r)
+        self.hit_rate = Gauge(f"{PREFIX}_cache_hit_rate",
+                              "Prompt tokens served from the radix cache / prompt tokens",
+                              registry=r)
+        self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "Time to first token",
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds",
+                             "Time between consecutive output tokens", buckets=ITL_BUCKETS,
+                             registry=r)
+        self.e2e = Histogram(f"{PREFIX}_e2e_request_latency_seconds",
+                             "Arrival to finish of a request", buckets=E2E_BUCKETS, registry=r)
+        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens of finished "
+                                     "requests", registry=r)
+        self.cached_tokens = Counter(f"{PREFIX}_cached_prompt_tokens",
+                                     "Prompt tokens served from the radix cache", registry=r)
+        self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Generated tokens",
+                                         registry=r)
+        self.requests = Counter(f"{PREFIX}_requests", "Finished requests", registry=r)
+        manager.on_finish(self.record)
+
+    def record(self, m: RequestMetrics) -> None:
+        """on_finish callback. A request the runtime refused (no first token and nothing
+        generated) is left out of the latency figures."""
+        self.requests.inc()
+        if m.first_token is None:
+            return
+        self.ttft.observe(m.first_token - m.arrival)
+        for gap in m.inter_token:
+            self.itl.observe(gap)
+        if m.finished is not None:
+            self.e2e.observe(m.finished - m.arrival)
+        self.prompt_tokens.inc(m.prompt_tokens)
+        self.cached_tokens.inc(m.cached_tokens)
+        self.generation_tokens.inc(m.completion_tokens)
+
+    async def scrape(self) -> bytes:
+        self.update_gauges(await self.manager.server_info())
+        return generate_latest(self.registry)
+
+    def update_gauges(self, info: dict[str, Any]) -> None:
+        self.running.set(info.get("running", 0))
+        self.waiting.set(info.get("waiting", 0))
+        total = info.get("kv_total", 0)
+        if total:
+            in_use = info.get("kv_private", 0) + info.get("kv_locked", 0)
+            self.kv_usage.set(in_use / total)
+            self.kv_cached.set(info.get("kv_evictable", 0) / total)
+        self.hit_rate.set(info.get("cache_hit_rate", 0.0))

@@ -1,0 +1,207 @@
+"""The HTTP server: OpenAI-compatible and native endpoints over any TokenizerManager.
+
+    app = create_app(manager, api_key=None)   # serve with uvicorn
+
+OpenAI API: POST /v1/completions, POST /v1/chat/completions, GET /v1/models.
+Native: POST /generate, POST /abort, POST /flush_cache, GET /server_info.
+Operations: GET /health (no auth, no work), GET /health_generate (generates one token),
+GET /metrics (Prometheus text).
+
+Every refusal is an HTTP 4xx in OpenAI's error format; only pure ASGI middleware is used, so a
+client that disconnects is noticed and its request aborted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import JSONResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from radixrt.runtime.config import HEALTH_GENERATE_TIMEOUT_S
+from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.tokenizer.http_metrics import HTTPMetrics
+from radixrt.runtime.tokenizer.http_native import GenerateRequest, NativeServing
+from radixrt.runtime.tokenizer.http_streaming import ClientGone
+from radixrt.runtime.tokenizer.manager_base import TokenizerManager
+from radixrt.runtime.tokenizer.openai_protocol import (
+    APIError,
+    ChatRequest,
+    CompletionRequest,
+    error_body,
+)
+from radixrt.runtime.tokenizer.openai_serving import OpenAIServing, model_card
+
+UNAUTHENTICATED_PATHS = frozenset({"/health"})
+CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"
+
+
+class AbortRequest(BaseModel):
+    rid: int
+
+
+def create_app(manager: TokenizerManager, api_key: str | None = None) -> FastAPI:
+    app = FastAPI(title="radixrt", docs_url=None, redoc_url=None, openapi_url=None)
+    install_error_handlers(app)
+    if api_key:
+        app.add_middleware(BearerAuth, api_key=api_key)
+    add_openai_routes(app, OpenAIServing(manager), manager)
+    add_native_routes(app, NativeServing(manager), manager)
+    add_operations_routes(app, manager, HTTPMetrics(manager))
+    return app
+
+
+# --- routes ------------------------------------------------------------------------------------
+
+
+def add_openai_routes(app: FastAPI, serving: OpenAIServing, manager: TokenizerManager) -> None:
+    @app.post("/v1/completions")
+    async def completions(body: CompletionRequest, request: Request) -> Response:
+        return await serving.completions(body, request)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: ChatRequest, request: Request) -> Response:
+        return await serving.chat(body, request)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [model_card(manager.model_name)]}
+
+
+def add_native_routes(app: FastAPI, serving: NativeServing, manager: TokenizerManager) -> None:
+    @app.post("/generate")
+    async def generate(body: GenerateRequest, request: Request) -> Response:
+        return await serving.generate(body, request)
+
+    @app.post("/abort")
+    async def abort(body: AbortRequest) -> dict[str, Any]:
+        await manager.abort(body.rid)
+        return {"status": "ok", "rid": body.rid}
+
+    @app.post("/flush_cache")
+    async def flush_cache() -> dict[str, Any]:
+        return {"status": "ok", "freed_tokens": await manager.flush_cache()}
+
+    @app.get("/server_info")
+    async def server_info() -> dict[str, Any]:
+        return await manager.server_info()
+
+
+def add_operations_routes(app: FastAPI, manager: TokenizerManager, metrics: HTTPMetrics) -> None:
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/health_generate")
+    async def health_generate() -> Response:
+        try:
+            await asyncio.wait_for(generate_one_token(manager), HEALTH_GENERATE_TIMEOUT_S)
+        except Exception as exc:
+            message = f"generation failed: {type(exc).__name__}: {exc}"
+            return JSONResponse(error_body(message, "server_error"), status_code=503)
+        return JSONResponse({"status": "ok"})
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(await metrics.scrape(), media_type=CONTENT_TYPE_LATEST)
+
+
+async def generate_one_token(manager: TokenizerManager) -> None:
+    ids = manager.encode("Hello")
+    params = SamplingParams(max_tokens=1, temperature=0.0)
+    stream = manager.generate(ids, params, "health_generate")
+    try:
+        async for chunk in stream:
+            if chunk.finish_reason is not None and chunk.finish_reason.startswith("error"):
+                raise RuntimeError(chunk.finish_reason)
+    finally:
+        close = getattr(stream, "aclose", None)
+        if close is not None:
+            await close()
+
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    async def on_api_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, APIError)
+        return JSONResponse(exc.body(), status_code=exc.status)
+
+    async def on_validation_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        message, param = describe_validation_errors(exc.errors())
+        return JSONResponse(error_body(message, param=param), status_code=400)
+
+    async def on_http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code,
+                            headers=exc.headers)
+
+    async def on_client_gone(request: Request, exc: Exception) -> Response:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+    async def on_unexpected(request: Request, exc: Exception) -> Response:
+        message = f"internal error: {type(exc).__name__}: {exc}"
+        return JSONResponse(error_body(message, "server_error"), status_code=500)
+
+    app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(ClientGone, on_client_gone)
+    app.add_exception_handler(Exception, on_unexpected)
+
+
+def describe_validation_errors(errors: Any) -> tuple[str, str | None]:
+    """pydantic's errors as one message that says what to fix, and the first bad field."""
+    parts: list[str] = []
+    seen: set[str] = set()
+    param: str | None = None
+    for error in errors:
+        loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+        if error.get("type") == "json_invalid":
+            return f"the request body is not valid JSON: {error.get('msg')}", None
+        field = loc[0] if loc else "body"
+        if field in seen:  # a union type reports one error per alternative: keep the first
+            continue
+        seen.add(field)
+        param = param or (field if loc else None)
+        where = ".".join(loc) if loc else "the request body"
+        got = error.get("input")
+        got_text = f" (got {got!r})" if loc and not isinstance(got, (dict, list)) else ""
+        parts.append(f"{where}: {error.get('msg')}{got_text}")
+    return "invalid request: " + "; ".join(parts), param
+
+
+# --- authentication ----------------------------------------------------------------------------
+
+
+class BearerAuth:
+    """Pure ASGI middleware: every path but /health needs `Authorization: Bearer <api_key>`."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in UNAUTHENTICATED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if hmac.compare_digest(given, self.expected):
+            await self.app(scope, receive, send)
+            return
+        message = ("a valid API key is required: send the header 'Authorization: Bearer <key>'"
+                   if not given else "the API key is wrong")
+        body = error_body(message, "invalid_request_error", code="invalid_api_key")
+        response = JSONResponse(body, status_code=401,
+                                headers={"WWW-Authenticate": "Bearer"})
+        await response(scope, receive, send)

@@ -1,0 +1,77 @@
+"""The contract between the HTTP layer and whatever runs the requests.
+
+`ZmqTokenizerManager` (the tokenizer process of `radixrt serve`, talking to the scheduler over
+ZeroMQ) and `EngineManager` (an in-process Engine, for tests and embedding) both implement it, so
+the HTTP layer is written once.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from radixrt.runtime.outputs import StreamChunk
+from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.tokenizer.prompts import Prompt
+
+
+@dataclass
+class RequestMetrics:
+    """Per-request timings the manager records for /metrics (seconds, monotonic clock)."""
+
+    arrival: float
+    first_token: float | None = None
+    last_token: float | None = None
+    finished: float | None = None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    inter_token: list[float] = field(default_factory=list)
+
+    def record(self, chunk: StreamChunk, now: float) -> None:
+        """Account for one streamed chunk."""
+        self.cached_tokens = chunk.cached_tokens
+        if not chunk.token_ids:
+            return
+        if self.first_token is None:
+            self.first_token = now
+        elif self.last_token is not None:
+            self.inter_token.append(now - self.last_token)
+        self.last_token = now
+        self.completion_tokens += len(chunk.token_ids)
+
+
+class TokenizerManager(Protocol):
+    model_name: str  # the name clients must send as `model`
+    context_length: int
+    vocab_size: int
+    tokenizer: Any  # a transformers tokenizer
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Text, token ids or chat messages -> token ids. Raises ValueError on bad input."""
+        ...
+
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, rid_hint: str | None = None
+    ) -> AsyncIterator[StreamChunk]:
+        """Submit and stream. Raises ValueError (before yielding anything) when the runtime
+        refuses the request: prompt or max_tokens past the context, ids outside the vocabulary,
+        bad params. Closing the iterator early (client gone) aborts the request and frees its
+        KV. Every sample ends with a chunk whose finish_reason is set."""
+        ...
+
+    async def abort(self, rid: int) -> None: ...
+
+    async def flush_cache(self) -> int:
+        """Drop every unlocked cached KV page; returns the tokens freed."""
+        ...
+
+    async def server_info(self) -> dict[str, Any]:
+        """Config and live counters: running, waiting, kv_total/free/evictable/locked/private,
+        cache_hit_rate, prompt/cached/generated tokens, steps, preemptions."""
+        ...
+
+    def on_finish(self, callback: Any) -> None:
+        """Register callback(RequestMetrics) called once per finished request (for /metrics)."""
+        ...

@@ -1,0 +1,345 @@
+"""OpenAI-compatible shapes of POST /v1/completions and POST /v1/chat/completions: the request
+models, their conversion to SamplingParams, the response models and the error format.
+
+Unknown request fields are ignored (clients send many); known ones are type-checked by pydantic
+and value-checked by SamplingParams, whose ValueError messages become HTTP 400s.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from radixrt.runtime.config import DEFAULT_MAX_TOKENS, MAX_TOP_LOGPROBS
+from radixrt.runtime.messages import TokenLogprob
+from radixrt.runtime.sampling_params import SamplingParams
+
+# --- errors ------------------------------------------------------------------------------------
+
+
+class APIError(Exception):
+    """A request the server refuses; rendered as OpenAI's {"error": {...}} body."""
+
+    def __init__(
+        self,
+        message: str,
+        status: int = 400,
+        param: str | None = None,
+        code: str | None = None,
+        type: str = "invalid_request_error",
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.param = param
+        self.code = code
+        self.type = type
+
+    def body(self) -> dict[str, Any]:
+        return error_body(self.message, self.type, self.param, self.code)
+
+
+def error_body(
+    message: str, type: str = "invalid_request_error", param: str | None = None,
+    code: str | None = None,
+) -> dict[str, Any]:
+    return {"error": {"message": message, "type": type, "param": param, "code": code}}
+
+
+# --- requests ----------------------------------------------------------------------------------
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: dict[str, Any] | None = None
+
+
+class SamplingFields(BaseModel):
+    """The fields both endpoints share. None means "not given": SamplingParams' default."""
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    n: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool | None = None
+    min_tokens: int | None = None
+    user: str | None = None
+    response_format: ResponseFormat | None = None
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+
+
+class ContentPart(BaseModel):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[ContentPart]
+    name: str | None = None
+
+    def as_template_dict(self) -> dict[str, str]:
+        content = self.content
+        if not isinstance(content, str):
+            content = "".join(part.text for part in content)
+        role = "system" if self.role == "developer" else self.role
+        return {"role": role, "content": content}
+
+
+class ChatRequest(SamplingFields):
+    messages: list[ChatMessage]
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+
+
+# --- request -> SamplingParams -----------------------------------------------------------------
+
+_PASSED_THROUGH = ("temperature", "top_p", "top_k", "min_p", "n", "seed", "frequency_penalty",
+                   "presence_penalty", "repetition_penalty", "ignore_eos", "min_tokens")
+
+
+def check_response_format(fields: SamplingFields) -> None:
+    fmt = fields.response_format
+    if fmt is not None and fmt.type != "text":
+        raise APIError(
+            f"response_format type {fmt.type!r}: constrained decoding is not available yet; "
+            "send response_format {\"type\": \"text\"} or leave it out",
+            param="response_format",
+        )
+
+
+def parse_logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    if bias is None:
+        return None
+    out: dict[int, float] = {}
+    for key, value in bias.items():
+        try:
+            out[int(key)] = value
+        except ValueError:
+            raise APIError(f"logit_bias key {key!r} must be a token id (an integer)",
+                           param="logit_bias") from None
+    return out
+
+
+def default_max_tokens(prompt_tokens: int, context_length: int) -> int:
+    """The rest of the context, capped at DEFAULT_MAX_TOKENS (at least 1; the runtime rejects a
+    prompt that fills the context with its own message)."""
+    return max(1, min(DEFAULT_MAX_TOKENS, context_length - prompt_tokens))
+
+
+def build_sampling_params(values: dict[str, Any]) -> SamplingParams:
+    """SamplingParams(**values); its ValueError (which names the field) becomes a 400."""
+    try:
+        return SamplingParams(**values)
+    except (ValueError, TypeError) as exc:
+        message = str(exc)
+        param = message.split("=", 1)[0] if "=" in message else None
+        raise APIError(message, param=param) from None
+
+
+def to_sampling_params(
+    fields: SamplingFields,
+    max_tokens: int | None,
+    prompt_tokens: int,
+    context_length: int,
+    logprobs: bool = False,
+    top_logprobs: int = 0,
+) -> SamplingParams:
+    values: dict[str, Any] = {
+        name: getattr(fields, name) for name in _PASSED_THROUGH if getattr(fields, name) is not None
+    }
+    if fields.stop is not None:
+        values["stop"] = fields.stop
+    values["logit_bias"] = parse_logit_bias(fields.logit_bias)
+    if max_tokens is None:
+        max_tokens = default_max_tokens(prompt_tokens, context_length)
+    values["max_tokens"] = max_tokens
+    values["logprobs"] = logprobs
+    values["top_logprobs"] = top_logprobs
+    return build_sampling_params(values)
+
+
+# --- responses ---------------------------------------------------------------------------------
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails
+
+    @classmethod
+    def of(cls, prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens),
+        )
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class CompletionResponse(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int]
+
+
+class TokenLogprobOut(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChatLogprobs(BaseModel):
+    content: list[TokenLogprobOut] = Field(default_factory=list)
+
+
+class ChatMessageOut(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatMessageOut
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage | None = None
+
+
+class ChatDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+def finish_reason_out(reason: str | None) -> str | None:
+    """The runtime's reasons as clients see them: "error: ..." becomes "error"."""
+    if reason is not None and reason.startswith("error"):
+        return "error"
+    return reason
+
+
+def error_message(reason: str | None) -> str | None:
+    """The text after "error: " of an error finish reason, else None."""
+    if reason is None or not reason.startswith("error"):
+        return None
+    return reason.split(":", 1)[1].strip() if ":" in reason else reason
+
+
+class TokenText:
+    """Token id -> its text, memoised (a tokenizer decode per distinct id)."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._cache.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id])
+            self._cache[token_id] = text
+        return text
+
+
+def completion_logprobs(
+    token_text: TokenText, logprobs: list[TokenLogprob], offset: int = 0
+) -> CompletionLogprobs:
+    """The legacy completions format; text_offset counts characters from `offset`."""
+    out = CompletionLogprobs()
+    for item in logprobs:
+        text = token_text(item.token_id)
+        out.tokens.append(text)
+        out.token_logprobs.append(item.logprob)
+        out.top_logprobs.append({token_text(t): lp for t, lp in item.top})
+        out.text_offset.append(offset)
+        offset += len(text)
+    return out
+
+
+def chat_logprobs(token_text: TokenText, logprobs: list[TokenLogprob]) -> ChatLogprobs:
+    def entry(token_id: int, logprob: float) -> TopLogprob:
+        text = token_text(token_id)
+        return TopLogprob(token=text, logprob=logprob, bytes=list(text.encode("utf-8")))
+
+    content = []
+    for item in logprobs:
+        head = entry(item.token_id, item.logprob)
+        tops = [entry(t, lp) for t, lp in item.top]
+        content.append(TokenLogprobOut(**head.model_dump(), top_logprobs=tops))
+    return ChatLogprobs(content=content)
