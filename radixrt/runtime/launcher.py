@@ -10,9 +10,10 @@ import multiprocessing
 import os
 import shutil
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
+from typing import Any
 
 import uvicorn
 
@@ -60,7 +61,6 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
     addrs, ipc_dir = Addresses.in_private_dir()
     try:
         tokenizer = load_tokenizer(config.model)
-        manager = ZmqTokenizerManager(tokenizer, served_name(config, options), addrs)
         spawn = multiprocessing.get_context("spawn")
         args = (config, addrs, os.getpid(), options.log_level)
         procs = {
@@ -70,19 +70,26 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
         for proc in procs.values():
             proc.start()
         try:
-            return asyncio.run(_serve_http(manager, procs, options))
+            # the manager's asyncio sockets must be made inside the loop that serves them
+            name = served_name(config, options)
+            return asyncio.run(
+                _serve_http(lambda: ZmqTokenizerManager(tokenizer, name, addrs), procs, options)
+            )
         finally:
             _stop(procs)
     finally:
         shutil.rmtree(ipc_dir, ignore_errors=True)
 
 
-async def _serve_http(manager, procs: dict[str, BaseProcess], options: ServerOptions) -> int:
+async def _serve_http(
+    make_manager: Callable[[], Any], procs: dict[str, BaseProcess], options: ServerOptions
+) -> int:
     from radixrt.runtime.tokenizer.http_server import create_app
 
     def alive() -> bool:
         return all(p.is_alive() for p in procs.values())
 
+    manager = make_manager()
     try:
         await manager.wait_ready(alive, STARTUP_TIMEOUT_S)
     except (RuntimeError, TimeoutError) as exc:

@@ -3,6 +3,7 @@ server in one process. `radixrt serve` uses the ZeroMQ process trio instead."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -32,14 +33,20 @@ class EngineManager:
         self, prompt_ids: list[int], params: SamplingParams, rid_hint: str | None = None
     ) -> AsyncIterator[StreamChunk]:
         metrics = RequestMetrics(arrival=time.monotonic(), prompt_tokens=len(prompt_ids))
+        submitted = False
         try:
-            async for chunk in self.engine.generate_stream(prompt_ids, params):
-                metrics.record(chunk, time.monotonic())
-                yield chunk
+            async with contextlib.aclosing(
+                self.engine.generate_stream(prompt_ids, params)
+            ) as stream:
+                async for chunk in stream:
+                    submitted = True
+                    metrics.record(chunk, time.monotonic())
+                    yield chunk
         finally:
             metrics.finished = time.monotonic()
-            for callback in self._callbacks:
-                callback(metrics)
+            if submitted:  # refused requests are not in the latency figures
+                for callback in self._callbacks:
+                    callback(metrics)
 
     async def abort(self, rid: int) -> None:
         self.engine.abort(rid)

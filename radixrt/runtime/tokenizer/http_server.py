@@ -40,6 +40,14 @@ from radixrt.runtime.tokenizer.openai_protocol import (
 from radixrt.runtime.tokenizer.openai_serving import OpenAIServing, model_card
 
 UNAUTHENTICATED_PATHS = frozenset({"/health"})
+# What a field of a union type must be (pydantic reports one error per alternative).
+FIELD_HINTS = {
+    "prompt": "must be a string, a list of strings, a list of token ids (ints) or a list of "
+              "lists of token ids",
+    "stop": "must be a string or a list of strings",
+    "messages": "must be a list of {\"role\": ..., \"content\": str or [{\"type\": \"text\", "
+                "\"text\": ...}]} objects",
+}
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"
 
 
@@ -163,22 +171,29 @@ def install_error_handlers(app: FastAPI) -> None:
 def describe_validation_errors(errors: Any) -> tuple[str, str | None]:
     """pydantic's errors as one message that says what to fix, and the first bad field."""
     parts: list[str] = []
-    seen: set[str] = set()
-    param: str | None = None
+    fields: list[str] = []
     for error in errors:
-        loc = [str(p) for p in error.get("loc", ()) if p != "body"]
+        loc = [str(p) for p in error.get("loc", ()) if p != "body" and not is_type_tag(p)]
         if error.get("type") == "json_invalid":
-            return f"the request body is not valid JSON: {error.get('msg')}", None
-        field = loc[0] if loc else "body"
-        if field in seen:  # a union type reports one error per alternative: keep the first
+            return f"the request body is not valid JSON: {error.get('ctx', {}).get('error')}", None
+        if not loc:
+            return "the request body must be a JSON object", None
+        field = loc[0]
+        if field in fields:  # a union type reports one error per alternative: keep the first
             continue
-        seen.add(field)
-        param = param or (field if loc else None)
-        where = ".".join(loc) if loc else "the request body"
+        fields.append(field)
         got = error.get("input")
-        got_text = f" (got {got!r})" if loc and not isinstance(got, (dict, list)) else ""
-        parts.append(f"{where}: {error.get('msg')}{got_text}")
-    return "invalid request: " + "; ".join(parts), param
+        got_text = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
+        if field in FIELD_HINTS and (len(loc) == 1 or not loc[1].isdigit()):
+            parts.append(f"{field} {FIELD_HINTS[field]}")
+        else:
+            parts.append(f"{'.'.join(loc)}: {error.get('msg')}{got_text}")
+    return "invalid request: " + "; ".join(parts), fields[0] if fields else None
+
+
+def is_type_tag(part: Any) -> bool:
+    """pydantic names the alternative of a union in the error location: 'str', 'list[int]'."""
+    return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part)
 
 
 # --- authentication ----------------------------------------------------------------------------

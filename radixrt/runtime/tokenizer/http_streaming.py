@@ -22,7 +22,7 @@ from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
-from radixrt.runtime.tokenizer.openai_protocol import APIError, error_message
+from radixrt.runtime.tokenizer.openai_protocol import APIError, error_message, param_of
 
 T = TypeVar("T")
 
@@ -65,7 +65,7 @@ async def open_stream(
     except StopAsyncIteration:
         first = None
     except ValueError as exc:
-        raise APIError(str(exc)) from None
+        raise APIError(str(exc), param=param_of(str(exc))) from None
     except BaseException:
         await PrimedStream(source, None).aclose()
         raise

@@ -154,14 +154,18 @@ def default_max_tokens(prompt_tokens: int, context_length: int) -> int:
     return max(1, min(DEFAULT_MAX_TOKENS, context_length - prompt_tokens))
 
 
+def param_of(message: str) -> str | None:
+    """The field a runtime error message starts with ("top_p=0.0 is invalid: ..."), if any."""
+    head = message.split("=", 1)[0]
+    return head if "=" in message and head.isidentifier() else None
+
+
 def build_sampling_params(values: dict[str, Any]) -> SamplingParams:
     """SamplingParams(**values); its ValueError (which names the field) becomes a 400."""
     try:
         return SamplingParams(**values)
     except (ValueError, TypeError) as exc:
-        message = str(exc)
-        param = message.split("=", 1)[0] if "=" in message else None
-        raise APIError(message, param=param) from None
+        raise APIError(str(exc), param=param_of(str(exc))) from None
 
 
 def to_sampling_params(

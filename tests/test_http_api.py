@@ -1,0 +1,362 @@
+"""The HTTP layer over a real socket: the official openai client and httpx against create_app,
+served by uvicorn in a background thread, on an in-process EngineManager."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+API_KEY = "sk-test-key"
+MODEL = "default"
+PROMPT = "The capital of France is"
+LONG_PREFIX = " ".join(f"Fact {i}: the number {i} is written as {i}." for i in range(20))
+
+
+class Served:
+    def __init__(self, engine: Any, ports: list[int]) -> None:
+        self.engine = engine
+        self.url = f"http://127.0.0.1:{ports[0]}"
+        self.auth_url = f"http://127.0.0.1:{ports[1]}"
+        self.http = httpx.Client(base_url=self.url, timeout=120)
+        self.client = openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0)
+
+
+def serve_in_thread(apps: list[Any]) -> tuple[list[int], Callable[[], None]]:
+    """Run several apps on one event loop in a daemon thread (they share one engine, which must
+    only ever be driven from one loop); returns their ports and a stop function."""
+    servers = [
+        uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning",
+                                      lifespan="off", loop="asyncio"))
+        for app in apps
+    ]
+
+    async def main() -> None:
+        await asyncio.gather(*(server.serve() for server in servers))
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not all(server.started for server in servers):
+        assert time.monotonic() < deadline and thread.is_alive(), "uvicorn did not start"
+        time.sleep(0.05)
+    ports = [server.servers[0].sockets[0].getsockname()[1] for server in servers]
+
+    def stop() -> None:
+        for server in servers:
+            server.should_exit = True
+        thread.join(timeout=30)
+
+    return ports, stop
+
+
+@pytest.fixture(scope="module")
+def served(loaded_model: Any) -> Iterator[Served]:
+    from radixrt import Engine
+    from radixrt.runtime.tokenizer.engine_manager import EngineManager
+    from radixrt.runtime.tokenizer.http_server import create_app
+
+    engine = Engine(model=loaded_model, max_total_tokens=4096, check_integrity=True)
+    manager = EngineManager(engine, model_name="smollm2")
+    ports, stop = serve_in_thread([create_app(manager), create_app(manager, api_key=API_KEY)])
+    srv = Served(engine, ports)
+    yield srv
+    srv.http.close()
+    stop()
+    engine.check_integrity()
+
+
+def complete(srv: Served, **kwargs: Any) -> Any:
+    kwargs.setdefault("model", MODEL)
+    kwargs.setdefault("prompt", PROMPT)
+    kwargs.setdefault("max_tokens", 6)
+    kwargs.setdefault("temperature", 0)
+    return srv.client.completions.create(**kwargs)
+
+
+def sse_events(response: httpx.Response) -> Iterator[Any]:
+    for line in response.iter_lines():
+        if line.startswith("data: "):
+            data = line[len("data: "):]
+            yield data if data == "[DONE]" else json.loads(data)
+
+
+def wait_idle(srv: Served, timeout: float = 30.0) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        info = srv.http.get("/server_info").json()
+        if info["running"] == 0 and info["kv_private"] == 0 and info["kv_locked"] == 0:
+            return info
+        assert time.monotonic() < deadline, f"request not freed: {info}"
+        time.sleep(0.1)
+
+
+# --- conversion (no server) ----------------------------------------------------------------------
+
+
+def test_request_to_sampling_params_and_default_max_tokens() -> None:
+    from radixrt.runtime.config import DEFAULT_MAX_TOKENS
+    from radixrt.runtime.tokenizer.openai_protocol import CompletionRequest, to_sampling_params
+
+    req = CompletionRequest(model=MODEL, prompt="x", temperature=0, stop="END",
+                            logit_bias={"5": 2}, seed=3, n=2)
+    params = to_sampling_params(req, None, prompt_tokens=10, context_length=100)
+    assert params.max_tokens == 90 and params.stop == ("END",) and params.n == 2
+    assert dict(params.logit_bias or {}) == {5: 2.0} and params.seed == 3 and params.is_greedy
+    assert to_sampling_params(req, None, 10, 10_000).max_tokens == DEFAULT_MAX_TOKENS
+    assert to_sampling_params(req, 7, 10, 10_000, logprobs=True, top_logprobs=2).top_logprobs == 2
+
+
+# --- OpenAI API --------------------------------------------------------------------------------
+
+
+def test_models_lists_the_served_name(served: Served) -> None:
+    assert [m.id for m in served.client.models.list().data] == ["smollm2"]
+
+
+def test_completion_stream_matches_non_stream(served: Served) -> None:
+    whole = complete(served, model="smollm2", extra_body={"ignore_eos": True})
+    choice = whole.choices[0]
+    assert whole.object == "text_completion" and choice.index == 0 and choice.text
+    assert choice.finish_reason == "length"
+    assert whole.usage.completion_tokens == 6
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + 6
+    stream = complete(served, stream=True, stream_options={"include_usage": True},
+                      extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    assert "".join(c.choices[0].text for c in chunks if c.choices) == choice.text
+    assert chunks[-1].usage.completion_tokens == 6 and not chunks[-1].choices
+
+
+def test_chat_and_chat_stream(served: Served) -> None:
+    messages = [{"role": "user", "content": "Say hello."}]
+    whole = served.client.chat.completions.create(
+        model=MODEL, messages=messages, max_completion_tokens=6, temperature=0
+    )
+    assert whole.object == "chat.completion"
+    text = whole.choices[0].message.content
+    assert text and whole.choices[0].message.role == "assistant"
+    stream = served.client.chat.completions.create(
+        model=MODEL, messages=messages, max_tokens=6, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_n_and_prompt_list_index_choices(served: Served) -> None:
+    out = complete(served, prompt=["One, two,", "A, B,"], n=2, max_tokens=3,
+                   temperature=0.8, seed=1)
+    assert sorted(c.index for c in out.choices) == [0, 1, 2, 3]
+    assert all(c.finish_reason in ("length", "stop") for c in out.choices)
+    single = complete(served, prompt="One, two,", max_tokens=3)
+    assert single.usage.prompt_tokens * 2 <= out.usage.prompt_tokens + single.usage.prompt_tokens
+
+
+def test_logprobs(served: Served) -> None:
+    out = complete(served, logprobs=2, max_tokens=3, extra_body={"ignore_eos": True})
+    lp = out.choices[0].logprobs
+    assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == 3
+    assert all(len(top) <= 2 and lp.token_logprobs[i] <= 0 for i, top in enumerate(lp.top_logprobs))
+    assert "".join(lp.tokens) == out.choices[0].text and lp.text_offset[0] == 0
+    chat = served.client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, temperature=0,
+        logprobs=True, top_logprobs=2,
+    )
+    content = chat.choices[0].logprobs.content
+    assert len(content) == chat.usage.completion_tokens
+    assert all(len(item.top_logprobs) == 2 and item.logprob <= 0 for item in content)
+    assert content[0].top_logprobs[0].logprob >= content[0].top_logprobs[1].logprob
+
+
+def test_stop_string_trims_output(served: Served) -> None:
+    text = complete(served, max_tokens=12, extra_body={"ignore_eos": True}).choices[0].text
+    assert len(text) >= 8, text
+    stop = text[5:8]
+    out = complete(served, max_tokens=12, stop=[stop], extra_body={"ignore_eos": True})
+    assert out.choices[0].text == text[: text.index(stop)]
+    assert out.choices[0].finish_reason == "stop"
+
+
+def test_repeated_prefix_reports_cached_tokens(served: Served) -> None:
+    first = complete(served, prompt=LONG_PREFIX + " Question one?", max_tokens=1)
+    second = complete(served, prompt=LONG_PREFIX + " Question two?", max_tokens=1)
+    assert first.usage.prompt_tokens > 100
+    assert second.usage.prompt_tokens_details.cached_tokens > 100
+
+
+# --- native API --------------------------------------------------------------------------------
+
+
+def test_generate_plain_and_streaming(served: Served) -> None:
+    sp = {"max_tokens": 5, "temperature": 0, "ignore_eos": True}
+    out = served.http.post("/generate", json={"text": PROMPT, "sampling_params": sp}).json()
+    meta = out["meta_info"]
+    assert len(out["output_ids"]) == meta["completion_tokens"] == 5
+    assert meta["finish_reason"] == "length" and meta["prompt_tokens"] > 0
+    ids = served.engine.tokenizer.encode(PROMPT)
+    by_ids = served.http.post("/generate", json={"input_ids": ids, "sampling_params": sp}).json()
+    assert by_ids["output_ids"] == out["output_ids"]
+    body = {"text": PROMPT, "sampling_params": sp, "stream": True}
+    with served.http.stream("POST", "/generate", json=body) as response:
+        events = list(sse_events(response))
+    assert events[-1] == "[DONE]"
+    assert "".join(e["text"] for e in events[:-1]) == out["text"]
+    assert events[-2]["meta_info"]["finish_reason"] == "length"
+
+
+def test_abort_endpoint_ends_a_stream(served: Served) -> None:
+    body = {"text": PROMPT, "sampling_params": {"max_tokens": 200, "ignore_eos": True},
+            "stream": True}
+    with served.http.stream("POST", "/generate", json=body) as response:
+        events = sse_events(response)
+        rid = next(events)["meta_info"]["rid"]
+        with httpx.Client(base_url=served.url, timeout=60) as other:
+            assert other.post("/abort", json={"rid": rid}).status_code == 200
+        rest = list(events)
+    assert rest[-1] == "[DONE]" and rest[-2]["meta_info"]["finish_reason"] == "abort"
+    wait_idle(served)
+
+
+def test_operations_endpoints(served: Served) -> None:
+    assert served.http.get("/health").status_code == 200
+    assert served.http.get("/health_generate").json() == {"status": "ok"}
+    info = served.http.get("/server_info").json()
+    assert info["model"] == "smollm2" and info["kv_total"] == 4096
+    metrics = served.http.get("/metrics").text
+    for name in ("radixrt_num_running_requests", "radixrt_num_waiting_requests",
+                 "radixrt_kv_usage_ratio", "radixrt_cache_hit_rate",
+                 "radixrt_time_to_first_token_seconds_bucket",
+                 "radixrt_inter_token_latency_seconds_bucket",
+                 "radixrt_e2e_request_latency_seconds_count", "radixrt_prompt_tokens_total",
+                 "radixrt_generation_tokens_total"):
+        assert name in metrics, name
+    assert "radixrt_generation_tokens_total 0.0" not in metrics
+    flushed = served.http.post("/flush_cache").json()
+    assert flushed["freed_tokens"] > 0
+    assert served.http.get("/server_info").json()["kv_evictable"] == 0
+
+
+# --- refusals ----------------------------------------------------------------------------------
+
+TOO_LONG = [1] * 9000
+BAD_REQUESTS: list[tuple[str, Any, str]] = [
+    ("/v1/completions", b'{"model": "default", "prompt": ', "not valid JSON"),
+    ("/v1/completions", b'["not", "an", "object"]', "must be a JSON object"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "temperature": "hot"}, "temperature"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": "many"}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x"}, "model: Field required"),
+    ("/v1/completions", {"model": MODEL, "prompt": {"a": 1}}, "prompt must be a string"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "temperature": -1}, "temperature=-1.0"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "top_p": 0}, "top_p=0.0"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 0}, "n=0"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, "max_tokens=0"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 21}, "logprobs"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": {"a": 1}}, "logit_bias"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": {"99999999": 1}},
+     "vocab_size"),
+    ("/v1/completions", {"model": MODEL, "prompt": ""}, "prompt is empty"),
+    ("/v1/completions", {"model": MODEL, "prompt": []}, "prompt is empty"),
+    ("/v1/completions", {"model": MODEL, "prompt": TOO_LONG}, "shorten it"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 100000}, "lower max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 2, "max_tokens": 4000},
+     "KV pool holds"),
+    ("/v1/completions", {"model": "gpt-4", "prompt": "x"}, "is not served here"),
+    ("/v1/completions", {"model": MODEL, "prompt": [5, 10_000_000]}, "outside the vocabulary"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x",
+                         "response_format": {"type": "json_object"}},
+     "constrained decoding is not available yet"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": []}, "messages is empty"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]},
+     "messages.0.role"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": 5}]},
+     "messages.0.content"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "stop": 5}, "stop must be a string"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                              "top_logprobs": 2}, "top_logprobs needs logprobs"),
+    ("/generate", {"sampling_params": {}}, "exactly one of"),
+    ("/generate", {"text": "x", "sampling_params": {"temprature": 0}}, "unknown sampling_params"),
+    ("/generate", {"input_ids": [-1]}, "outside the vocabulary"),
+    ("/abort", {"rid": "seven"}, "rid"),
+]
+
+
+@pytest.mark.parametrize(("path", "body", "expect"), BAD_REQUESTS,
+                         ids=[f"{p}-{e}" for p, _, e in BAD_REQUESTS])
+def test_bad_input_is_a_helpful_400(served: Served, path: str, body: Any, expect: str) -> None:
+    if isinstance(body, bytes):
+        response = served.http.post(path, content=body,
+                                    headers={"Content-Type": "application/json"})
+    else:
+        response = served.http.post(path, json=body)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error"
+    assert expect in error["message"], error["message"]
+
+
+def test_server_keeps_serving_after_refusals(served: Served) -> None:
+    with pytest.raises(openai.BadRequestError):
+        complete(served, model="nope")
+    assert served.http.get("/nope").json()["error"]["message"] == "Not Found"
+    assert complete(served, max_tokens=2).choices[0].text
+    wait_idle(served)
+
+
+# --- authentication ----------------------------------------------------------------------------
+
+
+def test_api_key_is_required(served: Served) -> None:
+    with httpx.Client(base_url=served.auth_url, timeout=60) as http:
+        assert http.get("/health").status_code == 200
+        for headers in ({}, {"Authorization": f"Bearer {API_KEY}x"}, {"Authorization": API_KEY}):
+            response = http.get("/v1/models", headers=headers)
+            assert response.status_code == 401
+            assert response.json()["error"]["code"] == "invalid_api_key"
+        assert http.get("/metrics").status_code == 401
+    wrong = openai.OpenAI(base_url=f"{served.auth_url}/v1", api_key="wrong", max_retries=0)
+    with pytest.raises(openai.AuthenticationError):
+        wrong.models.list()
+    right = openai.OpenAI(base_url=f"{served.auth_url}/v1", api_key=API_KEY, max_retries=0)
+    out = right.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0)
+    assert out.usage.completion_tokens >= 1
+
+
+# --- disconnects -------------------------------------------------------------------------------
+
+
+def test_streaming_client_disconnect_frees_kv(served: Served) -> None:
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 300, "stream": True,
+            "ignore_eos": True}
+    with httpx.Client(base_url=served.url, timeout=60) as http, \
+            http.stream("POST", "/v1/completions", json=body) as response:
+        events = sse_events(response)
+        next(events), next(events)
+        assert served.http.get("/server_info").json()["running"] == 1
+    info = wait_idle(served)
+    assert info["waiting"] == 0
+
+
+def test_non_streaming_client_disconnect_frees_kv(served: Served) -> None:
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 300, "ignore_eos": True}
+    with httpx.Client(base_url=served.url, timeout=1.5) as http, \
+            pytest.raises(httpx.ReadTimeout):
+        http.post("/v1/completions", json=body)
+    wait_idle(served)
+
+
+def test_engine_integrity_at_the_end(served: Served) -> None:
+    wait_idle(served)
+    served.engine.check_integrity()
+    stats = served.engine.stats()
+    assert stats["kv_free"] + stats["kv_evictable"] == stats["kv_total"]

@@ -1,0 +1,231 @@
+"""`radixrt serve` as a user runs it: three real processes, a real socket, the official openai
+client. Outputs equal the in-process Engine's; disconnects free KV; a dead worker stops the
+server with a non-zero exit and no process left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import psutil
+import pytest
+
+from radixrt import SamplingParams
+
+API_KEY = "test-key-123"
+STARTUP_S = 240
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    def __init__(self, *args: str) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "radixrt", "serve", "--port", str(self.port), *args]
+        env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + STARTUP_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"server exited at start-up:\n{self.proc.stdout.read()}")
+            try:
+                if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        else:
+            self.stop()
+            raise RuntimeError("server did not become healthy")
+        self.children = psutil.Process(self.proc.pid).children(recursive=True)
+
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {API_KEY}"}
+
+    def info(self) -> dict:
+        return httpx.get(f"{self.url}/server_info", headers=self.headers(), timeout=30).json()
+
+    def wait_idle(self, timeout: float = 30) -> dict:
+        deadline = time.monotonic() + timeout
+        while True:
+            info = self.info()
+            if info["running"] == 0 and info["kv_private"] == 0 and info["kv_locked"] == 0:
+                return info
+            if time.monotonic() > deadline:
+                raise AssertionError(f"server not idle: {info}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Server]:
+    srv = Server("--max-total-tokens", "4096", "--api-key", API_KEY, "--log-level", "warning")
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture(scope="module")
+def client(server: Server) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
+
+
+PROMPT = "The three most spoken languages in the world are"
+
+
+def test_completion_equals_in_process_engine(client, make_engine):
+    out = client.completions.create(model="default", prompt=PROMPT, max_tokens=16,
+                                    temperature=0)
+    engine = make_engine()
+    ref = engine.generate(PROMPT, SamplingParams(max_tokens=16, temperature=0))[0]
+    assert out.choices[0].text == ref.text
+    assert out.usage.completion_tokens == ref.completion_tokens
+    assert out.usage.prompt_tokens == ref.prompt_tokens
+
+
+def test_chat_streaming_and_usage(client, server):
+    messages = [{"role": "system", "content": "You answer in one sentence. " * 8},
+                {"role": "user", "content": "What is the sun?"}]
+    full = client.chat.completions.create(model="default", messages=messages, max_tokens=24,
+                                          temperature=0)
+    text = "".join(
+        chunk.choices[0].delta.content or ""
+        for chunk in client.chat.completions.create(
+            model="default", messages=messages, max_tokens=24, temperature=0, stream=True)
+        if chunk.choices
+    )
+    assert text == full.choices[0].message.content
+    again = client.chat.completions.create(model="default", messages=messages, max_tokens=4,
+                                           temperature=0)
+    assert again.usage.prompt_tokens_details.cached_tokens >= again.usage.prompt_tokens - 1
+
+
+def test_n_logprobs_and_stop(client):
+    out = client.completions.create(model="default", prompt=PROMPT, max_tokens=8, n=2,
+                                    temperature=0.8, seed=3, logprobs=2)
+    assert len(out.choices) == 2
+    for choice in out.choices:
+        assert len(choice.logprobs.token_logprobs) == len(choice.logprobs.tokens) > 0
+        assert all(len(t) <= 2 for t in choice.logprobs.top_logprobs)
+    free = client.completions.create(model="default", prompt="1, 2, 3,", max_tokens=12,
+                                     temperature=0)
+    stop = free.choices[0].text[3:5]
+    cut = client.completions.create(model="default", prompt="1, 2, 3,", max_tokens=12,
+                                    temperature=0, stop=[stop])
+    assert cut.choices[0].finish_reason == "stop" and stop not in cut.choices[0].text
+
+
+def test_32_concurrent_streams(server):
+    async def one(i: int, aclient: openai.AsyncOpenAI) -> str:
+        text = ""
+        stream = await aclient.completions.create(
+            model="default", prompt=f"Item {i}: the", max_tokens=8, temperature=0, stream=True)
+        async for chunk in stream:
+            text += chunk.choices[0].text
+        return text
+
+    async def run() -> list[str]:
+        aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=API_KEY,
+                                     max_retries=0, timeout=300)
+        return await asyncio.gather(*(one(i, aclient) for i in range(32)))
+
+    texts = asyncio.run(run())
+    assert len(texts) == 32 and all(texts)
+    server.wait_idle()
+
+
+def test_client_killed_mid_stream_frees_its_kv(server):
+    code = (
+        "import httpx, sys\n"
+        f"with httpx.stream('POST', '{server.url}/v1/completions', headers={{'Authorization': "
+        f"'Bearer {API_KEY}'}}, json={{'model': 'default', 'prompt': 'Tell a long story', "
+        "'max_tokens': 2000, 'ignore_eos': True, 'stream': True}, timeout=60) as r:\n"
+        "    for i, line in enumerate(r.iter_lines()):\n"
+        "        if i == 6:\n"
+        "            print('streaming', flush=True)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "streaming"
+    assert server.info()["running"] == 1
+    proc.kill()
+    proc.wait()
+    info = server.wait_idle()
+    assert info["kv_free"] + info["kv_evictable"] == info["kv_total"]
+    check = httpx.post(f"{server.url}/generate", headers=server.headers(), timeout=60,
+                       json={"text": "ok", "sampling_params": {"max_tokens": 2}})
+    assert check.status_code == 200
+
+
+@pytest.mark.parametrize(
+    "body, fragment",
+    [
+        ({"model": "default", "prompt": "hi", "max_tokens": -1}, "max_tokens"),
+        ({"model": "default", "prompt": "hi", "temperature": -2}, "temperature"),
+        ({"model": "default", "prompt": "", "max_tokens": 2}, "empty"),
+        ({"model": "default", "prompt": "hi " * 9000, "max_tokens": 2}, "context length"),
+        ({"model": "default", "prompt": "hi", "max_tokens": 100000}, "max_tokens"),
+        ({"model": "nope", "prompt": "hi", "max_tokens": 2}, "model"),
+        ({"model": "default", "prompt": "hi", "top_p": "high"}, "top_p"),
+    ],
+)
+def test_bad_input_gets_400_and_the_server_keeps_serving(server, body, fragment):
+    r = httpx.post(f"{server.url}/v1/completions", headers=server.headers(), json=body,
+                   timeout=60)
+    assert r.status_code == 400, r.text
+    assert fragment in r.json()["error"]["message"]
+    ok = httpx.post(f"{server.url}/v1/completions", headers=server.headers(), timeout=60,
+                    json={"model": "default", "prompt": "hi", "max_tokens": 2})
+    assert ok.status_code == 200
+
+
+def test_malformed_json_and_api_key(server):
+    r = httpx.post(f"{server.url}/v1/completions", headers={**server.headers(),
+                   "Content-Type": "application/json"}, content=b"{not json", timeout=30)
+    assert r.status_code == 400
+    assert httpx.get(f"{server.url}/v1/models", timeout=30).status_code == 401
+    wrong = {"Authorization": "Bearer wrong"}
+    assert httpx.get(f"{server.url}/v1/models", headers=wrong, timeout=30).status_code == 401
+    models = httpx.get(f"{server.url}/v1/models", headers=server.headers(), timeout=30)
+    assert models.status_code == 200 and models.json()["data"][0]["id"] == "default"
+    assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
+
+
+def test_metrics_and_health_generate(server):
+    r = httpx.get(f"{server.url}/health_generate", headers=server.headers(), timeout=60)
+    assert r.status_code == 200
+    metrics = httpx.get(f"{server.url}/metrics", headers=server.headers(), timeout=30).text
+    for name in ("radixrt_num_running_requests", "radixrt_cache_hit_rate",
+                 "radixrt_time_to_first_token_seconds"):
+        assert name in metrics
+
+
+def test_killing_the_worker_stops_everything(server):
+    """Last in this module: the server must exit non-zero within seconds, leaving nothing."""
+    worker = next(p for p in server.children if "worker" in " ".join(p.cmdline()) or
+                  p.name().startswith("radixrt::w"))
+    worker.kill()
+    code = server.proc.wait(timeout=30)
+    assert code != 0
+    output = server.proc.stdout.read()
+    assert "worker process died" in output
+    gone, alive = psutil.wait_procs(server.children, timeout=10)
+    assert not alive, f"left behind: {alive}"
