@@ -58,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--load-format", default="auto", choices=LOAD_FORMATS,
         help="dummy = random weights from config.json (benchmarks of big shapes)")
     add("--seed", type=int, default=0, help="seed of unseeded sampling")
+    add("--check-integrity", action="store_true",
+        help="check the KV invariants after every step; a violation stops the server (debug)")
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     return parser
 
@@ -84,6 +86,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 preemption=args.preemption,
                 disable_radix_cache=args.disable_radix_cache,
                 seed=args.seed,
+                check_integrity=args.check_integrity,
             )
         except ValueError as exc:
             print(f"radixrt serve: {exc}", file=sys.stderr)

@@ -79,7 +79,8 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
-    srv = Server("--max-total-tokens", "4096", "--api-key", API_KEY, "--log-level", "warning")
+    srv = Server("--max-total-tokens", "4096", "--api-key", API_KEY, "--log-level", "warning",
+                 "--check-integrity")
     yield srv
     srv.stop()
 
@@ -216,6 +217,34 @@ def test_metrics_and_health_generate(server):
     for name in ("radixrt_num_running_requests", "radixrt_cache_hit_rate",
                  "radixrt_time_to_first_token_seconds"):
         assert name in metrics
+
+
+def test_overlap_scheduling_under_forced_preemption(make_engine):
+    """A pool too small for all requests at once: preemption (recompute and swap) with step t+1
+    planned while step t runs must still give exactly the in-process Engine's outputs."""
+    prompts = [f"Story {i}: once upon a time" for i in range(6)]
+    ref = make_engine().generate(prompts, SamplingParams(max_tokens=24, temperature=0,
+                                                         ignore_eos=True))
+    for mode in ("recompute", "swap"):
+        srv = Server("--max-total-tokens", "96", "--page-size", "16", "--preemption", mode,
+                     "--check-integrity", "--log-level", "warning")
+        try:
+            aclient = openai.AsyncOpenAI(base_url=f"{srv.url}/v1", api_key="x", max_retries=0,
+                                         timeout=300)
+
+            async def run(client: openai.AsyncOpenAI = aclient) -> list[str]:
+                outs = await asyncio.gather(*(
+                    client.completions.create(model="default", prompt=p, max_tokens=24,
+                                              temperature=0, extra_body={"ignore_eos": True})
+                    for p in prompts))
+                return [o.choices[0].text for o in outs]
+
+            assert asyncio.run(run()) == [o.text for o in ref]
+            assert srv.info()["preemptions"] > 0
+            srv.wait_idle()
+        finally:
+            srv.stop()
+        assert srv.proc.returncode == 0, srv.proc.stdout.read()
 
 
 def test_killing_the_worker_stops_everything(server):

@@ -23,6 +23,8 @@ LPM_FALLBACK_QUEUE_LEN = 128
 # A waiting request is held back one step when a request being prefilled right now shares at least
 # this many not-yet-cached tokens with it: next step those tokens are in the radix tree.
 IN_BATCH_PREFIX_MIN = 32
+# Stands for a token a step in flight will sample (overlap scheduling); never reaches the worker.
+PLACEHOLDER_TOKEN = -1
 
 # --- models and KV tensors (helper B) ----------------------------------------------------------
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # inside the DEFAULT_PACKAGE folder

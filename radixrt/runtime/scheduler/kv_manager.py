@@ -93,7 +93,7 @@ class KVManager:
         if self.disable_radix_cache:
             return 0
         ps = self.page_size
-        num_pages = req.kv_len // ps
+        num_pages = min(req.kv_len, req.num_known) // ps  # never an in-flight placeholder
         if num_pages == 0:
             return 0
         key = req.all_ids[: num_pages * ps]
@@ -111,7 +111,7 @@ class KVManager:
         worker learns of it through `repoints`: copies of slots onto themselves that re-point
         its slot table."""
         ps = self.page_size
-        num_pages = min(num_pages, req.kv_len // ps)
+        num_pages = min(num_pages, min(req.kv_len, req.num_known) // ps)
         key = req.all_ids[: num_pages * ps]
         tree_pages = self.tree.match_prefix(key, req.extra_key).pages
         for i, page in enumerate(tree_pages):

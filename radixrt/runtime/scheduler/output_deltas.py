@@ -15,13 +15,14 @@ def collect_deltas(scheduler: Scheduler, touched: Sequence[Request]) -> list[Out
     for req in touched:
         if req.finish_reason == "forked":
             continue  # its children carry the outputs from here on
-        if req.num_sent == len(req.output_ids) and not req.finished:
+        known = req.num_known_outputs  # in-flight placeholders are not sent
+        if req.num_sent == known and not req.finished:
             continue
         owner = req.parent_rid if req.parent_rid is not None else req.rid
         first = req.num_sent == 0
-        new = req.output_ids[req.num_sent :]
-        lps = req.output_logprobs[req.num_sent :] if req.params.wants_logprobs else []
-        req.num_sent = len(req.output_ids)
+        new = req.output_ids[req.num_sent : known]
+        lps = req.output_logprobs[req.num_sent : known] if req.params.wants_logprobs else []
+        req.num_sent = known
         parent = scheduler.requests.get(owner) if req.parent_rid is not None else req
         index = req.seed_offset if req.parent_rid is not None or req.params.n == 1 else -1
         deltas.append(

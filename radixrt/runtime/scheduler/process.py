@@ -1,9 +1,9 @@
 """Process 2: the scheduler. Takes requests from the tokenizer process, plans steps for the
 worker process, and streams output deltas back.
 
-While the worker runs a step, the scheduler keeps taking in the tokenizer's messages (new
-requests, aborts, stop-string finishes, control calls), so admission bookkeeping overlaps the
-forward pass; the next plan is made as soon as the step's result is folded in.
+Overlap scheduling: the plan for step t+1 is made and sent while the worker runs step t, and
+while it waits for a result the scheduler keeps taking in the tokenizer's messages (new
+requests, aborts, stop-string finishes, control calls).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from radixrt.runtime.messages import (
     ControlRequest,
     DeltaBatch,
     SchedulerReady,
+    StepPlan,
     StepResult,
     SubmitError,
     SubmitRequest,
@@ -130,22 +131,35 @@ class SchedulerService:
 
     # --- the loop ------------------------------------------------------------------------
     def run(self) -> None:
+        """Overlap: step t+1 is planned and sent while the worker still runs step t (tokens
+        sampled in t are placeholders in the plan; the worker knows them when it gets there);
+        then t's result is folded in."""
+        in_flight: StepPlan | None = None
         while True:
-            idle = not self.scheduler.has_work
+            idle = in_flight is None and not self.scheduler.has_work
             self.drain_inbox(PARENT_POLL_MS if idle else 0)
             if not parent_alive(self.parent_pid):
                 sys.exit(0)
-            self.step()
+            if in_flight is not None and self.scheduler.needs_sync:
+                self.scheduler.needs_sync = False  # a preemption waits for the step in flight
+                self._fold(in_flight)
+                in_flight = None
+                continue
+            plan = self.scheduler.schedule()
+            if plan is not None:
+                self.plans.send(plan)
+            else:
+                self._send(self.scheduler.take_finished_outside_step())
+            if in_flight is not None:
+                self._fold(in_flight)
+            in_flight = plan
             self._maybe_log()
 
-    def step(self) -> None:
-        plan = self.scheduler.schedule()
-        if plan is None:
-            self._send(self.scheduler.take_finished_outside_step())
-            return
-        self.plans.send(plan)
+    def _fold(self, plan: StepPlan) -> None:
+        """Wait for the step's result (handling the tokenizer's messages meanwhile), fold it in
+        and send the outputs."""
         result: StepResult | None = None
-        while result is None:  # the tokenizer's messages are handled while the worker runs
+        while result is None:
             ready = dict(self._poller.poll(PARENT_POLL_MS))
             if self.inbox.sock in ready:
                 self.drain_inbox(0)
@@ -154,6 +168,8 @@ class SchedulerService:
             elif not parent_alive(self.parent_pid):
                 sys.exit(0)
         self._send(self.scheduler.process_results(plan, result))
+        if self.scheduler.config.check_integrity:
+            self.scheduler.check_integrity()  # a violation kills the process: fail-stop
 
     def _maybe_log(self) -> None:
         now = time.monotonic()

@@ -38,6 +38,9 @@ class Request:
     prompt_logprobs_done: bool = False
     finish_reason: str | None = None
     num_sent: int = 0  # output tokens already reported to the client side
+    # Tokens sampled by a step still in flight: output_ids ends with this many PLACEHOLDER_TOKENs
+    # until the worker's result replaces them, so the next step can be planned meanwhile.
+    pending: int = 0
     # per-token outputs gathered as the worker reports them
     output_logprobs: list[Any] = field(default_factory=list)
     prompt_logprobs: list[Any] = field(default_factory=list)
@@ -49,6 +52,15 @@ class Request:
     @property
     def num_tokens(self) -> int:
         return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def num_known(self) -> int:
+        """Tokens whose ids are known (prompt + outputs, minus in-flight placeholders)."""
+        return self.num_tokens - self.pending
+
+    @property
+    def num_known_outputs(self) -> int:
+        return len(self.output_ids) - self.pending
 
     @property
     def remaining(self) -> int:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixrt.runtime.config import IN_BATCH_PREFIX_MIN
+from radixrt.runtime.config import IN_BATCH_PREFIX_MIN, PLACEHOLDER_TOKEN
 from radixrt.runtime.messages import (
     Run,
     RunResult,
@@ -58,10 +58,10 @@ class Scheduler(SchedulerState):
         )
         self._pending_free = []
         self._swap_back(draft)
-        for req in [r for r in self.running if r.is_decoding]:
+        for req in [r for r in self.running if r.is_decoding and not self._awaits_end(r)]:
             if req.phase is Phase.RUNNING and req.rid not in draft.planned:
                 self._plan_chunk(req, 1, draft, may_preempt=True)
-        for req in [r for r in self.running if not r.is_decoding]:
+        for req in [r for r in self.running if not r.is_decoding and r.remaining > 0]:
             if draft.budget <= 0:
                 break
             if req.phase is Phase.RUNNING and req.rid not in draft.planned:
@@ -80,6 +80,12 @@ class Scheduler(SchedulerState):
             copies=draft.copies,
             swap_in=draft.swap_in,
             runs=draft.runs,
+        )
+
+    def _awaits_end(self, req: Request) -> bool:
+        """The step in flight samples this request's last token: nothing more to plan."""
+        return req.pending > 0 and (
+            len(req.output_ids) >= req.params.max_tokens or req.num_tokens >= self.context_length
         )
 
     def _move_onto_tree_pages(self, draft: _StepDraft) -> None:
@@ -189,6 +195,9 @@ class Scheduler(SchedulerState):
                 fork_into=fork_into,
             )
         )
+        if sample and not fork_into:  # plan the next step before this token is known
+            req.output_ids.append(PLACEHOLDER_TOKEN)
+            req.pending += 1
         draft.planned.add(req.rid)
         if chunk > 1:
             draft.prefilling.add(req.rid)
@@ -201,7 +210,12 @@ class Scheduler(SchedulerState):
             for r in self.running
             if r is not req and r.rid not in draft.planned and r.rid not in draft.swapped_in
         ]
-        return max(candidates, key=lambda r: r.admitted_at, default=None)
+        victim = max(candidates, key=lambda r: r.admitted_at, default=None)
+        if victim is not None and victim.pending:
+            # its sampled token is still in flight: preempt only once that step is folded in
+            self.needs_sync = True
+            return None
+        return victim
 
     def _preempt(self, victim: Request, draft: _StepDraft) -> None:
         self.stats.preemptions += 1
@@ -255,32 +269,40 @@ class Scheduler(SchedulerState):
             if run.prompt_logprob_from >= 0 and res is not None:
                 req.prompt_logprobs.extend(res.prompt_logprobs)
                 req.prompt_logprobs_done = run.sample
+            if run.fork_into:
+                self.kv.cache_prefix(req)
+                touched += self._fork(req, run.fork_into, by_rid)
+                continue
+            if run.sample:
+                assert res is not None and res.token is not None, f"no token for {run.rid}"
+                touched.append(req)
+                if self._append(req, res):
+                    continue  # finished (and released)
             if run.num_new > 1 or not run.sample:
                 # share the computed prompt from the next step on
                 shared = self.kv.cache_prefix(req)
                 if shared:
                     self._dedupe[req.rid] = shared
-            if not run.sample:
-                continue
-            if run.fork_into:
-                touched += self._fork(req, run.fork_into, by_rid)
-                continue
-            if res is not None and res.token is not None:
-                self._append(req, res)
-                touched.append(req)
         return touched
 
-    def _append(self, req: Request, res: RunResult) -> None:
-        assert res.token is not None
-        req.output_ids.append(res.token.token_id)
+    def _append(self, req: Request, res: RunResult) -> bool:
+        """The sampled token replaces the oldest placeholder. True if the request finished."""
+        assert res.token is not None and req.pending > 0
+        index = len(req.output_ids) - req.pending
+        req.output_ids[index] = res.token.token_id
+        req.pending -= 1
         req.output_logprobs.append(res.token)
         self.stats.generated_tokens += 1
         reason = self._finish_reason(req, res.token.token_id)
-        if reason is not None:
-            self.running.remove(req)
-            self.kv.release(req)
-            self._pending_free.append(req.rid)
-            self._finish(req, reason)
+        if reason is None:
+            return False
+        del req.output_ids[index + 1 :]  # a step planned past the end samples in vain
+        req.pending = 0
+        self.running.remove(req)
+        self.kv.release(req)
+        self._pending_free.append(req.rid)
+        self._finish(req, reason)
+        return True
 
     def _fork(self, parent: Request, child_rids: list[int], by_rid: dict) -> list[Request]:
         children = []
@@ -310,17 +332,20 @@ class Scheduler(SchedulerState):
         for child in children:
             res = by_rid.get(child.rid)
             if res is not None and res.token is not None and child.phase is Phase.RUNNING:
+                child.output_ids.append(PLACEHOLDER_TOKEN)
+                child.pending = 1
                 self._append(child, res)
             touched.append(child)
         return touched
 
     def _finish_reason(self, req: Request, token: int) -> str | None:
         p = req.params
-        if len(req.output_ids) >= p.min_tokens:
+        num_out = req.num_known_outputs
+        if num_out >= p.min_tokens:
             if token in p.stop_token_ids:
                 return "stop"
             if not p.ignore_eos and token in self.eos_token_ids:
                 return "stop"
-        if len(req.output_ids) >= p.max_tokens or req.num_tokens >= self.context_length:
+        if num_out >= p.max_tokens or req.num_known >= self.context_length:
             return "length"
         return None

@@ -53,6 +53,9 @@ class SchedulerState:
         self._pending_free: list[int] = []
         self._dedupe: dict[int, int] = {}  # rid -> pages that may duplicate the tree's
         self._finished_outside_step: list[Request] = []
+        # set when a preemption had to wait for the step in flight (overlap scheduling): the
+        # caller folds that step's result in before planning again
+        self.needs_sync = False
 
     # --- submission ------------------------------------------------------------------------
     def add_request(
