@@ -1,0 +1,515 @@
+"""Online serving benchmark: an OpenAI-client load generator against `radixrt serve` variants
+(and llama.cpp's server when it is installed), with bench_serving-style results.
+
+Every system is launched here as a subprocess on a free port, warmed up with one request, then
+fed the same prompts (fixed seed) through `openai.AsyncOpenAI` streaming completions (greedy,
+fixed max_tokens, EOS ignored where the server supports it). Per request it measures TTFT, TPOT
+((e2e - ttft) / (output tokens - 1)), ITL (gaps between streamed chunks that carry text) and
+end-to-end latency; per run, request and token throughput and the prefix-cache hit rate.
+
+Systems: radixrt-lpm (the default), radixrt-fcfs (`--schedule-policy fcfs`), radixrt-no-cache
+(`--disable-radix-cache`) and llama.cpp (`llama_cpp.server` on the same GGUF file; it has no
+ignore_eos, so a request may stop early: its table counts the tokens it really produced).
+
+    python benchmarks/serving.py                       # default sizes, ~10 minutes on 2 cores
+    python benchmarks/serving.py --quick               # tiny sizes, ~2 minutes
+    python benchmarks/serving.py --request-rate 2      # Poisson arrivals instead of concurrency
+    python benchmarks/serving.py --llama-cpp-venv DIR  # a venv with llama-cpp-python[server]
+    python benchmarks/serving.py --install-llama-cpp   # build it into benchmarks/.llama-venv
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+DATASETS = ("random", "shared-prefix")
+RADIXRT_SYSTEMS: dict[str, list[str]] = {
+    "radixrt-lpm": [],
+    "radixrt-fcfs": ["--schedule-policy", "fcfs"],
+    "radixrt-no-cache": ["--disable-radix-cache"],
+}
+LLAMA_CPP = "llama.cpp"
+SYSTEMS = (*RADIXRT_SYSTEMS, LLAMA_CPP)
+DEFAULT_CONCURRENCY = 8
+FIRST_TOKEN_ID = 100  # random prompts use ids FIRST_TOKEN_ID..vocab-1, clear of special tokens
+STARTUP_TIMEOUT_S = 300.0
+STOP_TIMEOUT_S = 30.0
+REQUEST_TIMEOUT_S = 600.0
+PORTABLE_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
+LLAMA_VENV = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".llama-venv")
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    prompt_len: int  # by the local tokenizer; the server's own count comes back in usage
+    output_len: int
+
+
+@dataclass(frozen=True)
+class Dataset:
+    name: str
+    prompts: list[Prompt]
+
+
+@dataclass(frozen=True)
+class System:
+    name: str
+    command: list[str]
+    health_path: str
+    extra_body: dict[str, Any]
+    stream_usage: bool  # sends stream_options.include_usage and expects usage back
+    flushable: bool  # has POST /flush_cache and GET /server_info
+
+
+@dataclass
+class RequestResult:
+    ok: bool = False
+    error: str = ""
+    prompt_len: int = 0
+    output_tokens: int = 0
+    ttft: float = 0.0
+    e2e: float = 0.0
+    itls: list[float] = field(default_factory=list)
+    cached_tokens: int | None = None
+
+
+@dataclass
+class RunResult:
+    system: str
+    dataset: str
+    duration: float
+    requests: list[RequestResult]
+    server_hit_rate: float | None
+
+
+# --- arguments ---------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    p.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS))
+    p.add_argument("--num-prompts", type=int, default=32, help="requests per dataset")
+    p.add_argument("--request-rate", type=float, default=None,
+                   help="Poisson arrivals at this many requests/s (default: all at once, "
+                   "limited by --max-concurrency)")
+    p.add_argument("--max-concurrency", type=int, default=None,
+                   help=f"requests in flight at most (default {DEFAULT_CONCURRENCY} without "
+                   "--request-rate, unlimited with it)")
+    p.add_argument("--random-input", type=int, nargs=2, default=(64, 256), metavar=("MIN", "MAX"))
+    p.add_argument("--random-output", type=int, nargs=2, default=(16, 32), metavar=("MIN", "MAX"))
+    p.add_argument("--groups", type=int, default=4, help="shared-prefix: system prompts")
+    p.add_argument("--system-prompt-len", type=int, default=400, help="shared-prefix: tokens")
+    p.add_argument("--question-len", type=int, nargs=2, default=(16, 48), metavar=("MIN", "MAX"))
+    p.add_argument("--shared-output", type=int, nargs=2, default=(16, 32), metavar=("MIN", "MAX"))
+    p.add_argument("--max-total-tokens", type=int, default=8192, help="radixrt KV pool")
+    p.add_argument("--llama-cpp-venv", default=None,
+                   help=f"venv with llama-cpp-python[server] (default: {LLAMA_VENV} if present)")
+    p.add_argument("--install-llama-cpp", action="store_true",
+                   help=f"create {LLAMA_VENV} and pip install llama-cpp-python[server] there "
+                   "(builds from source: minutes)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.num_prompts, args.groups = 8, 2
+        args.random_input, args.random_output = (32, 96), (8, 8)
+        args.question_len, args.shared_output = (8, 16), (8, 8)
+    if args.request_rate is None and args.max_concurrency is None:
+        args.max_concurrency = DEFAULT_CONCURRENCY
+    return args
+
+
+# --- datasets ----------------------------------------------------------------------------------
+def random_text(tok: Any, rng: random.Random, n: int) -> str:
+    vocab = len(tok)
+    return tok.decode([rng.randrange(FIRST_TOKEN_ID, vocab) for _ in range(n)])
+
+
+def token_count(tok: Any, text: str) -> int:
+    return len(tok.encode(text, add_special_tokens=True))
+
+
+def random_dataset(args: argparse.Namespace, tok: Any) -> Dataset:
+    rng = random.Random(args.seed)
+    prompts = []
+    for _ in range(args.num_prompts):
+        text = random_text(tok, rng, rng.randint(*args.random_input))
+        prompts.append(Prompt(text, token_count(tok, text), rng.randint(*args.random_output)))
+    return Dataset("random", prompts)
+
+
+def shared_prefix_dataset(args: argparse.Namespace, tok: Any) -> Dataset:
+    """args.groups system prompts, num_prompts questions dealt round-robin, then shuffled."""
+    rng = random.Random(args.seed + 1)
+    systems = [random_text(tok, rng, args.system_prompt_len) for _ in range(args.groups)]
+    prompts = []
+    for i in range(args.num_prompts):
+        question = random_text(tok, rng, rng.randint(*args.question_len))
+        text = f"{systems[i % args.groups]}\n\nQuestion: {question}\nAnswer:"
+        prompts.append(Prompt(text, token_count(tok, text), rng.randint(*args.shared_output)))
+    rng.shuffle(prompts)
+    return Dataset("shared-prefix", prompts)
+
+
+def build_datasets(args: argparse.Namespace) -> list[Dataset]:
+    from radixrt.runtime.models.loader import load_tokenizer
+
+    tok = load_tokenizer("default")
+    makers = {"random": random_dataset, "shared-prefix": shared_prefix_dataset}
+    return [makers[name](args, tok) for name in args.datasets]
+
+
+# --- systems -----------------------------------------------------------------------------------
+def gguf_path() -> str:
+    from radixrt.runtime.models.loader import default_model_path
+
+    return os.path.join(*default_model_path())
+
+
+def radixrt_system(name: str, args: argparse.Namespace) -> System:
+    command = [sys.executable, "-m", "radixrt", "serve", "--max-total-tokens",
+               str(args.max_total_tokens), "--log-level", "warning", *RADIXRT_SYSTEMS[name]]
+    return System(name, command, "/health", {"ignore_eos": True}, True, True)
+
+
+def llama_cpp_python(args: argparse.Namespace) -> str | None:
+    """The venv's python if llama_cpp.server imports there, else None."""
+    venv = args.llama_cpp_venv or LLAMA_VENV
+    python = os.path.join(venv, "bin", "python")
+    if not os.path.isfile(python):
+        return None
+    probe = subprocess.run([python, "-c", "import llama_cpp.server"], capture_output=True)
+    return python if probe.returncode == 0 else None
+
+
+def install_llama_cpp() -> None:
+    print(f"creating {LLAMA_VENV} and building llama-cpp-python[server] (minutes) ...", flush=True)
+    subprocess.run([sys.executable, "-m", "venv", LLAMA_VENV], check=True)
+    with open(os.path.join(LLAMA_VENV, ".gitignore"), "w") as f:
+        f.write("*\n")  # keep the venv out of git
+    pip = os.path.join(LLAMA_VENV, "bin", "pip")
+    # a portable build: -march=native can pick instructions (AMX) that a VM does not allow
+    env = {**os.environ, "CMAKE_ARGS": os.environ.get("CMAKE_ARGS", PORTABLE_CMAKE_ARGS)}
+    subprocess.run([pip, "install", "llama-cpp-python[server]"], check=True, env=env)
+
+
+def llama_cpp_system(python: str) -> System:
+    command = [python, "-m", "llama_cpp.server", "--model", gguf_path(), "--n_ctx", "4096",
+               "--n_threads", str(os.cpu_count() or 1)]
+    return System(LLAMA_CPP, command, "/v1/models", {}, False, False)
+
+
+def build_systems(args: argparse.Namespace) -> tuple[list[System], list[str]]:
+    """The systems to run, and notes on those skipped."""
+    systems = [radixrt_system(name, args) for name in args.systems if name in RADIXRT_SYSTEMS]
+    if LLAMA_CPP not in args.systems:
+        return systems, []
+    if args.install_llama_cpp and llama_cpp_python(args) is None:
+        args.llama_cpp_venv = LLAMA_VENV
+        install_llama_cpp()
+    python = llama_cpp_python(args)
+    if python is None:
+        note = (f"llama.cpp: skipped (llama_cpp.server is not importable from "
+                f"{args.llama_cpp_venv or LLAMA_VENV}); enable it with --llama-cpp-venv DIR "
+                "(a venv with llama-cpp-python[server]) or --install-llama-cpp")
+        print(note)
+        return systems, [note]
+    return [*systems, llama_cpp_system(python)], []
+
+
+# --- server processes --------------------------------------------------------------------------
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def http_json(url: str, method: str = "GET", timeout: float = 10.0) -> dict[str, Any]:
+    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
+    with urllib.request.urlopen(req, timeout=timeout) as resp:
+        return json.loads(resp.read())
+
+
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, log_path: str) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited ({proc.returncode}):\n{tail(log_path)}")
+        try:
+            http_json(url, timeout=2.0)
+            return
+        except (urllib.error.URLError, OSError, ValueError):
+            time.sleep(0.5)
+    raise TimeoutError(f"no answer from {url} in {STARTUP_TIMEOUT_S:.0f} s:\n{tail(log_path)}")
+
+
+def tail(path: str, lines: int = 20) -> str:
+    with open(path, errors="replace") as f:
+        return "".join(f.readlines()[-lines:])
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(STOP_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@contextmanager
+def running(system: System) -> Iterator[str]:
+    """Launch the server, yield its base URL once it answers, SIGTERM it and wait."""
+    port = free_port()
+    fd, log_path = tempfile.mkstemp(prefix=f"serving-{system.name}-", suffix=".log")
+    command = [*system.command, "--port", str(port)]
+    print(f"\n$ {shlex.join(command)}   (log: {log_path})", flush=True)
+    start = time.perf_counter()
+    with os.fdopen(fd, "wb") as log:
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_healthy(proc, base + system.health_path, log_path)
+        print(f"{system.name} is up after {time.perf_counter() - start:.1f} s", flush=True)
+        yield base
+        if proc.poll() is not None:
+            raise RuntimeError(f"{system.name} died during the run (exit code "
+                               f"{proc.returncode}):\n{tail(log_path)}")
+    finally:
+        stop(proc)
+
+
+# --- load generation ---------------------------------------------------------------------------
+async def one_request(client: Any, system: System, prompt: Prompt) -> RequestResult:
+    result = RequestResult(prompt_len=prompt.prompt_len)
+    chunks, usage = 0, None
+    start = last = time.perf_counter()
+    try:
+        stream = await client.completions.create(
+            model="default", prompt=prompt.text, max_tokens=prompt.output_len, temperature=0.0,
+            stream=True, extra_body=system.extra_body,
+            **({"stream_options": {"include_usage": True}} if system.stream_usage else {}),
+        )
+        async for chunk in stream:
+            now = time.perf_counter()
+            if chunk.choices and chunk.choices[0].text:
+                if chunks == 0:
+                    result.ttft = now - start
+                else:
+                    result.itls.append(now - last)
+                chunks, last = chunks + 1, now
+            usage = chunk.usage or usage
+    except Exception as exc:  # a failed request is reported, not fatal
+        result.error = f"{type(exc).__name__}: {exc}"
+        return result
+    result.e2e = time.perf_counter() - start
+    result.ok = chunks > 0
+    result.error = "" if result.ok else "no text came back"
+    fill_usage(result, usage, chunks)
+    return result
+
+
+def fill_usage(result: RequestResult, usage: Any, chunks: int) -> None:
+    """Token counts from usage when the server sends it, else one token per text chunk."""
+    if usage is None:
+        result.output_tokens = chunks
+        return
+    result.output_tokens = usage.completion_tokens
+    result.prompt_len = usage.prompt_tokens
+    details = usage.prompt_tokens_details
+    result.cached_tokens = details.cached_tokens if details is not None else None
+
+
+async def generate_load(
+    client: Any, system: System, prompts: list[Prompt], args: argparse.Namespace
+) -> tuple[list[RequestResult], float]:
+    limit = asyncio.Semaphore(args.max_concurrency or len(prompts))
+    gaps = random.Random(args.seed + 2)
+
+    async def limited(prompt: Prompt) -> RequestResult:
+        async with limit:
+            return await one_request(client, system, prompt)
+
+    start = time.perf_counter()
+    tasks = []
+    for i, prompt in enumerate(prompts):
+        tasks.append(asyncio.create_task(limited(prompt)))
+        if args.request_rate and i + 1 < len(prompts):
+            await asyncio.sleep(gaps.expovariate(args.request_rate))
+    results = await asyncio.gather(*tasks)
+    return list(results), time.perf_counter() - start
+
+
+async def run_dataset(base: str, system: System, data: Dataset, args: argparse.Namespace
+                      ) -> RunResult:
+    from openai import AsyncOpenAI
+
+    client = AsyncOpenAI(base_url=base + "/v1", api_key="none", timeout=REQUEST_TIMEOUT_S,
+                         max_retries=0)
+    async with client:
+        await one_request(client, system, Prompt("Hello, how are you?", 6, 4))  # warm-up
+        before = server_counters(base, system, flush=True)
+        results, duration = await generate_load(client, system, data.prompts, args)
+        after = server_counters(base, system, flush=False)
+    return RunResult(system.name, data.name, duration, results, hit_rate_delta(before, after))
+
+
+def server_counters(base: str, system: System, flush: bool) -> dict[str, Any] | None:
+    if not system.flushable:
+        return None
+    if flush:  # each dataset starts cold, so its hit rate is its own
+        http_json(base + "/flush_cache", method="POST")
+    return http_json(base + "/server_info")
+
+
+def hit_rate_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> float | None:
+    if before is None or after is None:
+        return None
+    prompt = after["prompt_tokens"] - before["prompt_tokens"]
+    cached = after["cached_tokens"] - before["cached_tokens"]
+    return cached / prompt if prompt > 0 else None
+
+
+# --- metrics -----------------------------------------------------------------------------------
+def stats_ms(values: list[float]) -> tuple[float, float, float]:
+    """(mean, median, p99) in milliseconds; zeros for an empty list."""
+    if not values:
+        return 0.0, 0.0, 0.0
+    ms = np.asarray(values) * 1000.0
+    return float(ms.mean()), float(np.median(ms)), float(np.percentile(ms, 99))
+
+
+def metrics(run: RunResult) -> dict[str, Any]:
+    ok = [r for r in run.requests if r.ok]
+    inputs = sum(r.prompt_len for r in ok)
+    outputs = sum(r.output_tokens for r in ok)
+    reported = [r for r in ok if r.cached_tokens is not None]
+    tpots = [(r.e2e - r.ttft) / (r.output_tokens - 1) for r in ok if r.output_tokens > 1]
+    seconds = max(run.duration, 1e-9)
+    return {
+        "completed": len(ok),
+        "failed": len(run.requests) - len(ok),
+        "input_tokens": inputs,
+        "output_tokens": outputs,
+        "request_throughput": len(ok) / seconds,
+        "output_throughput": outputs / seconds,
+        "total_throughput": (inputs + outputs) / seconds,
+        "usage_hit_rate": (sum(r.cached_tokens or 0 for r in reported)
+                           / max(sum(r.prompt_len for r in reported), 1)) if reported else None,
+        "ttft": stats_ms([r.ttft for r in ok]),
+        "tpot": stats_ms(tpots),
+        "itl": stats_ms([gap for r in ok for gap in r.itls]),
+        "e2e": stats_ms([r.e2e for r in ok]),
+    }
+
+
+# --- reporting ---------------------------------------------------------------------------------
+def percent(rate: float | None) -> str:
+    return "n/a" if rate is None else f"{rate:.1%}"
+
+
+def print_run(run: RunResult, m: dict[str, Any]) -> None:
+    width = 50
+    rows = [
+        ("System:", run.system), ("Dataset:", run.dataset),
+        ("Successful requests:", m["completed"]), ("Failed requests:", m["failed"]),
+        ("Benchmark duration (s):", f"{run.duration:.2f}"),
+        ("Total input tokens:", m["input_tokens"]), ("Total generated tokens:", m["output_tokens"]),
+        ("Request throughput (req/s):", f"{m['request_throughput']:.2f}"),
+        ("Output token throughput (tok/s):", f"{m['output_throughput']:.2f}"),
+        ("Total token throughput (tok/s):", f"{m['total_throughput']:.2f}"),
+        ("Cache hit rate (usage):", percent(m["usage_hit_rate"])),
+        ("Cache hit rate (server_info):", percent(run.server_hit_rate)),
+    ]
+    print("\n" + " Serving Benchmark Result ".center(width, "="))
+    for label, value in rows:
+        print(f"{label:<40}{value:>10}")
+    for key, title in (("ttft", "Time to First Token"), ("tpot", "Time per Output Token"),
+                       ("itl", "Inter-token Latency"), ("e2e", "End-to-end Latency")):
+        print(f" {title} ".center(width, "-"))
+        for label, value in zip(("Mean", "Median", "P99"), m[key]):
+            print(f"{f'{label} {key.upper()} (ms):':<40}{value:>10.2f}")
+    print("=" * width)
+    print_errors(run)
+
+
+def print_errors(run: RunResult, limit: int = 3) -> None:
+    errors = [r.error for r in run.requests if not r.ok]
+    for error in errors[:limit]:
+        print(f"  error: {error}")
+    if len(errors) > limit:
+        print(f"  ... and {len(errors) - limit} more errors")
+
+
+def print_summary(rows: list[tuple[RunResult, dict[str, Any]]], args: argparse.Namespace,
+                  notes: list[str]) -> None:
+    print("\n| system | dataset | ok/total | out tokens | req/s | out tok/s | total tok/s "
+          "| TTFT mean / p99 (ms) | TPOT mean (ms) | ITL median / p99 (ms) | E2E mean (ms) "
+          "| cache hit |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for run, m in rows:
+        hit = m["usage_hit_rate"] if m["usage_hit_rate"] is not None else run.server_hit_rate
+        print(f"| {run.system} | {run.dataset} | {m['completed']}/{len(run.requests)} "
+              f"| {m['output_tokens']} | {m['request_throughput']:.2f} "
+              f"| {m['output_throughput']:.1f} | {m['total_throughput']:.1f} "
+              f"| {m['ttft'][0]:.0f} / {m['ttft'][2]:.0f} | {m['tpot'][0]:.1f} "
+              f"| {m['itl'][1]:.1f} / {m['itl'][2]:.1f} | {m['e2e'][0]:.0f} | {percent(hit)} |")
+    load = (f"Poisson {args.request_rate} req/s" if args.request_rate else "all at t=0")
+    if args.max_concurrency:
+        load += f", max concurrency {args.max_concurrency}"
+    print(f"\n{args.num_prompts} prompts per dataset, {load}; greedy; CPU count {os.cpu_count()}")
+    command = shlex.join([os.path.basename(sys.executable), *sys.argv])
+    print(f"command: {command}")
+    for note in notes:
+        print(note)
+
+
+# --- main --------------------------------------------------------------------------------------
+def exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds through `running`, which stops the server
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
+    datasets = build_datasets(args)
+    systems, notes = build_systems(args)
+    rows: list[tuple[RunResult, dict[str, Any]]] = []
+    for system in systems:
+        try:
+            with running(system) as base:
+                for data in datasets:
+                    run = asyncio.run(run_dataset(base, system, data, args))
+                    rows.append((run, metrics(run)))
+                    print_run(*rows[-1])
+        except (RuntimeError, TimeoutError) as exc:
+            print(f"{system.name}: {exc}", file=sys.stderr)
+    print_summary(rows, args, notes)
+    return 0 if rows and all(m["failed"] == 0 for _, m in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
