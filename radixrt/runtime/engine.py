@@ -22,8 +22,7 @@ from radixrt.runtime.scheduler.scheduler import Scheduler
 from radixrt.runtime.tokenizer.output_tracker import OutputTracker
 from radixrt.runtime.tokenizer.prompts import (
     Prompt,
-    check_token_ids,
-    encode_prompt,
+    encode_checked,
     is_single_prompt,
 )
 from radixrt.runtime.worker.kv_cache import KVCache
@@ -105,8 +104,7 @@ class Engine:
         """Queue one prompt; returns its request id. Raises ValueError on bad input."""
         params = params or SamplingParams()
         params.validate_for_vocab(self.model_config.vocab_size)
-        ids = encode_prompt(self.tokenizer, prompt)
-        check_token_ids(ids, self.model_config.vocab_size)
+        ids = encode_checked(self.tokenizer, prompt, self.model_config.vocab_size)
         req = self.scheduler.add_request(ids, params, extra_key)
         self._trackers[req.rid] = OutputTracker(self.tokenizer, req.rid, ids, params)
         return req.rid

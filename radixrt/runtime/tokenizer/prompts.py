@@ -44,3 +44,10 @@ def check_token_ids(ids: Sequence[int], vocab_size: int) -> None:
     bad = [t for t in ids if not 0 <= t < vocab_size]
     if bad:
         raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
+
+
+def encode_checked(tokenizer: Any, prompt: Prompt, vocab_size: int) -> list[int]:
+    """encode_prompt, then refuse token ids outside the vocabulary."""
+    ids = encode_prompt(tokenizer, prompt)
+    check_token_ids(ids, vocab_size)
+    return ids

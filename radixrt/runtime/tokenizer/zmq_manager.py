@@ -27,7 +27,7 @@ from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.tokenizer.manager_base import RequestMetrics
 from radixrt.runtime.tokenizer.output_tracker import OutputTracker
-from radixrt.runtime.tokenizer.prompts import Prompt, check_token_ids, encode_prompt
+from radixrt.runtime.tokenizer.prompts import Prompt, encode_checked
 
 
 class ZmqTokenizerManager:
@@ -76,9 +76,7 @@ class ZmqTokenizerManager:
 
     # --- TokenizerManager ----------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:
-        ids = encode_prompt(self.tokenizer, prompt)
-        check_token_ids(ids, self.vocab_size)
-        return ids
+        return encode_checked(self.tokenizer, prompt, self.vocab_size)
 
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, rid_hint: str | None = None
