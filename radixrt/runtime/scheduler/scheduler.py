@@ -68,7 +68,7 @@ class Scheduler(SchedulerState):
                 chunk = min(req.remaining, draft.budget)
                 self._plan_chunk(req, chunk, draft, may_preempt=True)
         self._admit(draft)
-        self._move_onto_tree_pages(draft)  # after planning: preempted requests are skipped
+        self._move_onto_tree_pages(draft)
         if not (draft.runs or draft.free or draft.swap_out or draft.copies or draft.swap_in):
             return None
         self.stats.steps += 1
@@ -89,11 +89,15 @@ class Scheduler(SchedulerState):
         )
 
     def _move_onto_tree_pages(self, draft: _StepDraft) -> None:
-        """A prefix computed twice at once is held once: requests move onto the tree's pages."""
+        """A prefix computed twice at once is held once: requests move onto the tree's pages.
+        Done once the plan is made, so the pages freed here are not reused by it; a request
+        preempted (or preempted and re-admitted) in this plan starts clean and is skipped."""
         pending, self._dedupe = self._dedupe, {}
+        gone = set(draft.free) | {w.rid for w in draft.new_requests}
+        gone |= {s.rid for s in draft.swap_out}
         for rid, num_pages in pending.items():
             req = self.requests.get(rid)
-            if req is not None and req.phase is Phase.RUNNING:
+            if req is not None and req.phase is Phase.RUNNING and rid not in gone:
                 self.kv.dedupe(req, num_pages, draft.copies)
 
     def _admit(self, draft: _StepDraft) -> None:
