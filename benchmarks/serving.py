@@ -22,42 +22,24 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import random
 import shlex
 import signal
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from serving_systems import LLAMA_VENV, SYSTEMS, System, build_systems, http_json, running
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 DATASETS = ("random", "shared-prefix")
-RADIXRT_SYSTEMS: dict[str, list[str]] = {
-    "radixrt-lpm": [],
-    "radixrt-fcfs": ["--schedule-policy", "fcfs"],
-    "radixrt-no-cache": ["--disable-radix-cache"],
-}
-LLAMA_CPP = "llama.cpp"
-SYSTEMS = (*RADIXRT_SYSTEMS, LLAMA_CPP)
 DEFAULT_CONCURRENCY = 8
 FIRST_TOKEN_ID = 100  # random prompts use ids FIRST_TOKEN_ID..vocab-1, clear of special tokens
-STARTUP_TIMEOUT_S = 300.0
-STOP_TIMEOUT_S = 30.0
 REQUEST_TIMEOUT_S = 600.0
-PORTABLE_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
-LLAMA_VENV = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".llama-venv")
 
 
 @dataclass(frozen=True)
@@ -71,16 +53,6 @@ class Prompt:
 class Dataset:
     name: str
     prompts: list[Prompt]
-
-
-@dataclass(frozen=True)
-class System:
-    name: str
-    command: list[str]
-    health_path: str
-    extra_body: dict[str, Any]
-    stream_usage: bool  # sends stream_options.include_usage and expects usage back
-    flushable: bool  # has POST /flush_cache and GET /server_info
 
 
 @dataclass
@@ -181,128 +153,6 @@ def build_datasets(args: argparse.Namespace) -> list[Dataset]:
 
 
 # --- systems -----------------------------------------------------------------------------------
-def gguf_path() -> str:
-    from radixrt.runtime.models.loader import default_model_path
-
-    return os.path.join(*default_model_path())
-
-
-def radixrt_system(name: str, args: argparse.Namespace) -> System:
-    command = [sys.executable, "-m", "radixrt", "serve", "--max-total-tokens",
-               str(args.max_total_tokens), "--log-level", "warning", *RADIXRT_SYSTEMS[name]]
-    return System(name, command, "/health", {"ignore_eos": True}, True, True)
-
-
-def llama_cpp_python(args: argparse.Namespace) -> str | None:
-    """The venv's python if llama_cpp.server imports there, else None."""
-    venv = args.llama_cpp_venv or LLAMA_VENV
-    python = os.path.join(venv, "bin", "python")
-    if not os.path.isfile(python):
-        return None
-    probe = subprocess.run([python, "-c", "import llama_cpp.server"], capture_output=True)
-    return python if probe.returncode == 0 else None
-
-
-def install_llama_cpp() -> None:
-    print(f"creating {LLAMA_VENV} and building llama-cpp-python[server] (minutes) ...", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", LLAMA_VENV], check=True)
-    with open(os.path.join(LLAMA_VENV, ".gitignore"), "w") as f:
-        f.write("*\n")  # keep the venv out of git
-    pip = os.path.join(LLAMA_VENV, "bin", "pip")
-    # a portable build: -march=native can pick instructions (AMX) that a VM does not allow
-    env = {**os.environ, "CMAKE_ARGS": os.environ.get("CMAKE_ARGS", PORTABLE_CMAKE_ARGS)}
-    subprocess.run([pip, "install", "llama-cpp-python[server]"], check=True, env=env)
-
-
-def llama_cpp_system(python: str) -> System:
-    command = [python, "-m", "llama_cpp.server", "--model", gguf_path(), "--n_ctx", "4096",
-               "--n_threads", str(os.cpu_count() or 1)]
-    return System(LLAMA_CPP, command, "/v1/models", {}, False, False)
-
-
-def build_systems(args: argparse.Namespace) -> tuple[list[System], list[str]]:
-    """The systems to run, and notes on those skipped."""
-    systems = [radixrt_system(name, args) for name in args.systems if name in RADIXRT_SYSTEMS]
-    if LLAMA_CPP not in args.systems:
-        return systems, []
-    if args.install_llama_cpp and llama_cpp_python(args) is None:
-        args.llama_cpp_venv = LLAMA_VENV
-        install_llama_cpp()
-    python = llama_cpp_python(args)
-    if python is None:
-        note = (f"llama.cpp: skipped (llama_cpp.server is not importable from "
-                f"{args.llama_cpp_venv or LLAMA_VENV}); enable it with --llama-cpp-venv DIR "
-                "(a venv with llama-cpp-python[server]) or --install-llama-cpp")
-        print(note)
-        return systems, [note]
-    return [*systems, llama_cpp_system(python)], []
-
-
-# --- server processes --------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def http_json(url: str, method: str = "GET", timeout: float = 10.0) -> dict[str, Any]:
-    req = urllib.request.Request(url, method=method, data=b"" if method == "POST" else None)
-    with urllib.request.urlopen(req, timeout=timeout) as resp:
-        return json.loads(resp.read())
-
-
-def wait_healthy(proc: subprocess.Popen[bytes], url: str, log_path: str) -> None:
-    deadline = time.monotonic() + STARTUP_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited ({proc.returncode}):\n{tail(log_path)}")
-        try:
-            http_json(url, timeout=2.0)
-            return
-        except (urllib.error.URLError, OSError, ValueError):
-            time.sleep(0.5)
-    raise TimeoutError(f"no answer from {url} in {STARTUP_TIMEOUT_S:.0f} s:\n{tail(log_path)}")
-
-
-def tail(path: str, lines: int = 20) -> str:
-    with open(path, errors="replace") as f:
-        return "".join(f.readlines()[-lines:])
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(STOP_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-@contextmanager
-def running(system: System) -> Iterator[str]:
-    """Launch the server, yield its base URL once it answers, SIGTERM it and wait."""
-    port = free_port()
-    fd, log_path = tempfile.mkstemp(prefix=f"serving-{system.name}-", suffix=".log")
-    command = [*system.command, "--port", str(port)]
-    print(f"\n$ {shlex.join(command)}   (log: {log_path})", flush=True)
-    start = time.perf_counter()
-    with os.fdopen(fd, "wb") as log:
-        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_healthy(proc, base + system.health_path, log_path)
-        print(f"{system.name} is up after {time.perf_counter() - start:.1f} s", flush=True)
-        yield base
-        if proc.poll() is not None:
-            raise RuntimeError(f"{system.name} died during the run (exit code "
-                               f"{proc.returncode}):\n{tail(log_path)}")
-    finally:
-        stop(proc)
-
-
-# --- load generation ---------------------------------------------------------------------------
 async def one_request(client: Any, system: System, prompt: Prompt) -> RequestResult:
     result = RequestResult(prompt_len=prompt.prompt_len)
     chunks, usage = 0, None
