@@ -32,6 +32,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--served-model-name", default=None, help="the name clients send as `model`")
     add("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes the server")
     add("--port", type=int, default=30000, help="HTTP port")
+    add("--dsl-port", type=int, default=None,
+        help="also serve DSL clients (ZeroMQ) on tcp://HOST:PORT; they can always use the ipc "
+        "endpoint the log names")
     add("--api-key", default=None,
         help="require `Authorization: Bearer KEY` on every endpoint but /health")
     add("--dtype", default="auto", choices=DTYPES,
@@ -91,15 +94,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             print(f"radixrt serve: {exc}", file=sys.stderr)
             return 2
-        if not 0 < args.port < 65536:
-            print(f"radixrt serve: --port={args.port} is invalid: use 1..65535", file=sys.stderr)
-            return 2
+        for flag, port in (("--port", args.port), ("--dsl-port", args.dsl_port)):
+            if port is not None and not 0 < port < 65536:
+                print(f"radixrt serve: {flag}={port} is invalid: use 1..65535", file=sys.stderr)
+                return 2
         options = ServerOptions(
             host=args.host,
             port=args.port,
             api_key=args.api_key,
             served_model_name=args.served_model_name,
             log_level=args.log_level,
+            dsl_port=args.dsl_port,
         )
         return serve(config, options)
     return 2

@@ -51,6 +51,7 @@ class Server:
             self.stop()
             raise RuntimeError("server did not become healthy")
         self.children = psutil.Process(self.proc.pid).children(recursive=True)
+        self.dsl_port: int | None = None
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {API_KEY}"}
@@ -79,8 +80,10 @@ class Server:
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Server]:
+    dsl_port = free_port()
     srv = Server("--max-total-tokens", "4096", "--api-key", API_KEY, "--log-level", "warning",
-                 "--check-integrity")
+                 "--check-integrity", "--dsl-port", str(dsl_port))
+    srv.dsl_port = dsl_port
     yield srv
     srv.stop()
 
@@ -245,6 +248,38 @@ def test_overlap_scheduling_under_forced_preemption(make_engine):
         finally:
             srv.stop()
         assert srv.proc.returncode == 0, srv.proc.stdout.read()
+
+
+def test_dsl_endpoint_over_zeromq(server, client):
+    """DSL clients speak msgspec over a ZeroMQ DEALER socket: streamed pieces, then the whole
+    output; a refused request gets its error; the same greedy text as HTTP."""
+    import msgspec
+    import zmq
+
+    from radixrt.runtime.messages import DslReply, DslRequest
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"tcp://127.0.0.1:{server.dsl_port}")
+    enc, dec = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(DslReply)
+    params = {"max_tokens": 12, "temperature": 0}
+    sock.send(enc.encode(DslRequest(call_id=1, text=PROMPT, params=params, stream=True)))
+    pieces = []
+    while True:
+        assert sock.poll(120_000), "no reply from the DSL endpoint"
+        reply = dec.decode(sock.recv())
+        if reply.done:
+            break
+        pieces.append(reply.text)
+    assert reply.error is None and "".join(pieces) == reply.text
+    http = client.completions.create(model="default", prompt=PROMPT, max_tokens=12,
+                                     temperature=0)
+    assert reply.text == http.choices[0].text
+    sock.send(enc.encode(DslRequest(call_id=2, text=PROMPT, params={"temperature": -1})))
+    assert sock.poll(60_000)
+    bad = dec.decode(sock.recv())
+    assert bad.done and "temperature" in bad.error
+    sock.close()
 
 
 def test_killing_the_worker_stops_everything(server):

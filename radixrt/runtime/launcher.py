@@ -37,6 +37,7 @@ class ServerOptions:
     api_key: str | None = None
     served_model_name: str | None = None
     log_level: str = "info"
+    dsl_port: int | None = None  # also serve DSL clients on tcp://host:dsl_port
 
 
 def served_name(config: EngineConfig, options: ServerOptions) -> str:
@@ -72,8 +73,13 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
         try:
             # the manager's asyncio sockets must be made inside the loop that serves them
             name = served_name(config, options)
+            dsl = [f"ipc://{os.path.join(ipc_dir, 'dsl')}"]
+            if options.dsl_port is not None:
+                dsl.append(f"tcp://{options.host}:{options.dsl_port}")
             return asyncio.run(
-                _serve_http(lambda: ZmqTokenizerManager(tokenizer, name, addrs), procs, options)
+                _serve_http(
+                    lambda: ZmqTokenizerManager(tokenizer, name, addrs), procs, options, dsl
+                )
             )
         finally:
             _stop(procs)
@@ -82,8 +88,12 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
 
 
 async def _serve_http(
-    make_manager: Callable[[], Any], procs: dict[str, BaseProcess], options: ServerOptions
+    make_manager: Callable[[], Any],
+    procs: dict[str, BaseProcess],
+    options: ServerOptions,
+    dsl_addresses: list[str],
 ) -> int:
+    from radixrt.runtime.tokenizer.dsl_endpoint import DslEndpoint
     from radixrt.runtime.tokenizer.http_server import create_app
 
     def alive() -> bool:
@@ -96,6 +106,8 @@ async def _serve_http(
         log.error("%s: %s", exc, _dead(procs) or "start-up timed out")
         return 1
     app = create_app(manager, api_key=options.api_key)
+    dsl = DslEndpoint(manager, dsl_addresses)
+    dsl.start()
     server = _Server(
         uvicorn.Config(
             app,
@@ -118,9 +130,11 @@ async def _serve_http(
                 server.should_exit = server.force_exit = True
 
     watcher = asyncio.create_task(watch())
-    log.info("serving %s on http://%s:%d", manager.model_name, options.host, options.port)
+    log.info("serving %s on http://%s:%d; DSL clients: %s", manager.model_name, options.host,
+             options.port, ", ".join(dsl_addresses))
     await server.serve()
     watcher.cancel()
+    await dsl.close()
     await manager.close()
     if exit_code == 0 and _dead(procs):
         exit_code = 1

@@ -144,6 +144,44 @@ class SchedulerReady(msgspec.Struct, frozen=True, tag=True):
     info: dict
 
 
+# --- DSL client <-> tokenizer (ZeroMQ DEALER/ROUTER) -------------------------------------------
+class DslRequest(msgspec.Struct, frozen=True, tag=True):
+    """op "generate": run `text` (or `input_ids`) with `params` (SamplingParams fields);
+    op "abort": cancel the generate with this call_id; op "info": server_info."""
+
+    call_id: int
+    op: str = "generate"
+    text: str | None = None
+    input_ids: list[int] | None = None
+    params: dict = {}
+    stream: bool = False
+
+
+class DslReply(msgspec.Struct, frozen=True, tag=True):
+    """Streamed pieces (done=False) then one final reply (done=True) with the whole output of
+    every sample, or with `error` set (the request was refused: nothing ran)."""
+
+    call_id: int
+    done: bool
+    index: int = 0
+    text: str = ""
+    token_ids: list[int] = []
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] = []
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    error: str | None = None
+    info: dict = {}
+    samples: list[DslSample] = []
+
+
+class DslSample(msgspec.Struct, frozen=True):
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None
+    logprobs: list[TokenLogprob] = []
+
+
 ToScheduler = SubmitRequest | AbortRequest | ControlRequest
 ToTokenizer = DeltaBatch | SubmitError | ControlReply | SchedulerReady
 FromWorker = WorkerReady | StepResult

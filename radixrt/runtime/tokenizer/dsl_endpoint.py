@@ -1,0 +1,106 @@
+"""The ZeroMQ endpoint DSL clients talk to, in the tokenizer process: a ROUTER socket (ipc://
+in the private directory, and tcp:// when asked for) speaking DslRequest / DslReply msgspec
+messages. Each generate runs through the same TokenizerManager as HTTP requests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import msgspec
+import zmq
+import zmq.asyncio
+
+from radixrt.runtime.messages import DslReply, DslRequest, DslSample
+from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.tokenizer.manager_base import TokenizerManager
+
+
+class DslEndpoint:
+    def __init__(self, manager: TokenizerManager, addresses: list[str]) -> None:
+        self.manager = manager
+        self._ctx = zmq.asyncio.Context.instance()
+        self._sock = self._ctx.socket(zmq.ROUTER)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        for address in addresses:
+            self._sock.bind(address)
+        self.addresses = addresses
+        self._encoder = msgspec.msgpack.Encoder()
+        self._decoder = msgspec.msgpack.Decoder(DslRequest)
+        self._calls: dict[tuple[bytes, int], asyncio.Task] = {}
+        self._loop_task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self._loop_task = asyncio.create_task(self._serve())
+
+    async def close(self) -> None:
+        for task in [self._loop_task, *self._calls.values()]:
+            if task is not None:
+                task.cancel()
+        self._sock.close(linger=0)
+
+    async def _serve(self) -> None:
+        while True:
+            identity, payload = await self._sock.recv_multipart()
+            try:
+                req = self._decoder.decode(payload)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                await self._reply(identity, DslReply(call_id=-1, done=True,
+                                                     error=f"malformed request: {exc}"))
+                continue
+            key = (identity, req.call_id)
+            if req.op == "abort":
+                task = self._calls.get(key)
+                if task is not None:
+                    task.cancel()
+            elif req.op == "info":
+                info = await self.manager.server_info()
+                await self._reply(identity, DslReply(call_id=req.call_id, done=True, info=info))
+            elif req.op == "generate":
+                task = asyncio.create_task(self._generate(identity, req))
+                self._calls[key] = task
+                task.add_done_callback(lambda _t, k=key: self._calls.pop(k, None))
+            else:
+                await self._reply(identity, DslReply(
+                    call_id=req.call_id, done=True,
+                    error=f"unknown op {req.op!r}: use generate, abort or info"))
+
+    async def _generate(self, identity: bytes, req: DslRequest) -> None:
+        try:
+            params = SamplingParams.from_dict(req.params)
+            prompt: Any = req.input_ids if req.input_ids is not None else req.text
+            if prompt is None:
+                raise ValueError("give `text` or `input_ids`")
+            ids = self.manager.encode(prompt)
+            samples = [[[], [], [], None] for _ in range(params.n)]  # text, ids, logprobs, reason
+            cached = 0
+            stream = self.manager.generate(ids, params)
+            async with contextlib.aclosing(stream):
+                async for chunk in stream:
+                    text, tokens, lps, _ = samples[chunk.index]
+                    text.append(chunk.text)
+                    tokens.extend(chunk.token_ids)
+                    lps.extend(chunk.logprobs)
+                    samples[chunk.index][3] = chunk.finish_reason
+                    cached = chunk.cached_tokens
+                    if req.stream:
+                        await self._reply(identity, DslReply(
+                            call_id=req.call_id, done=False, index=chunk.index, text=chunk.text,
+                            token_ids=list(chunk.token_ids), finish_reason=chunk.finish_reason,
+                            logprobs=list(chunk.logprobs), prompt_tokens=len(ids),
+                            cached_tokens=chunk.cached_tokens))
+            final = [DslSample("".join(t), i, r, lp) for t, i, lp, r in samples]
+            await self._reply(identity, DslReply(
+                call_id=req.call_id, done=True, text=final[0].text,
+                token_ids=final[0].token_ids, finish_reason=final[0].finish_reason,
+                logprobs=final[0].logprobs, prompt_tokens=len(ids), cached_tokens=cached,
+                samples=final))
+        except ValueError as exc:
+            await self._reply(identity, DslReply(call_id=req.call_id, done=True, error=str(exc)))
+        except asyncio.CancelledError:
+            await self._reply(identity, DslReply(call_id=req.call_id, done=True,
+                                                 finish_reason="abort"))
+
+    async def _reply(self, identity: bytes, reply: DslReply) -> None:
+        await self._sock.send_multipart([identity, self._encoder.encode(reply)])
