@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Sequence
+from dataclasses import fields
 
 from radixrt.runtime.config import (
     ATTENTION_BACKENDS,
@@ -73,24 +74,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         from radixrt.runtime.launcher import ServerOptions, serve
 
         try:
-            config = EngineConfig(
-                model=args.model,
-                dtype=args.dtype,
-                device=args.device,
-                load_format=args.load_format,
-                attention_backend=args.attention_backend,
-                page_size=args.page_size,
-                max_total_tokens=args.max_total_tokens,
-                mem_fraction=args.mem_fraction,
-                context_length=args.context_length,
-                max_running_requests=args.max_running_requests,
-                max_num_batched_tokens=args.max_num_batched_tokens,
-                schedule_policy=args.schedule_policy,
-                preemption=args.preemption,
-                disable_radix_cache=args.disable_radix_cache,
-                seed=args.seed,
-                check_integrity=args.check_integrity,
-            )
+            # every EngineConfig field with a flag of the same name (swap space has none)
+            names = [f.name for f in fields(EngineConfig) if hasattr(args, f.name)]
+            config = EngineConfig(**{name: getattr(args, name) for name in names})
         except ValueError as exc:
             print(f"radixrt serve: {exc}", file=sys.stderr)
             return 2
