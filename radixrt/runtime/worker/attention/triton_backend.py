@@ -1,0 +1,108 @@
+"""TritonAttentionBackend: the GPU backend, built on the Triton kernels of radixrt.kernels.
+
+On a machine without CUDA the kernels run in Triton's CPU interpreter (slow; for tests).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from radixrt.kernels.decode_attention import (
+    decode_attention,
+    decode_workspace_numel,
+    default_num_kv_splits,
+)
+from radixrt.kernels.extend_attention import extend_attention
+from radixrt.kernels.store_kv import store_kv
+from radixrt.runtime.worker.forward_batch import ForwardBatch
+from radixrt.runtime.worker.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class _StepPlan:
+    """What init_forward decided for the whole forward pass (all layers)."""
+
+    decode: bool  # every request decodes one token: the split-KV decode kernel
+    max_extend_len: int  # longest request's new tokens (the extend kernel's grid)
+    max_seq_len: int  # longest request's KV (the split heuristic)
+
+
+@dataclass(frozen=True)
+class _GraphMode:
+    """Fixed decode settings while a CUDA graph is captured (replays reuse them)."""
+
+    num_kv_splits: int
+    workspace: Tensor  # [>= decode_workspace_numel(...)] float32, owned by the graph runner
+
+
+class TritonAttentionBackend:
+    """Decode-only batches run the split-KV decode kernel; batches with any extend request
+    (prefill chunks, or decode and prefill mixed) run the extend kernel on every request, a
+    decode request being an extend of one token. Scale is head_dim ** -0.5 unless given."""
+
+    def __init__(self, sm_scale: float | None = None) -> None:
+        self.sm_scale = sm_scale
+        self._plan: _StepPlan | None = None
+        self._graph_mode: _GraphMode | None = None
+        self._workspace: Tensor | None = None  # eager decode partials, grown on demand
+
+    # --- CUDA graph support (used by radixrt.runtime.worker.cuda_graph) -------------------
+    def enter_graph_mode(self, num_kv_splits: int, workspace: Tensor) -> None:
+        """Decode with these splits and this workspace (no allocation, no heuristic)."""
+        self._graph_mode = _GraphMode(num_kv_splits, workspace)
+
+    def exit_graph_mode(self) -> None:
+        self._graph_mode = None
+
+    # --- AttentionBackend ---------------------------------------------------------------
+    def init_forward(self, batch: ForwardBatch) -> None:
+        self._plan = _StepPlan(
+            decode=batch.is_decode_only,
+            max_extend_len=batch.max_extend_len,
+            max_seq_len=batch.max_seq_len,
+        )
+
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        layer_id: int,
+        kv_cache: KVCache,
+        batch: ForwardBatch,
+    ) -> Tensor:
+        # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
+        plan = self._plan
+        if plan is None:
+            raise RuntimeError("TritonAttentionBackend.forward before init_forward")
+        k_cache, v_cache = kv_cache.k[layer_id], kv_cache.v[layer_id]
+        store_kv(k_cache, v_cache, k, v, batch.out_slots)
+        scale = self.sm_scale if self.sm_scale is not None else q.shape[-1] ** -0.5
+        q = q.contiguous()
+        o = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
+        if plan.decode:
+            splits, workspace = self._decode_settings(q, kv_cache.num_kv_heads, plan)
+            decode_attention(
+                q, o, k_cache, v_cache, batch.kv_indptr, batch.kv_indices, scale,
+                num_kv_splits=splits, workspace=workspace,
+            )  # fmt: skip
+        else:
+            extend_attention(
+                q, o, k_cache, v_cache, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
+                scale, max_extend_len=plan.max_extend_len,
+            )  # fmt: skip
+        return o
+
+    def _decode_settings(self, q: Tensor, num_kv_heads: int, plan: _StepPlan) -> tuple[int, Tensor]:
+        if self._graph_mode is not None:
+            return self._graph_mode.num_kv_splits, self._graph_mode.workspace
+        bs, num_heads, head_dim = q.shape
+        splits = default_num_kv_splits(bs, num_kv_heads, q.device, plan.max_seq_len)
+        numel = decode_workspace_numel(bs, num_heads, head_dim, splits)
+        ws = self._workspace
+        if ws is None or ws.numel() < numel or ws.device != q.device:
+            ws = self._workspace = torch.empty(max(numel, 1), dtype=torch.float32, device=q.device)
+        return splits, ws

@@ -1,0 +1,122 @@
+"""The triton attention backend against the torch backend: one layer's mixed batch, and the whole
+default model's greedy tokens through radixrt.Engine (Triton's interpreter without CUDA)."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+if not torch.cuda.is_available():  # before any Triton kernel is defined (see radixrt.kernels)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from collections.abc import Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+
+from radixrt import Engine, SamplingParams  # noqa: E402
+from radixrt.runtime.worker.attention import (  # noqa: E402
+    AttentionBackend,
+    TorchAttentionBackend,
+    create_attention_backend,
+)
+from radixrt.runtime.worker.attention.triton_backend import TritonAttentionBackend  # noqa: E402
+from radixrt.runtime.worker.forward_batch import ForwardBatch  # noqa: E402
+from radixrt.runtime.worker.kv_cache import KVCache  # noqa: E402
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+PROMPT = "The capital of France is"
+NEW_TOKENS = 8
+
+
+def run_backend(
+    backend: AttentionBackend, batch: ForwardBatch, kv_cache: KVCache, qkv: list[torch.Tensor]
+) -> torch.Tensor:
+    backend.init_forward(batch)
+    return backend.forward(*qkv, layer_id=1, kv_cache=kv_cache, batch=batch)
+
+
+@pytest.mark.parametrize(
+    "prefix_lens,extend_lens",
+    [([5, 0, 12, 3], [1, 9, 4, 1]),  # decode and prefill mixed: the extend kernel for all
+     ([7, 30, 2], [1, 1, 1])],  # decode only: the split-KV decode kernel
+)  # fmt: skip
+def test_backend_matches_torch_backend(prefix_lens: list[int], extend_lens: list[int]) -> None:
+    gen = torch.Generator().manual_seed(len(prefix_lens))
+    num_slots, kv_heads, heads, head_dim = 120, 3, 9, 64
+    perm = torch.randperm(num_slots, generator=gen)
+    tables, tokens, used = [], [], 0
+    for prefix, extend in zip(prefix_lens, extend_lens):
+        tables.append(perm[used : used + prefix + extend])
+        tokens.append([0] * extend)
+        used += prefix + extend
+    batch = ForwardBatch.build(tokens, prefix_lens, tables, device=DEVICE)
+    assert batch.is_decode_only == all(e == 1 for e in extend_lens)
+    prefix = torch.randn(2, 2, num_slots, kv_heads, head_dim, generator=gen).to(DEVICE)
+    caches = [KVCache(2, num_slots, kv_heads, head_dim, torch.float32, DEVICE) for _ in range(2)]
+    for kv_cache in caches:
+        kv_cache.buffer[:, :, :num_slots] = prefix
+    n = batch.num_tokens
+    qkv = [
+        torch.randn(n, h, head_dim, generator=gen).to(DEVICE) for h in (heads, kv_heads, kv_heads)
+    ]
+    expected = run_backend(TorchAttentionBackend(), batch, caches[0], qkv)
+    backend = create_attention_backend("triton")
+    assert isinstance(backend, TritonAttentionBackend)
+    got = run_backend(backend, batch, caches[1], qkv)
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(caches[1].buffer, caches[0].buffer, atol=0, rtol=0)
+
+
+@contextmanager
+def attention_backend(model: Any, backend: AttentionBackend) -> Iterator[None]:
+    """Run the model's attention layers on another backend, restoring the old one after."""
+    old = model.attn_backend
+    layers = [layer.self_attn for layer in model.layers]
+    model.attn_backend = backend
+    for attn in layers:
+        attn.backend = backend
+    try:
+        yield
+    finally:
+        model.attn_backend = old
+        for attn in layers:
+            attn.backend = old
+
+
+def greedy(loaded: Any, prompts: list[str], **options: Any) -> tuple[Engine, list[Any]]:
+    engine = Engine(model=loaded, max_total_tokens=1024, check_integrity=True, **options)
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, ignore_eos=True, logprobs=True)
+    return engine, engine.generate(prompts, params)
+
+
+@pytest.fixture(scope="module")
+def model_on_device(request: pytest.FixtureRequest) -> Any:
+    """The session's default model on the CPU; a float32 copy on CUDA when there is a GPU."""
+    if DEVICE.type == "cpu":
+        return request.getfixturevalue("loaded_model")
+    from radixrt.runtime.models.loader import load_model
+
+    return load_model("default", dtype="float32", device=DEVICE, attention_backend="torch")
+
+
+def test_engine_greedy_tokens_match_torch_backend(model_on_device: Any) -> None:
+    """Prefill (extend kernel) then decode steps (decode kernel) over the whole model."""
+    prompts = [PROMPT] if DEVICE.type == "cpu" else [PROMPT, "def fib(n):", "Once upon a time"]
+    assert isinstance(model_on_device.model.attn_backend, TorchAttentionBackend)
+    _, expected = greedy(model_on_device, prompts)
+    with attention_backend(model_on_device.model, TritonAttentionBackend()):
+        _, got = greedy(model_on_device, prompts, cuda_graph_max_bs=0)
+        if DEVICE.type == "cuda":  # three requests replay the graph of bucket 4 (one dummy row)
+            engine, graphed = greedy(model_on_device, prompts, cuda_graph_max_bs=8)
+            runner = engine.worker.graph_runner
+            assert runner is not None and runner.replays == NEW_TOKENS - 1
+            assert [o.token_ids for o in graphed] == [o.token_ids for o in expected]
+    for out, ref in zip(got, expected):
+        assert out.token_ids == ref.token_ids
+        assert len(out.token_ids) == NEW_TOKENS
+        lps = [lp.logprob for lp in out.samples[0].logprobs]
+        ref_lps = [lp.logprob for lp in ref.samples[0].logprobs]
+        assert lps == pytest.approx(ref_lps, abs=1e-3)
