@@ -179,6 +179,70 @@ def test_logprobs(served: Served) -> None:
     assert content[0].top_logprobs[0].logprob >= content[0].top_logprobs[1].logprob
 
 
+def post_completion(srv: Served, **body: Any) -> dict[str, Any]:
+    body = {"model": MODEL, "temperature": 0, **body}
+    response = srv.http.post("/v1/completions", json=body)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def assert_offsets_index_text(lp: dict[str, Any], text: str) -> None:
+    assert "".join(lp["tokens"]) == text
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"])
+    for token, offset in zip(lp["tokens"], lp["text_offset"], strict=True):
+        assert text[offset : offset + len(token)] == token
+
+
+def test_echo_returns_prompt_then_completion(served: Served) -> None:
+    plain = complete(served, max_tokens=4, extra_body={"ignore_eos": True})
+    echoed = complete(served, max_tokens=4, echo=True, extra_body={"ignore_eos": True})
+    assert echoed.choices[0].text == PROMPT + plain.choices[0].text
+    assert echoed.choices[0].logprobs is None
+    assert echoed.usage.completion_tokens == 4
+
+
+def test_echo_scores_prompts_like_the_engine(served: Served, make_engine: Any) -> None:
+    from radixrt import SamplingParams
+
+    prompts = [PROMPT + " Paris.", PROMPT + " a city in Germany."]
+    out = post_completion(served, prompt=prompts, echo=True, logprobs=1, max_tokens=0)
+    assert out["usage"]["completion_tokens"] == 0
+    engine = make_engine()
+    for choice, prompt in zip(out["choices"], prompts, strict=True):
+        expect = engine.generate(prompt, SamplingParams(max_tokens=1, prompt_logprobs_start=1))
+        lp, text = choice["logprobs"], choice["text"]
+        assert text == prompt and choice["finish_reason"] == "length"
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        assert len(lp["token_logprobs"]) == expect[0].prompt_tokens
+        want = [p.logprob for p in expect[0].prompt_logprobs]
+        assert lp["token_logprobs"][1:] == pytest.approx(want, abs=1e-4)
+        assert all(len(top) == 1 for top in lp["top_logprobs"][1:])
+        assert_offsets_index_text(lp, text)
+    one = post_completion(served, prompt=prompts[0], echo=True, logprobs=1, max_tokens=1)
+    lp = one["choices"][0]["logprobs"]
+    scored = out["choices"][0]["logprobs"]
+    assert len(lp["tokens"]) == len(scored["tokens"]) + 1
+    assert lp["token_logprobs"][:-1] == pytest.approx(scored["token_logprobs"], abs=1e-4)
+    assert lp["text_offset"][-1] == len(prompts[0]) and one["usage"]["completion_tokens"] == 1
+    assert_offsets_index_text(lp, one["choices"][0]["text"])
+
+
+def test_echo_streams_the_prompt_first(served: Served) -> None:
+    body = {"model": MODEL, "prompt": PROMPT, "echo": True, "logprobs": 1, "max_tokens": 3,
+            "temperature": 0, "ignore_eos": True, "n": 2}
+    whole = post_completion(served, **{**body, "n": 1})["choices"][0]
+    with served.http.stream("POST", "/v1/completions", json={**body, "stream": True}) as response:
+        events = [e for e in sse_events(response) if e != "[DONE]"]
+    for index in (0, 1):
+        chunks = [e["choices"][0] for e in events if e["choices"][0]["index"] == index]
+        assert chunks[0]["text"].startswith(PROMPT)
+        assert "".join(c["text"] for c in chunks) == whole["text"]
+        merged = {k: sum((c["logprobs"][k] for c in chunks), []) for k in whole["logprobs"]}
+        assert merged["tokens"] == whole["logprobs"]["tokens"]
+        assert merged["text_offset"] == whole["logprobs"]["text_offset"]
+        assert merged["token_logprobs"][0] is None
+
+
 def test_stop_string_trims_output(served: Served) -> None:
     text = complete(served, max_tokens=12, extra_body={"ignore_eos": True}).choices[0].text
     assert len(text) >= 8, text
@@ -273,9 +337,17 @@ BAD_REQUESTS: list[tuple[str, Any, str]] = [
      "KV pool holds"),
     ("/v1/completions", {"model": "gpt-4", "prompt": "x"}, "is not served here"),
     ("/v1/completions", {"model": MODEL, "prompt": [5, 10_000_000]}, "outside the vocabulary"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "regex": "(ab"}, "unterminated"),
     ("/v1/completions", {"model": MODEL, "prompt": "x",
-                         "response_format": {"type": "json_object"}},
-     "constrained decoding is not available yet"),
+                         "response_format": {"type": "json_schema",
+                                             "json_schema": {"schema": {"type": "nope"}}}},
+     "json_schema is invalid"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x",
+                         "response_format": {"type": "json_schema", "json_schema": {}}},
+     '"schema"'),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "regex": "a+", "choices": ["a"]},
+     "at most one of"),
+    ("/generate", {"text": "x", "sampling_params": {"choices": []}}, "choices"),
     ("/v1/chat/completions", {"model": MODEL, "messages": []}, "messages is empty"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]},
      "messages.0.role"),

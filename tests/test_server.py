@@ -5,6 +5,7 @@ server with a non-zero exit and no process left behind."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import socket
@@ -280,6 +281,26 @@ def test_dsl_endpoint_over_zeromq(server, client):
     bad = dec.decode(sock.recv())
     assert bad.done and "temperature" in bad.error
     sock.close()
+
+
+def test_response_format_json_schema_and_a_broken_regex(server, client):
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]},
+                                               "confidence": {"type": "integer", "minimum": 0,
+                                                              "maximum": 100}},
+              "required": ["answer", "confidence"]}
+    out = client.chat.completions.create(
+        model="default", messages=[{"role": "user", "content": "Is water wet? Reply in JSON."}],
+        max_tokens=40, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}},
+    )
+    reply = json.loads(out.choices[0].message.content)
+    assert reply["answer"] in ("yes", "no") and 0 <= reply["confidence"] <= 100
+    with pytest.raises(openai.BadRequestError, match="unterminated"):
+        client.completions.create(model="default", prompt="x", max_tokens=4,
+                                  extra_body={"regex": "(ab"})
+    again = client.completions.create(model="default", prompt="2 + 2 =", max_tokens=4,
+                                      temperature=0, extra_body={"regex": "[0-9]+"})
+    assert again.choices[0].text.isdigit()
 
 
 def test_killing_the_worker_stops_everything(server):

@@ -74,6 +74,7 @@ class RunResult(msgspec.Struct, frozen=True):
     rid: int  # the request that sampled (a child rid for forks)
     token: TokenLogprob | None = None
     prompt_logprobs: list[TokenLogprob] = []  # in prompt order from the run's prompt_logprob_from
+    forced: list[int] = []  # jump-forward: tokens the grammar forces right after `token`
 
 
 class StepResult(msgspec.Struct, frozen=True, tag=True):
@@ -114,6 +115,11 @@ class SubmitRequest(msgspec.Struct, frozen=True, tag=True):
     prompt_ids: list[int]
     params: dict  # SamplingParams.to_dict()
     extra_key: str | None = None
+    pin: bool = False  # keep the finished prefix locked in the radix tree until UnpinRequest
+
+
+class UnpinRequest(msgspec.Struct, frozen=True, tag=True):
+    rid: int  # a finished request submitted with pin=True
 
 
 class AbortRequest(msgspec.Struct, frozen=True, tag=True):
@@ -146,8 +152,11 @@ class SchedulerReady(msgspec.Struct, frozen=True, tag=True):
 
 # --- DSL client <-> tokenizer (ZeroMQ DEALER/ROUTER) -------------------------------------------
 class DslRequest(msgspec.Struct, frozen=True, tag=True):
-    """op "generate": run `text` (or `input_ids`) with `params` (SamplingParams fields);
-    op "abort": cancel the generate with this call_id; op "info": server_info."""
+    """op "generate": run `text` (or `input_ids`) with `params` (SamplingParams fields); with
+    `pin`, the finished prefix stays locked in the radix cache until op "unpin" with the reply's
+    pin_id. op "score": the log-probability of each of `choices` as a continuation of `text`
+    (and, with `unconditional`, of each choice alone) in one batch. op "abort": cancel the call
+    `call_id`; op "info": server_info plus the chat template's role markers."""
 
     call_id: int
     op: str = "generate"
@@ -155,6 +164,10 @@ class DslRequest(msgspec.Struct, frozen=True, tag=True):
     input_ids: list[int] | None = None
     params: dict = {}
     stream: bool = False
+    pin: bool = False
+    pin_id: int = -1
+    choices: list[str] = []
+    unconditional: bool = False
 
 
 class DslReply(msgspec.Struct, frozen=True, tag=True):
@@ -173,6 +186,18 @@ class DslReply(msgspec.Struct, frozen=True, tag=True):
     error: str | None = None
     info: dict = {}
     samples: list[DslSample] = []
+    pin_id: int = -1  # generate with pin: what to send back in op "unpin"
+    choices: list[DslChoice] = []  # op "score"
+
+
+class DslChoice(msgspec.Struct, frozen=True):
+    """Scores of one choice: the log-probability of each of its tokens given the text (from the
+    first token where the choices' tokenizations part from the text's), and given only a start
+    token (when asked for unconditional scores)."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    unconditional_logprobs: list[float] = []
 
 
 class DslSample(msgspec.Struct, frozen=True):
@@ -182,6 +207,6 @@ class DslSample(msgspec.Struct, frozen=True):
     logprobs: list[TokenLogprob] = []
 
 
-ToScheduler = SubmitRequest | AbortRequest | ControlRequest
+ToScheduler = SubmitRequest | AbortRequest | ControlRequest | UnpinRequest
 ToTokenizer = DeltaBatch | SubmitError | ControlReply | SchedulerReady
 FromWorker = WorkerReady | StepResult

@@ -66,3 +66,4 @@ class StreamChunk:
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] = field(default_factory=list)
     cached_tokens: int = 0  # prompt tokens served from the radix cache
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # on the first chunk

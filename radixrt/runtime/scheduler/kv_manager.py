@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from radixrt.runtime.messages import SlotCopy
 from radixrt.runtime.scheduler.page_pool import PagePool
@@ -132,6 +133,19 @@ class KVManager:
         self.pool.decref(req.pages)
         req.pages = []
         req.kv_len = 0
+
+    def pin(self, req: Request) -> Any:
+        """Cache the request's computed prefix and take one more lock on it, held until unpin.
+        Returns the locked node (None when the radix cache is off or nothing was cached)."""
+        self.cache_prefix(req)
+        node = req.tree_node
+        if node is None:
+            return None
+        self.tree.lock(node)
+        return node
+
+    def unpin(self, node: Any) -> None:
+        self.tree.unlock(node)
 
     def share(self, parent: Request, child: Request) -> None:
         """n > 1: the child starts with all the parent's pages, the partial last one too."""

@@ -35,6 +35,7 @@ from radixrt.runtime.messages import (
     StepResult,
     SubmitError,
     SubmitRequest,
+    UnpinRequest,
     WorkerReady,
 )
 from radixrt.runtime.sampling_params import SamplingParams
@@ -87,6 +88,8 @@ class SchedulerService:
                 self.scheduler.finish(msg.rid, msg.reason)
                 req = self.scheduler.requests.get(msg.rid)
                 self._send([req] if req is not None else [])
+        elif isinstance(msg, UnpinRequest):
+            self.scheduler.unpin(msg.rid)
         elif isinstance(msg, ControlRequest):
             self.outbox.send(ControlReply(call_id=msg.call_id, result=self._control(msg.op)))
 
@@ -100,7 +103,8 @@ class SchedulerService:
                     f"prompt token ids {bad[:5]} are outside the vocabulary "
                     f"[0, {self.ready.vocab_size})"
                 )
-            self.scheduler.add_request(msg.prompt_ids, params, msg.extra_key, rid=msg.rid)
+            self.scheduler.add_request(msg.prompt_ids, params, msg.extra_key, rid=msg.rid,
+                                       pin=msg.pin)
         except (ValueError, TypeError) as exc:
             self.outbox.send(SubmitError(rid=msg.rid, message=str(exc)))
 
@@ -121,6 +125,8 @@ class SchedulerService:
             schedule_policy=self.scheduler.config.schedule_policy,
             preemption=self.scheduler.config.preemption,
             disable_radix_cache=self.scheduler.config.disable_radix_cache,
+            vocab_size=self.ready.vocab_size,
+            eos_token_ids=list(self.ready.eos_token_ids),
         )
         return info
 

@@ -25,6 +25,7 @@ class Request:
     extra_key: str | None = None  # radix-cache namespace: different keys never share KV
     seed_offset: int = 0  # which of the n samples of its prompt this request is
     parent_rid: int | None = None  # set on the n children of an n > 1 request
+    pin: bool = False  # on a normal finish, keep its prefix locked in the tree until unpinned
     output_ids: list[int] = field(default_factory=list)
     phase: Phase = Phase.WAITING
     # KV bookkeeping (owned by KVManager)
@@ -41,6 +42,9 @@ class Request:
     # Tokens sampled by a step still in flight: output_ids ends with this many PLACEHOLDER_TOKENs
     # until the worker's result replaces them, so the next step can be planned meanwhile.
     pending: int = 0
+    # jump-forward: the step in flight with this id samples a token already known (forced); its
+    # result is skipped
+    presolved_step: int = -1
     # per-token outputs gathered as the worker reports them
     output_logprobs: list[Any] = field(default_factory=list)
     prompt_logprobs: list[Any] = field(default_factory=list)

@@ -17,6 +17,7 @@ from radixrt.runtime.messages import (
     StepPlan,
     StepResult,
     Swap,
+    TokenLogprob,
     WorkerRequest,
 )
 from radixrt.runtime.scheduler.request import Phase, Request
@@ -277,10 +278,12 @@ class Scheduler(SchedulerState):
                 self.kv.cache_prefix(req)
                 touched += self._fork(req, run.fork_into, by_rid)
                 continue
-            if run.sample:
+            if run.sample and req.presolved_step == plan.step_id:
+                req.presolved_step = -1  # jump-forward already put this token in place
+            elif run.sample:
                 assert res is not None and res.token is not None, f"no token for {run.rid}"
                 touched.append(req)
-                if self._append(req, res):
+                if self._append(req, res) or self._append_forced(req, res.forced):
                     continue  # finished (and released)
             if run.num_new > 1 or not run.sample:
                 # share the computed prompt from the next step on
@@ -301,12 +304,39 @@ class Scheduler(SchedulerState):
         if reason is None:
             return False
         del req.output_ids[index + 1 :]  # a step planned past the end samples in vain
+        self._end(req, reason)
+        return True
+
+    def _append_forced(self, req: Request, forced: list[int]) -> bool:
+        """Jump-forward: tokens the grammar forces after the sampled one (logprob 0: certain
+        under the grammar). A step in flight samples the first of them itself: its placeholder
+        becomes that token now and the step's result for it is skipped. True if finished."""
+        if not forced:
+            return False
+        if req.pending:  # overlap scheduling: at most the latest plan is in flight
+            assert req.pending == 1 and req.output_ids[-1] == PLACEHOLDER_TOKEN
+            req.output_ids.pop()
+            req.pending = 0
+            req.presolved_step = self.stats.steps
+        start = len(req.output_ids)
+        for i, token in enumerate(forced):
+            req.output_ids.append(token)
+            req.output_logprobs.append(TokenLogprob(token_id=token, logprob=0.0))
+            self.stats.generated_tokens += 1
+            reason = self._finish_reason_at(req, token, start + i + 1)
+            if reason is not None:
+                self._end(req, reason)
+                return True
+        return False
+
+    def _end(self, req: Request, reason: str) -> None:
         req.pending = 0
         self.running.remove(req)
+        if req.pin:
+            self._pin(req)
         self.kv.release(req)
         self._pending_free.append(req.rid)
         self._finish(req, reason)
-        return True
 
     def _fork(self, parent: Request, child_rids: list[int], by_rid: dict) -> list[Request]:
         children = []
@@ -343,13 +373,16 @@ class Scheduler(SchedulerState):
         return touched
 
     def _finish_reason(self, req: Request, token: int) -> str | None:
+        return self._finish_reason_at(req, token, req.num_known_outputs)
+
+    def _finish_reason_at(self, req: Request, token: int, num_out: int) -> str | None:
+        """Why the request ends with `token` as its num_out-th output, or None."""
         p = req.params
-        num_out = req.num_known_outputs
         if num_out >= p.min_tokens:
             if token in p.stop_token_ids:
                 return "stop"
             if not p.ignore_eos and token in self.eos_token_ids:
                 return "stop"
-        if num_out >= p.max_tokens or req.num_known >= self.context_length:
+        if num_out >= p.max_tokens or len(req.prompt_ids) + num_out >= self.context_length:
             return "length"
         return None

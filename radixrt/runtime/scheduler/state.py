@@ -53,6 +53,7 @@ class SchedulerState:
         self._pending_free: list[int] = []
         self._dedupe: dict[int, int] = {}  # rid -> pages that may duplicate the tree's
         self._finished_outside_step: list[Request] = []
+        self.pins: dict[int, Any] = {}  # rid -> radix node its finished prefix keeps locked
         # set when a preemption had to wait for the step in flight (overlap scheduling): the
         # caller folds that step's result in before planning again
         self.needs_sync = False
@@ -64,24 +65,14 @@ class SchedulerState:
         params: SamplingParams,
         extra_key: str | None = None,
         rid: int | None = None,
+        pin: bool = False,
     ) -> Request:
-        """Queue a request. Raises ValueError for a prompt that breaks the context limits; a
+        """Queue a request. With pin=True, a request that finishes normally keeps its prefix
+        locked in the radix tree (so forks of a DSL program reuse it) until `unpin(rid)`.
+        Raises ValueError for a prompt that breaks the context limits; a
         request that can never fit the KV pool finishes at once with an error reason."""
         prompt_ids = [int(t) for t in prompt_ids]
-        if not prompt_ids:
-            raise ValueError("prompt is empty: give at least one token")
-        limit = self.context_length
-        if len(prompt_ids) >= limit:
-            raise ValueError(
-                f"prompt has {len(prompt_ids)} tokens but the context length is {limit}: "
-                f"shorten the prompt to at most {limit - 1} tokens"
-            )
-        if len(prompt_ids) + params.max_tokens > limit:
-            raise ValueError(
-                f"max_tokens={params.max_tokens} plus the prompt's {len(prompt_ids)} tokens "
-                f"exceeds the context length {limit}: lower max_tokens to at most "
-                f"{limit - len(prompt_ids)}"
-            )
+        self.check_limits(prompt_ids, params)
         if rid is not None and (rid < 0 or rid in self.requests):
             raise ValueError(f"request id {rid} is negative or already in use")
         req = Request(
@@ -90,6 +81,7 @@ class SchedulerState:
             params=params,
             arrival=next(self._arrivals),
             extra_key=extra_key,
+            pin=pin,
         )
         self.requests[req.rid] = req
         need = len(prompt_ids) + params.n * (params.max_tokens + self.kv.page_size)
@@ -104,6 +96,27 @@ class SchedulerState:
             return req
         self.waiting.append(req)
         return req
+
+    def new_rid(self) -> int:
+        """A request id for a request that will be added later (with add_request(rid=...))."""
+        return next(self._rids)
+
+    def check_limits(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
+        """Raise ValueError for a prompt that breaks the context limits."""
+        if not prompt_ids:
+            raise ValueError("prompt is empty: give at least one token")
+        limit = self.context_length
+        if len(prompt_ids) >= limit:
+            raise ValueError(
+                f"prompt has {len(prompt_ids)} tokens but the context length is {limit}: "
+                f"shorten the prompt to at most {limit - 1} tokens"
+            )
+        if len(prompt_ids) + params.max_tokens > limit:
+            raise ValueError(
+                f"max_tokens={params.max_tokens} plus the prompt's {len(prompt_ids)} tokens "
+                f"exceeds the context length {limit}: lower max_tokens to at most "
+                f"{limit - len(prompt_ids)}"
+            )
 
     def abort(self, rid: int) -> list[Request]:
         """Abort a request at any stage (waiting, mid-prefill, decoding, swapped)."""
@@ -131,9 +144,24 @@ class SchedulerState:
             self._pending_free.append(rid)
         elif req.phase is Phase.RUNNING:
             self.running.remove(req)
+            if req.pin and reason != "abort":
+                self._pin(req)
             self.kv.release(req)
             self._pending_free.append(rid)
         self._finish(req, reason)
+
+    def _pin(self, req: Request) -> None:
+        node = self.kv.pin(req)
+        if node is not None:
+            self.pins[req.rid] = node
+
+    def unpin(self, rid: int) -> bool:
+        """Release the prefix a pinned request kept locked; False when nothing was pinned."""
+        node = self.pins.pop(rid, None)
+        if node is None:
+            return False
+        self.kv.unpin(node)
+        return True
 
     def forget(self, rid: int) -> None:
         """Drop a finished request's record (the engine calls this once it has the output)."""
@@ -176,6 +204,7 @@ class SchedulerState:
             "generated_tokens": s.generated_tokens,
             "preemptions": s.preemptions,
             "swaps": s.swaps,
+            "pinned": len(self.pins),
         }
 
     # --- accounting ------------------------------------------------------------------------

@@ -1,6 +1,9 @@
 """The ZeroMQ endpoint DSL clients talk to, in the tokenizer process: a ROUTER socket (ipc://
 in the private directory, and tcp:// when asked for) speaking DslRequest / DslReply msgspec
-messages. Each generate runs through the same TokenizerManager as HTTP requests."""
+messages. Each generate runs through the same TokenizerManager as HTTP requests.
+
+Ops: generate (optionally streamed, optionally pinning its prefix in the radix cache), unpin,
+score (the choices of a `select`), abort, info (server_info plus the chat template's roles)."""
 
 from __future__ import annotations
 
@@ -14,6 +17,8 @@ import zmq.asyncio
 
 from radixrt.runtime.messages import DslReply, DslRequest, DslSample
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.tokenizer.chat_roles import chat_roles
+from radixrt.runtime.tokenizer.dsl_scoring import score_choices
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 
 
@@ -30,6 +35,7 @@ class DslEndpoint:
         self._decoder = msgspec.msgpack.Decoder(DslRequest)
         self._calls: dict[tuple[bytes, int], asyncio.Task] = {}
         self._loop_task: asyncio.Task | None = None
+        self._chat = chat_roles(manager.tokenizer)
 
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._serve())
@@ -54,53 +60,71 @@ class DslEndpoint:
                 task = self._calls.get(key)
                 if task is not None:
                     task.cancel()
-            elif req.op == "info":
-                info = await self.manager.server_info()
-                await self._reply(identity, DslReply(call_id=req.call_id, done=True, info=info))
-            elif req.op == "generate":
-                task = asyncio.create_task(self._generate(identity, req))
+            elif req.op in ("info", "generate", "score", "unpin"):
+                handler = getattr(self, f"_{req.op}")
+                task = asyncio.create_task(self._run(handler, identity, req))
                 self._calls[key] = task
                 task.add_done_callback(lambda _t, k=key: self._calls.pop(k, None))
             else:
                 await self._reply(identity, DslReply(
                     call_id=req.call_id, done=True,
-                    error=f"unknown op {req.op!r}: use generate, abort or info"))
+                    error=f"unknown op {req.op!r}: use generate, score, unpin, abort or info"))
 
-    async def _generate(self, identity: bytes, req: DslRequest) -> None:
+    async def _run(self, handler: Any, identity: bytes, req: DslRequest) -> None:
+        """Run one op; a refusal (ValueError) or a cancel becomes the call's final reply."""
         try:
-            params = SamplingParams.from_dict(req.params)
-            prompt: Any = req.input_ids if req.input_ids is not None else req.text
-            if prompt is None:
-                raise ValueError("give `text` or `input_ids`")
-            ids = self.manager.encode(prompt)
-            samples = [[[], [], [], None] for _ in range(params.n)]  # text, ids, logprobs, reason
-            cached = 0
-            stream = self.manager.generate(ids, params)
-            async with contextlib.aclosing(stream):
-                async for chunk in stream:
-                    text, tokens, lps, _ = samples[chunk.index]
-                    text.append(chunk.text)
-                    tokens.extend(chunk.token_ids)
-                    lps.extend(chunk.logprobs)
-                    samples[chunk.index][3] = chunk.finish_reason
-                    cached = chunk.cached_tokens
-                    if req.stream:
-                        await self._reply(identity, DslReply(
-                            call_id=req.call_id, done=False, index=chunk.index, text=chunk.text,
-                            token_ids=list(chunk.token_ids), finish_reason=chunk.finish_reason,
-                            logprobs=list(chunk.logprobs), prompt_tokens=len(ids),
-                            cached_tokens=chunk.cached_tokens))
-            final = [DslSample("".join(t), i, r, lp) for t, i, lp, r in samples]
-            await self._reply(identity, DslReply(
-                call_id=req.call_id, done=True, text=final[0].text,
-                token_ids=final[0].token_ids, finish_reason=final[0].finish_reason,
-                logprobs=final[0].logprobs, prompt_tokens=len(ids), cached_tokens=cached,
-                samples=final))
-        except ValueError as exc:
+            await handler(identity, req)
+        except (ValueError, TypeError) as exc:
             await self._reply(identity, DslReply(call_id=req.call_id, done=True, error=str(exc)))
         except asyncio.CancelledError:
             await self._reply(identity, DslReply(call_id=req.call_id, done=True,
                                                  finish_reason="abort"))
+
+    async def _info(self, identity: bytes, req: DslRequest) -> None:
+        info = await self.manager.server_info()
+        info["chat"] = self._chat
+        await self._reply(identity, DslReply(call_id=req.call_id, done=True, info=info))
+
+    async def _unpin(self, identity: bytes, req: DslRequest) -> None:
+        await self.manager.unpin(req.pin_id)
+        await self._reply(identity, DslReply(call_id=req.call_id, done=True))
+
+    async def _score(self, identity: bytes, req: DslRequest) -> None:
+        choices = await score_choices(self.manager, req.text or "", list(req.choices),
+                                      req.unconditional)
+        await self._reply(identity, DslReply(call_id=req.call_id, done=True, choices=choices))
+
+    async def _generate(self, identity: bytes, req: DslRequest) -> None:
+        params = SamplingParams.from_dict(req.params)
+        prompt: Any = req.input_ids if req.input_ids is not None else req.text
+        if prompt is None:
+            raise ValueError("give `text` or `input_ids`")
+        ids = self.manager.encode(prompt)
+        samples = [[[], [], [], None] for _ in range(params.n)]  # text, ids, logprobs, reason
+        cached = 0
+        rid = -1
+        stream = self.manager.generate(ids, params, pin=req.pin)
+        async with contextlib.aclosing(stream):
+            async for chunk in stream:
+                text, tokens, lps, _ = samples[chunk.index]
+                text.append(chunk.text)
+                tokens.extend(chunk.token_ids)
+                lps.extend(chunk.logprobs)
+                samples[chunk.index][3] = chunk.finish_reason
+                cached = chunk.cached_tokens
+                rid = chunk.rid
+                if req.stream:
+                    await self._reply(identity, DslReply(
+                        call_id=req.call_id, done=False, index=chunk.index, text=chunk.text,
+                        token_ids=list(chunk.token_ids), finish_reason=chunk.finish_reason,
+                        logprobs=list(chunk.logprobs), prompt_tokens=len(ids),
+                        cached_tokens=chunk.cached_tokens))
+        final = [DslSample("".join(t), i, r, lp) for t, i, lp, r in samples]
+        await self._reply(identity, DslReply(
+            call_id=req.call_id, done=True, text=final[0].text,
+            token_ids=final[0].token_ids, finish_reason=final[0].finish_reason,
+            logprobs=final[0].logprobs, prompt_tokens=len(ids), cached_tokens=cached,
+            samples=final, pin_id=rid if req.pin else -1))
 
     async def _reply(self, identity: bytes, reply: DslReply) -> None:
         await self._sock.send_multipart([identity, self._encoder.encode(reply)])

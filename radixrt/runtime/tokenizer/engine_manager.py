@@ -28,13 +28,17 @@ class EngineManager:
         return encode_checked(self.tokenizer, prompt, self.vocab_size)
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, rid_hint: str | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        rid_hint: str | None = None,
+        pin: bool = False,
     ) -> AsyncIterator[StreamChunk]:
         metrics = RequestMetrics(arrival=time.monotonic(), prompt_tokens=len(prompt_ids))
         submitted = False
         try:
             async with contextlib.aclosing(
-                self.engine.generate_stream(prompt_ids, params)
+                self.engine.generate_stream(prompt_ids, params, pin=pin)
             ) as stream:
                 async for chunk in stream:
                     submitted = True
@@ -48,6 +52,9 @@ class EngineManager:
 
     async def abort(self, rid: int) -> None:
         self.engine.abort(rid)
+
+    async def unpin(self, rid: int) -> None:
+        self.engine.unpin(rid)
 
     async def flush_cache(self) -> int:
         return self.engine.flush_cache()

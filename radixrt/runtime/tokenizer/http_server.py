@@ -27,6 +27,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixrt.runtime.config import HEALTH_GENERATE_TIMEOUT_S
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.tokenizer.chat_roles import chat_roles
 from radixrt.runtime.tokenizer.http_metrics import HTTPMetrics
 from radixrt.runtime.tokenizer.http_native import GenerateRequest, NativeServing
 from radixrt.runtime.tokenizer.http_streaming import ClientGone
@@ -99,7 +100,9 @@ def add_native_routes(app: FastAPI, serving: NativeServing, manager: TokenizerMa
 
     @app.get("/server_info")
     async def server_info() -> dict[str, Any]:
-        return await manager.server_info()
+        info = await manager.server_info()
+        info["chat"] = chat_roles(manager.tokenizer)  # role markers, for DSL clients
+        return info
 
 
 def add_operations_routes(app: FastAPI, manager: TokenizerManager, metrics: HTTPMetrics) -> None:

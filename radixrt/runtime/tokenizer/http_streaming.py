@@ -8,6 +8,7 @@ task that iterates it, reaches manager.generate's generator and aborts the reque
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
@@ -157,6 +158,7 @@ class PromptOutput:
     prompt_tokens: int
     samples: list[SampleOutput]
     cached_tokens: int = 0
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # when asked for
 
     def add(self, chunk: StreamChunk) -> None:
         sample = self.samples[chunk.index]
@@ -165,10 +167,30 @@ class PromptOutput:
         sample.logprobs += chunk.logprobs
         sample.finish_reason = chunk.finish_reason or sample.finish_reason
         self.cached_tokens = max(self.cached_tokens, chunk.cached_tokens)
+        if chunk.prompt_logprobs:
+            self.prompt_logprobs = list(chunk.prompt_logprobs)
+
+    def drop_generated(self) -> None:
+        """Forget what the samples generated (a prompt-scoring request: max_tokens=0)."""
+        for sample in self.samples:
+            sample.text, sample.token_ids, sample.logprobs = "", [], []
+            sample.finish_reason = scoring_reason(sample.finish_reason)
 
     @property
     def completion_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.samples)
+
+
+def scoring_reason(reason: str | None) -> str | None:
+    """A prompt-scoring request's finish reason: "length" (it generates nothing) once the one
+    token the runtime needs is done, unless it was aborted or failed."""
+    return "length" if reason in ("stop", "length") else reason
+
+
+def without_generated(chunk: StreamChunk) -> StreamChunk:
+    """The chunk of a prompt-scoring request: its prompt logprobs, none of its output."""
+    reason = scoring_reason(chunk.finish_reason)
+    return dataclasses.replace(chunk, text="", token_ids=[], logprobs=[], finish_reason=reason)
 
 
 async def collect(stream: PrimedStream, prompt_tokens: int, n: int) -> PromptOutput:

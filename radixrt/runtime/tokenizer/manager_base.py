@@ -53,15 +53,24 @@ class TokenizerManager(Protocol):
         ...
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, rid_hint: str | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        rid_hint: str | None = None,
+        pin: bool = False,
     ) -> AsyncIterator[StreamChunk]:
-        """Submit and stream. Raises ValueError (before yielding anything) when the runtime
+        """Submit and stream. With pin, the finished prompt stays cached until `unpin(rid)`.
+        Raises ValueError (before yielding anything) when the runtime
         refuses the request: prompt or max_tokens past the context, ids outside the vocabulary,
         bad params. Closing the iterator early (client gone) aborts the request and frees its
         KV. Every sample ends with a chunk whose finish_reason is set."""
         ...
 
     async def abort(self, rid: int) -> None: ...
+
+    async def unpin(self, rid: int) -> None:
+        """Release the prefix of a request generated with pin=True."""
+        ...
 
     async def flush_cache(self) -> int:
         """Drop every unlocked cached KV page; returns the tokens freed."""

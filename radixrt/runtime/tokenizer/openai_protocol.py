@@ -56,6 +56,9 @@ class StreamOptions(BaseModel):
 
 
 class ResponseFormat(BaseModel):
+    """OpenAI's: {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}, or
+    {"type": "json_object"} (any JSON object), or {"type": "text"}."""
+
     type: Literal["text", "json_object", "json_schema"]
     json_schema: dict[str, Any] | None = None
 
@@ -82,6 +85,10 @@ class SamplingFields(BaseModel):
     min_tokens: int | None = None
     user: str | None = None
     response_format: ResponseFormat | None = None
+    # constrained decoding beyond response_format (as SGLang's and vLLM's servers take them)
+    regex: str | None = None
+    json_schema: dict[str, Any] | str | None = None
+    choices: list[str] | None = None
 
     @property
     def include_usage(self) -> bool:
@@ -125,14 +132,23 @@ _PASSED_THROUGH = ("temperature", "top_p", "top_k", "min_p", "n", "seed", "frequ
                    "presence_penalty", "repetition_penalty", "ignore_eos", "min_tokens")
 
 
-def check_response_format(fields: SamplingFields) -> None:
+def constraint_fields(fields: SamplingFields) -> dict[str, Any]:
+    """The regex / json_schema / choices SamplingParams fields a request asks for."""
+    values = {name: getattr(fields, name) for name in ("regex", "json_schema", "choices")
+              if getattr(fields, name) is not None}
     fmt = fields.response_format
-    if fmt is not None and fmt.type != "text":
-        raise APIError(
-            f"response_format type {fmt.type!r}: constrained decoding is not available yet; "
-            "send response_format {\"type\": \"text\"} or leave it out",
-            param="response_format",
-        )
+    if fmt is None or fmt.type == "text":
+        return values
+    if values:
+        raise APIError(f"response_format and {sorted(values)} both constrain the output: "
+                       "give one", param="response_format")
+    if fmt.type == "json_object":
+        return {"json_schema": {"type": "object"}}
+    schema = (fmt.json_schema or {}).get("schema")
+    if not isinstance(schema, dict):
+        raise APIError('response_format of type json_schema needs "json_schema": {"name": ..., '
+                       '"schema": {...}}', param="response_format")
+    return {"json_schema": schema}
 
 
 def parse_logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
@@ -175,6 +191,7 @@ def to_sampling_params(
     context_length: int,
     logprobs: bool = False,
     top_logprobs: int = 0,
+    prompt_logprobs_start: int | None = None,
 ) -> SamplingParams:
     values: dict[str, Any] = {
         name: getattr(fields, name) for name in _PASSED_THROUGH if getattr(fields, name) is not None
@@ -187,6 +204,8 @@ def to_sampling_params(
     values["max_tokens"] = max_tokens
     values["logprobs"] = logprobs
     values["top_logprobs"] = top_logprobs
+    values["prompt_logprobs_start"] = prompt_logprobs_start
+    values.update(constraint_fields(fields))
     return build_sampling_params(values)
 
 
@@ -214,10 +233,20 @@ class Usage(BaseModel):
 
 
 class CompletionLogprobs(BaseModel):
+    """The legacy format. With echo the prompt's tokens come first; its first token has None
+    for token_logprobs and top_logprobs (nothing precedes it)."""
+
     tokens: list[str] = Field(default_factory=list)
-    token_logprobs: list[float] = Field(default_factory=list)
-    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
+
+    def extend(self, other: CompletionLogprobs) -> CompletionLogprobs:
+        self.tokens += other.tokens
+        self.token_logprobs += other.token_logprobs
+        self.top_logprobs += other.top_logprobs
+        self.text_offset += other.text_offset
+        return self
 
 
 class CompletionChoice(BaseModel):
@@ -334,6 +363,17 @@ def completion_logprobs(
         out.text_offset.append(offset)
         offset += len(text)
     return out
+
+
+def echo_logprobs(
+    token_text: TokenText, first_token: int, prompt_logprobs: list[TokenLogprob]
+) -> CompletionLogprobs:
+    """The prompt's tokens in the legacy format: its first token (no logprob, nothing precedes
+    it), then the runtime's prompt logprobs of the rest, offsets counted from 0."""
+    first = token_text(first_token)
+    out = CompletionLogprobs(tokens=[first], token_logprobs=[None], top_logprobs=[None],
+                             text_offset=[0])
+    return out.extend(completion_logprobs(token_text, prompt_logprobs, len(first)))
 
 
 def chat_logprobs(token_text: TokenText, logprobs: list[TokenLogprob]) -> ChatLogprobs:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from radixrt.runtime.config import MODEL_ALIAS
+from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.tokenizer.http_streaming import (
@@ -22,6 +24,7 @@ from radixrt.runtime.tokenizer.http_streaming import (
     open_streams,
     sse,
     until_disconnected,
+    without_generated,
 )
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 from radixrt.runtime.tokenizer.openai_protocol import (
@@ -40,8 +43,8 @@ from radixrt.runtime.tokenizer.openai_protocol import (
     TokenText,
     Usage,
     chat_logprobs,
-    check_response_format,
     completion_logprobs,
+    echo_logprobs,
     finish_reason_out,
     to_sampling_params,
 )
@@ -78,11 +81,11 @@ class OpenAIServing:
 
     def params_for(
         self, fields: SamplingFields, max_tokens: int | None, ids: list[int], top: int | None,
-        logprobs: bool,
+        logprobs: bool, prompt_logprobs_start: int | None = None,
     ) -> SamplingParams:
         return to_sampling_params(
             fields, max_tokens, len(ids), self.manager.context_length,
-            logprobs=logprobs, top_logprobs=top or 0,
+            logprobs=logprobs, top_logprobs=top or 0, prompt_logprobs_start=prompt_logprobs_start,
         )
 
     async def open(
@@ -102,51 +105,88 @@ class OpenAIServing:
 
     async def completions(self, body: CompletionRequest, request: Request) -> Response:
         self.check_model(body.model)
-        check_response_format(body)
-        if body.echo:
-            raise APIError("echo is not supported: leave it out or set it to false", param="echo")
-        ids_list = [self.encode(p, "prompt") for p in split_prompts(body.prompt)]
-        top = body.logprobs
-        params = [self.params_for(body, body.max_tokens, ids, top, top is not None)
-                  for ids in ids_list]
+        if body.max_tokens == 0 and not body.echo:
+            raise APIError("max_tokens=0 is invalid without echo=true (which scores the prompt "
+                           "only): set max_tokens >= 1", param="max_tokens")
+        prompts = split_prompts(body.prompt)
+        ids_list = [self.encode(p, "prompt") for p in prompts]
+        params = [self.completion_params(body, ids) for ids in ids_list]
+        echoes = [self.echo_of(body, p, ids) for p, ids in zip(prompts, ids_list)]
         rid = f"cmpl-{uuid.uuid4().hex}"
         n = params[0].n
         streams = await self.open(request, ids_list, params, rid)
         if body.stream:
-            return SSEResponse(self.stream_completions(body, streams, n, ids_list, rid))
+            return SSEResponse(self.stream_completions(body, streams, n, echoes, ids_list, rid))
         outputs = await self.collect(request, streams, ids_list, n)
-        choices = []
-        for i, out in enumerate(outputs):
-            for j, sample in enumerate(out.samples):
-                lp = None
-                if top is not None:
-                    lp = completion_logprobs(self.token_text, sample.logprobs)
-                choices.append(CompletionChoice(
-                    index=i * len(out.samples) + j, text=sample.text, logprobs=lp,
-                    finish_reason=finish_reason_out(sample.finish_reason),
-                ))
+        choices = [c for i, out in enumerate(outputs)
+                   for c in self.completion_choices(body, i * n, out, echoes[i])]
         response = CompletionResponse(
             id=rid, model=body.model, choices=choices, usage=usage_of(outputs)
         )
         return JSONResponse(response.model_dump())
 
+    def completion_choices(
+        self, body: CompletionRequest, first_index: int, out: PromptOutput, echo: Echo | None
+    ) -> list[CompletionChoice]:
+        """The n choices of one prompt, numbered from first_index."""
+        if scores_only(body):
+            out.drop_generated()
+        if echo is not None:
+            echo.logprobs = out.prompt_logprobs
+        return [
+            self.completion_choice(body, first_index + j, sample.text, sample.logprobs,
+                                   sample.finish_reason, 0, echo)
+            for j, sample in enumerate(out.samples)
+        ]
+
+    def completion_params(self, body: CompletionRequest, ids: list[int]) -> SamplingParams:
+        """max_tokens=0 with echo scores the prompt only: the runtime generates one token
+        (it needs at least one), which the response leaves out."""
+        max_tokens = 1 if scores_only(body) else body.max_tokens
+        start = 1 if body.echo and body.logprobs is not None else None  # position 0: no logprob
+        return self.params_for(body, max_tokens, ids, body.logprobs, body.logprobs is not None,
+                               prompt_logprobs_start=start)
+
+    def echo_of(self, body: CompletionRequest, prompt: Prompt, ids: list[int]) -> Echo | None:
+        if not body.echo:
+            return None
+        text = prompt if isinstance(prompt, str) else self.manager.tokenizer.decode(ids)
+        return Echo(text=text, ids=ids)
+
+    def completion_choice(
+        self, body: CompletionRequest, index: int, text: str, logprobs: list[TokenLogprob],
+        finish_reason: str | None, offset: int, echo: Echo | None,
+    ) -> CompletionChoice:
+        """One choice (or one streamed piece of it); `echo` puts the prompt before `text`, and
+        its tokens before `logprobs`, whose text offsets then start after the prompt."""
+        if echo is not None:
+            text, offset = echo.text + text, offset + len(echo.text)
+        lp = None
+        if body.logprobs is not None:
+            lp = completion_logprobs(self.token_text, logprobs, offset)
+            if echo is not None:
+                lp = echo_logprobs(self.token_text, echo.ids[0], echo.logprobs).extend(lp)
+        return CompletionChoice(index=index, text=text, logprobs=lp,
+                                finish_reason=finish_reason_out(finish_reason))
+
     async def stream_completions(
         self, body: CompletionRequest, streams: list[PrimedStream], n: int,
-        ids_list: list[list[int]], rid: str,
+        echoes: list[Echo | None], ids_list: list[list[int]], rid: str,
     ) -> AsyncGenerator[bytes, None]:
+        """Each choice's first chunk carries the echoed prompt (and its logprobs), if asked."""
         tally = StreamTally([len(ids) for ids in ids_list])
-        offsets: dict[int, int] = {}
+        offsets: dict[int, int] = {}  # choice index -> characters of its text sent
         async for i, chunk in merge_streams(streams):
+            if scores_only(body):
+                chunk = without_generated(chunk)
             tally.add(i, chunk)
             index = i * n + chunk.index
-            lp = None
-            if body.logprobs is not None:
-                lp = completion_logprobs(self.token_text, chunk.logprobs, offsets.get(index, 0))
-                offsets[index] = offsets.get(index, 0) + len(chunk.text)
-            choice = CompletionChoice(
-                index=index, text=chunk.text, logprobs=lp,
-                finish_reason=finish_reason_out(chunk.finish_reason),
-            )
+            echo = echoes[i] if index not in offsets else None
+            if echo is not None and chunk.prompt_logprobs:
+                echo.logprobs = chunk.prompt_logprobs
+            choice = self.completion_choice(body, index, chunk.text, chunk.logprobs,
+                                            chunk.finish_reason, offsets.get(index, 0), echo)
+            offsets[index] = offsets.get(index, 0) + len(choice.text)
             yield sse(CompletionResponse(id=rid, model=body.model, choices=[choice]).model_dump())
         if body.include_usage:
             final = CompletionResponse(id=rid, model=body.model, choices=[], usage=tally.usage())
@@ -157,7 +197,6 @@ class OpenAIServing:
 
     async def chat(self, body: ChatRequest, request: Request) -> Response:
         self.check_model(body.model)
-        check_response_format(body)
         if not body.messages:
             raise APIError("messages is empty: send at least one message", param="messages")
         if body.top_logprobs and not body.logprobs:
@@ -207,6 +246,21 @@ class OpenAIServing:
 
 
 # --- helpers -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Echo:
+    """What echo=true puts before each choice of one prompt: its text and its tokens (with the
+    runtime's logprobs of all but the first, once they arrive, when logprobs are asked for)."""
+
+    text: str
+    ids: list[int]
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+
+
+def scores_only(body: CompletionRequest) -> bool:
+    """max_tokens=0 with echo: score the prompt, generate nothing (refused without echo)."""
+    return body.echo and body.max_tokens == 0
 
 
 def split_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[Prompt]:

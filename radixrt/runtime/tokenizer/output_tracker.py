@@ -67,5 +67,6 @@ class OutputTracker:
             finish_reason=reason,
             logprobs=list(delta.logprobs),
             cached_tokens=delta.cached_tokens,
+            prompt_logprobs=list(delta.prompt_logprobs),
         )
         return [chunk], stopped_here

@@ -13,6 +13,8 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from radixrt.runtime.constrained.compiler import GrammarCompiler
+from radixrt.runtime.constrained.token_table import TokenTable
 from radixrt.runtime.ipc import TOKENIZER_IN, Addresses, TypedSocket
 from radixrt.runtime.messages import (
     AbortRequest,
@@ -22,6 +24,7 @@ from radixrt.runtime.messages import (
     SchedulerReady,
     SubmitError,
     SubmitRequest,
+    UnpinRequest,
 )
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
@@ -51,6 +54,8 @@ class ZmqTokenizerManager:
         self._call_ids = itertools.count()
         self._callbacks: list[Callable[[RequestMetrics], None]] = []
         self._receiver: asyncio.Task | None = None
+        self._grammar_dir = addrs.grammar_dir
+        self._grammars: GrammarCompiler | None = None
 
     # --- start-up ------------------------------------------------------------------------
     async def wait_ready(self, alive: Callable[[], bool], timeout_s: float) -> None:
@@ -79,8 +84,16 @@ class ZmqTokenizerManager:
         return encode_checked(self.tokenizer, prompt, self.vocab_size)
 
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, rid_hint: str | None = None
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        rid_hint: str | None = None,
+        pin: bool = False,
     ) -> AsyncIterator[StreamChunk]:
+        if params.constraint is not None:  # refused here if broken; compiled off the loop
+            grammars = self.grammars()
+            grammars.validate(params.constraint)
+            await asyncio.wrap_future(grammars.compile_async(params.constraint))
         rid = next(self._rids)
         tracker = OutputTracker(self.tokenizer, rid, list(prompt_ids), params)
         queue: asyncio.Queue = asyncio.Queue()
@@ -88,7 +101,7 @@ class ZmqTokenizerManager:
         metrics = RequestMetrics(arrival=time.monotonic(), prompt_tokens=len(prompt_ids))
         refused = False
         await self._send(SubmitRequest(rid=rid, prompt_ids=list(prompt_ids),
-                                       params=params.to_dict()))
+                                       params=params.to_dict(), pin=pin))
         try:
             while not tracker.finished:
                 item = await queue.get()
@@ -106,8 +119,20 @@ class ZmqTokenizerManager:
                 for callback in self._callbacks:
                     callback(metrics)
 
+    def grammars(self) -> GrammarCompiler:
+        """Compiles grammars for the worker: it loads them from the shared grammar folder."""
+        if self._grammars is None:
+            vocab = int(self.info.get("vocab_size", self.vocab_size))
+            eos = self.info.get("eos_token_ids", [self.tokenizer.eos_token_id])
+            table = TokenTable(self.tokenizer, vocab, eos)
+            self._grammars = GrammarCompiler(table, self._grammar_dir)
+        return self._grammars
+
     async def abort(self, rid: int) -> None:
         await self._send(AbortRequest(rid=rid))
+
+    async def unpin(self, rid: int) -> None:
+        await self._send(UnpinRequest(rid=rid))
 
     async def flush_cache(self) -> int:
         return int((await self._call("flush_cache"))["freed_tokens"])

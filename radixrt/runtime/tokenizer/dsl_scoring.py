@@ -1,0 +1,80 @@
+"""Scoring of `select` choices for DSL clients: one client call, one batch of runtime requests.
+
+The text before the choices is prefilled once (a cache hit when the program computed it before);
+then every choice runs at once as a prompt whose log-probabilities are returned from the first
+token where the choices' tokenizations part from the text's, all hitting that cached prefix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from radixrt.runtime.messages import DslChoice, TokenLogprob
+from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.tokenizer.manager_base import TokenizerManager
+
+_GREEDY_ONE = SamplingParams(max_tokens=1, temperature=0.0)
+
+
+async def score_choices(
+    manager: TokenizerManager, text: str, choices: list[str], unconditional: bool
+) -> list[DslChoice]:
+    """Log-probabilities of each choice's tokens after `text` (and alone, if unconditional).
+    Raises ValueError for empty text or choices, or when the runtime refuses a request."""
+    if not text:
+        raise ValueError("select needs some text before it to score the choices against")
+    if not choices or any(not isinstance(c, str) or not c for c in choices):
+        raise ValueError("choices must be a non-empty list of non-empty strings")
+    prefix_ids = manager.encode(text)
+    full_ids = [manager.encode(text + c) for c in choices]
+    start = max(1, min(min(_common_len(prefix_ids, ids), len(ids) - 1) for ids in full_ids))
+    if start > 1:  # prefill the shared text once; the choices then find it in the radix cache
+        await _prompt_logprobs(manager, prefix_ids[:start], None)
+    tasks = [_prompt_logprobs(manager, ids, start) for ids in full_ids]
+    if unconditional:
+        tasks += [_prompt_logprobs(manager, _alone(manager, c), 1) for c in choices]
+    results = await _gather_or_cancel(tasks)
+    out = []
+    for i, ids in enumerate(full_ids):
+        uncond = [lp.logprob for lp in results[len(choices) + i]] if unconditional else []
+        out.append(DslChoice(ids[start:], [lp.logprob for lp in results[i]], uncond))
+    return out
+
+
+def _common_len(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _alone(manager: TokenizerManager, choice: str) -> list[int]:
+    """The choice after a start token only: BOS where the model has one, else EOS."""
+    tok = manager.tokenizer
+    start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+    return [int(start), *tok.encode(choice, add_special_tokens=False)]
+
+
+async def _prompt_logprobs(
+    manager: TokenizerManager, ids: list[int], start: int | None
+) -> list[TokenLogprob]:
+    params = _GREEDY_ONE if start is None else _GREEDY_ONE.with_(prompt_logprobs_start=start)
+    logprobs: list[TokenLogprob] = []
+    async with contextlib.aclosing(manager.generate(ids, params)) as stream:
+        async for chunk in stream:
+            logprobs.extend(chunk.prompt_logprobs)
+    return logprobs
+
+
+async def _gather_or_cancel(coros: list) -> list:
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return await asyncio.gather(*tasks)
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
