@@ -9,6 +9,7 @@ from dataclasses import fields
 
 from radixrt.runtime.config import (
     ATTENTION_BACKENDS,
+    DEFAULT_CUDA_GRAPH_MAX_BS,
     DEFAULT_MODEL,
     DTYPES,
     LOAD_FORMATS,
@@ -57,8 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--preemption", default="recompute", choices=PREEMPTION_MODES,
         help="when KV runs out: recompute (cache hit on re-prefill) or swap to host memory")
     add("--disable-radix-cache", action="store_true", help="no prefix reuse (for comparison)")
+    add("--disable-jump-forward", action="store_true",
+        help="constrained decoding: sample grammar-forced tokens one step at a time")
     add("--attention-backend", default="auto", choices=ATTENTION_BACKENDS,
         help="auto = triton on CUDA, torch elsewhere")
+    add("--cuda-graph-max-bs", type=int, default=DEFAULT_CUDA_GRAPH_MAX_BS,
+        help="decode batches up to this size replay CUDA graphs (triton on CUDA); 0 disables")
     add("--load-format", default="auto", choices=LOAD_FORMATS,
         help="dummy = random weights from config.json (benchmarks of big shapes)")
     add("--seed", type=int, default=0, help="seed of unseeded sampling")

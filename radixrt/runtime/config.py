@@ -23,6 +23,8 @@ LPM_FALLBACK_QUEUE_LEN = 128
 # A waiting request is held back one step when a request being prefilled right now shares at least
 # this many not-yet-cached tokens with it: next step those tokens are in the radix tree.
 IN_BATCH_PREFIX_MIN = 32
+# Decode batches up to this size replay CUDA graphs (triton backend on CUDA); 0 disables them.
+DEFAULT_CUDA_GRAPH_MAX_BS = 128
 # Stands for a token a step in flight will sample (overlap scheduling); never reaches the worker.
 PLACEHOLDER_TOKEN = -1
 
@@ -79,9 +81,11 @@ class EngineConfig:
     schedule_policy: str = "lpm"
     preemption: str = "recompute"
     disable_radix_cache: bool = False
+    disable_jump_forward: bool = False  # decode grammar-forced tokens one step at a time
     check_integrity: bool = False  # run the KV invariant check after every step (tests)
     seed: int = 0  # seed of unseeded sampling
     swap_space_tokens: int = 1 << 16  # host slots for preemption by swap
+    cuda_graph_max_bs: int = DEFAULT_CUDA_GRAPH_MAX_BS  # 0 = no CUDA graphs
 
     def __post_init__(self) -> None:
         def bad(field: str, value: Any, allowed: str) -> ValueError:
@@ -112,6 +116,8 @@ class EngineConfig:
             raise bad("max_num_batched_tokens", self.max_num_batched_tokens, "must be >= 16")
         if self.swap_space_tokens < 0:
             raise bad("swap_space_tokens", self.swap_space_tokens, "must be >= 0")
+        if self.cuda_graph_max_bs < 0:
+            raise bad("cuda_graph_max_bs", self.cuda_graph_max_bs, "must be >= 0 (0 disables)")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:
@@ -123,3 +129,17 @@ class EngineConfig:
 
     def with_(self, **changes: Any) -> EngineConfig:
         return replace(self, **changes)
+
+# --- DSL frontend ------------------------------------------------------------------------------
+DSL_POLL_S = 0.5  # a waiting DSL call wakes this often to check the runtime is still there
+DSL_PING_AFTER_S = 20.0  # a call with no reply this long pings the runtime ...
+DSL_PING_TIMEOUT_S = 30.0  # ... and fails if the ping gets no answer this long
+DSL_CONNECT_TIMEOUT_S = 30.0  # RuntimeEndpoint: a runtime must answer this soon
+MAX_BATCH_THREADS = 64  # run_batch: programs in flight at once by default
+
+# --- constrained decoding ----------------------------------------------------------------------
+GRAMMAR_CACHE_SIZE = 64  # compiled grammars kept per process (LRU)
+GRAMMAR_COMPILE_THREADS = 2  # grammars compile off the hot path on this many threads
+JSON_WHITESPACE_PATTERN = ""  # JSON from schemas is compact: keys and punctuation are forced
+MAX_FORCED_TOKENS = 64  # jump-forward appends at most this many tokens at a time
+GRAMMAR_POLL_S = 0.05  # an Engine with only grammars compiling waits this long per step

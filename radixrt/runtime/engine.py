@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import wait as futures_wait
+from dataclasses import dataclass
 from typing import Any
 
 import psutil
 import torch
 
-from radixrt.runtime.config import CPU_MAX_POOL_TOKENS, EngineConfig
+from radixrt.runtime.config import CPU_MAX_POOL_TOKENS, GRAMMAR_POLL_S, EngineConfig
+from radixrt.runtime.constrained.compiler import GrammarCompiler
+from radixrt.runtime.constrained.token_table import TokenTable
+from radixrt.runtime.messages import OutputDelta
 from radixrt.runtime.models.loader import LoadedModel, load_model
 from radixrt.runtime.outputs import RequestOutput, StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
@@ -55,6 +61,17 @@ def pool_pages(config: EngineConfig, bytes_per_token: int, device: torch.device)
     return max(tokens // config.page_size, 2)
 
 
+@dataclass
+class _Deferred:
+    """A submitted request waiting for its grammar to compile."""
+
+    future: Future
+    ids: list[int]
+    params: SamplingParams
+    extra_key: str | None
+    pin: bool
+
+
 class Engine:
     """Generate from prompts with the radix cache, continuous batching and chunked prefill.
 
@@ -91,7 +108,15 @@ class Engine:
         self.context_length = self.config.context_length or loaded.config.max_position_embeddings
         per_token = KVCache.bytes_per_token_for(loaded.config, dtype)
         num_pages = pool_pages(self.config, per_token, device)
-        self.worker = Worker(loaded, num_pages * self.config.page_size, seed=self.config.seed)
+        self._grammars: GrammarCompiler | None = None
+        self._compiling: dict[int, _Deferred] = {}  # rid -> request waiting for its grammar
+        self.worker = Worker(
+            loaded,
+            num_pages * self.config.page_size,
+            seed=self.config.seed,
+            cuda_graph_max_bs=self.config.cuda_graph_max_bs,
+            jump_forward=not self.config.disable_jump_forward,
+        )
         self.eos_token_ids = list(loaded.config.eos_token_ids)
         self.scheduler = Scheduler(self.config, num_pages, self.context_length, self.eos_token_ids)
         self._trackers: dict[int, OutputTracker] = {}
@@ -99,27 +124,82 @@ class Engine:
 
     # --- submission ----------------------------------------------------------------------
     def submit(
-        self, prompt: Prompt, params: SamplingParams | None = None, extra_key: str | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        extra_key: str | None = None,
+        pin: bool = False,
     ) -> int:
-        """Queue one prompt; returns its request id. Raises ValueError on bad input."""
+        """Queue one prompt; returns its request id. Raises ValueError on bad input.
+        pin=True: once it finishes, its prefix stays in the radix cache until `unpin(rid)`."""
         params = params or SamplingParams()
         params.validate_for_vocab(self.model_config.vocab_size)
         ids = encode_checked(self.tokenizer, prompt, self.model_config.vocab_size)
-        req = self.scheduler.add_request(ids, params, extra_key)
-        self._trackers[req.rid] = OutputTracker(self.tokenizer, req.rid, ids, params)
-        return req.rid
+        constraint = params.constraint
+        if constraint is None:
+            rid = self.scheduler.add_request(ids, params, extra_key, pin=pin).rid
+        else:  # compiled off the hot path: the request waits apart until its grammar is ready
+            self.grammars.validate(constraint)
+            self.scheduler.check_limits(ids, params)
+            rid = self.scheduler.new_rid()
+            future = self.grammars.compile_async(constraint)
+            self._compiling[rid] = _Deferred(future, ids, params, extra_key, pin)
+        self._trackers[rid] = OutputTracker(self.tokenizer, rid, ids, params)
+        return rid
+
+    @property
+    def grammars(self) -> GrammarCompiler:
+        """The compiler (and LRU cache) of constrained requests' grammars, shared with the
+        worker; made on first use."""
+        if self._grammars is None:
+            cfg = self.model_config
+            table = TokenTable(self.tokenizer, cfg.vocab_size, cfg.eos_token_ids)
+            self._grammars = GrammarCompiler(table)
+            self.worker.grammars = self._grammars
+        return self._grammars
+
+    def _admit_compiled(self) -> None:
+        """Requests whose grammar is ready join the scheduler; a failed compile ends one."""
+        for rid, deferred in list(self._compiling.items()):
+            if not deferred.future.done():
+                continue
+            del self._compiling[rid]
+            error = deferred.future.exception()
+            if error is not None:
+                self._end_outside(rid, f"error: the grammar failed to compile: {error}")
+                continue
+            self.scheduler.add_request(deferred.ids, deferred.params, deferred.extra_key,
+                                       rid=rid, pin=deferred.pin)
+
+    def _end_outside(self, rid: int, reason: str) -> None:
+        """End a request the scheduler does not hold (still waiting for its grammar)."""
+        tracker = self._trackers.get(rid)
+        if tracker is not None:
+            delta = OutputDelta(rid=rid, owner=rid, index=-1, token_ids=[], finish_reason=reason)
+            self._deliver(tracker.apply(delta)[0])
+
+    def unpin(self, rid: int) -> bool:
+        """Let the radix cache evict the prefix a pinned request kept; False if none was kept."""
+        return self.scheduler.unpin(rid)
 
     def abort(self, rid: int) -> None:
         """Abort a request (and all its samples) wherever it is."""
+        if self._compiling.pop(rid, None) is not None:
+            self._end_outside(rid, "abort")
+            return
         chunks = self._emit(self.scheduler.abort(rid))
         self._deliver(chunks)
 
     # --- stepping ------------------------------------------------------------------------
     def step(self) -> list[StreamChunk]:
         """Run one scheduling step (one forward pass); returns the new output pieces."""
+        self._admit_compiled()
         plan = self.scheduler.schedule()
         if plan is None:
             touched = self.scheduler.take_finished_outside_step()
+            if not touched and self._compiling:  # only grammars to wait for
+                futures_wait([d.future for d in self._compiling.values()],
+                             timeout=GRAMMAR_POLL_S, return_when=FIRST_COMPLETED)
         else:
             result = self.worker.execute(plan)
             touched = self.scheduler.process_results(plan, result)
@@ -176,11 +256,11 @@ class Engine:
         return [self._trackers.pop(rid).output for rid in rids]
 
     async def generate_stream(
-        self, prompt: Prompt, params: SamplingParams | None = None
+        self, prompt: Prompt, params: SamplingParams | None = None, pin: bool = False
     ) -> AsyncIterator[StreamChunk]:
         """Yield text as it is generated. Several streams may run at once in one event loop:
         whichever is waiting drives the engine's steps."""
-        rid = self.submit(prompt, params)
+        rid = self.submit(prompt, params, pin=pin)
         tracker = self._trackers[rid]
         queue: asyncio.Queue[StreamChunk] = asyncio.Queue()
         self._queues[rid] = queue

@@ -22,6 +22,7 @@ class Addresses:
     to_tokenizer: str  # scheduler -> tokenizer
     to_worker: str  # scheduler -> worker (step plans)
     from_worker: str  # worker -> scheduler (results)
+    grammar_dir: str = ""  # compiled grammars: the tokenizer process writes, the worker reads
 
     @classmethod
     def in_private_dir(cls) -> tuple[Addresses, str]:
@@ -31,7 +32,9 @@ class Addresses:
         def addr(name: str) -> str:
             return f"ipc://{os.path.join(folder, name)}"
 
-        return cls(addr("scheduler"), addr("tokenizer"), addr("worker"), addr("results")), folder
+        grammars = os.path.join(folder, "grammars")
+        addrs = cls(addr("scheduler"), addr("tokenizer"), addr("worker"), addr("results"), grammars)
+        return addrs, folder
 
 
 class TypedSocket:

@@ -10,6 +10,7 @@ to a read-only, hashable dict (:class:`LogitBias`), while a plain ``dict`` is ac
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
@@ -67,6 +68,11 @@ class SamplingParams:
     top_logprobs: int = 0  # 0..MAX_TOP_LOGPROBS alternatives per position (independent of logprobs)
     prompt_logprobs_start: int | None = None  # prompt position from which logprobs are returned
     skip_special_tokens: bool = True
+    # constrained decoding (at most one): the output must match the regex, be JSON valid under
+    # the schema (a JSON string; a dict is dumped), or be exactly one of the choices
+    regex: str | None = None
+    json_schema: str | None = None
+    choices: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         self._check_ints()
@@ -75,6 +81,7 @@ class SamplingParams:
         self._normalise_logit_bias()
         self._normalise_stop()
         self._normalise_stop_token_ids()
+        self._normalise_constraint()
 
     # --- validation --------------------------------------------------------------------------
 
@@ -165,6 +172,40 @@ class SamplingParams:
                 raise _bad("stop_token_ids", ids, f"entry {token_id!r} must be an int >= 0")
         self._set("stop_token_ids", tuple(ids))
 
+    def _normalise_constraint(self) -> None:
+        schema = self.json_schema
+        if schema is not None and not isinstance(schema, str):
+            if not isinstance(schema, Mapping):
+                raise _bad("json_schema", schema, "must be a JSON schema (a dict or JSON text)")
+            self._set("json_schema", json.dumps(schema))
+        if self.regex is not None and (not isinstance(self.regex, str) or not self.regex):
+            raise _bad("regex", self.regex, "must be a non-empty str")
+        if self.choices is not None:
+            choices = self.choices
+            if isinstance(choices, str) or not isinstance(choices, Sequence) or not choices:
+                raise _bad("choices", choices, "must be a non-empty list of non-empty str")
+            if any(not isinstance(c, str) or not c for c in choices):
+                raise _bad("choices", choices, "must be a non-empty list of non-empty str")
+            self._set("choices", tuple(choices))
+        given = [n for n in ("regex", "json_schema", "choices") if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give at most one of regex, json_schema and choices (got {given})")
+        if given and self.ignore_eos:
+            raise _bad("ignore_eos", True, f"cannot be combined with {given[0]}: a grammar ends "
+                       "the output with EOS when it is complete")
+        if given and self.min_tokens:
+            raise _bad("min_tokens", self.min_tokens, f"must be 0 with {given[0]}: the grammar "
+                       "decides the length")
+
+    @property
+    def constraint(self) -> tuple[str, str | tuple[str, ...]] | None:
+        """(kind, pattern) of the grammar the output must follow, or None."""
+        for kind in ("regex", "json_schema", "choices"):
+            value = getattr(self, kind)
+            if value is not None:
+                return kind, value
+        return None
+
     def validate_for_vocab(self, vocab_size: int) -> None:
         """Reject token ids that the model cannot produce (needs the vocab, so not in __init__)."""
         if self.logit_bias is not None:
@@ -193,6 +234,7 @@ class SamplingParams:
         out["logit_bias"] = dict(self.logit_bias) if self.logit_bias else None
         out["stop"] = list(self.stop)
         out["stop_token_ids"] = list(self.stop_token_ids)
+        out["choices"] = list(self.choices) if self.choices is not None else None
         return out
 
     @classmethod

@@ -34,7 +34,11 @@ def run_worker(config: EngineConfig, addrs: Addresses, parent_pid: int, log_leve
     )
     per_token = KVCache.bytes_per_token_for(loaded.config, dtype)
     num_pages = pool_pages(config, per_token, device)
-    worker = Worker(loaded, num_pages * config.page_size, seed=config.seed)
+    worker = Worker(
+        loaded, num_pages * config.page_size, seed=config.seed,
+        cuda_graph_max_bs=config.cuda_graph_max_bs, grammar_dir=addrs.grammar_dir,
+        jump_forward=not config.disable_jump_forward,
+    )
     ctx = zmq.Context()
     plans = pull(ctx, addrs.to_worker, WORKER_IN)
     results = push(ctx, addrs.from_worker)

@@ -2,8 +2,9 @@
 
 Per row, in this order: logit_bias -> repetition_penalty (HF-style, over prompt + output tokens)
 -> frequency / presence penalties (OpenAI-style, over output tokens) -> min_tokens masking (EOS and
-stop_token_ids at -inf while the output is shorter than min_tokens) -> greedy rows take the argmax
--> temperature -> top_k -> top_p -> min_p -> sample.
+stop_token_ids at -inf while the output is shorter than min_tokens) -> the grammar's allowed-token
+mask (constrained rows only) -> greedy rows take the argmax -> temperature -> top_k -> top_p ->
+min_p -> sample.
 
 Every stage works on the whole batch at once with per-row parameter tensors; a stage that no row
 uses is skipped, and rows that do not use a stage keep their logits bit for bit.
@@ -29,6 +30,7 @@ from radixrt.runtime.config import MIN_SAMPLING_TEMPERATURE
 from radixrt.runtime.sampling_params import SamplingParams
 
 _MASK64 = (1 << 64) - 1
+AllowedTokens = tuple[list[int], torch.Tensor]  # (rows, [len(rows), vocab] bool allowed tokens)
 
 
 @dataclass
@@ -86,8 +88,10 @@ class Sampler:
 
     # --- public ------------------------------------------------------------------------------
 
-    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleOutput:
-        """logits: [bs, vocab] float32 (one row per entry of rows) -> one token per row."""
+    def sample(self, logits: torch.Tensor, rows: Sequence[SamplingRow],
+               allowed: AllowedTokens | None = None) -> SampleOutput:
+        """logits: [bs, vocab] float32 (one row per entry of rows) -> one token per row.
+        allowed: (row indices, [len(indices), vocab] bool) for the rows a grammar constrains."""
         bs = len(rows)
         if logits.dim() != 2 or logits.shape[0] != bs or logits.shape[1] != self.vocab_size:
             raise ValueError(f"logits shape {tuple(logits.shape)} does not match "
@@ -97,6 +101,8 @@ class Sampler:
             return SampleOutput([], [], [])
         params = [row.params for row in rows]
         x = self._process(raw, rows)  # [bs, vocab]
+        if allowed is not None:
+            x = self._apply_allowed(x if x is not raw else raw.clone(), allowed)
         tokens = torch.empty(bs, dtype=torch.int64, device=raw.device)  # [bs]
         greedy = [i for i, p in enumerate(params) if p.is_greedy]
         random = [i for i, p in enumerate(params) if not p.is_greedy]
@@ -143,6 +149,22 @@ class Sampler:
             x = x.clone() if x is raw else x
             x[self._index(masked_rows), self._index(masked_ids)] = float("-inf")
         return x
+
+    def _apply_allowed(self, x: torch.Tensor, allowed: AllowedTokens) -> torch.Tensor:
+        sel, mask = allowed  # mask: [len(sel), vocab] bool
+        index = self._index(sel)
+        empty = ~mask.any(dim=-1)  # [len(sel)]: never leave a row with nothing: let it end
+        if bool(empty.any()):
+            mask = mask.clone()
+            mask[empty.nonzero().flatten()[:, None], self._index(list(self.eos_token_ids))] = True
+        x[index] = x[index].masked_fill(~mask, float("-inf"))
+        return x
+
+    def score(self, logits: torch.Tensor, tokens: Sequence[int],
+              params: list[SamplingParams]) -> SampleOutput:
+        """Logprobs (and top logprobs) of given tokens, for rows whose token is already known."""
+        chosen = torch.tensor(list(tokens), dtype=torch.int64, device=logits.device)
+        return self._logprobs(logits.float(), chosen, params)
 
     def _apply_logit_bias(self, x: torch.Tensor, params: list[SamplingParams]) -> None:
         r: list[int] = []

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
+from radixrt.runtime.constrained.compiler import GrammarCompiler
+from radixrt.runtime.constrained.grammar import CompiledGrammar, GrammarState
+from radixrt.runtime.constrained.token_table import TokenTable
 from radixrt.runtime.messages import (
     Run,
     RunResult,
@@ -20,6 +23,7 @@ from radixrt.runtime.messages import (
 from radixrt.runtime.models.loader import LoadedModel
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.worker.forward_batch import ForwardBatch
+from radixrt.runtime.worker.grammar_rows import after_sample, allowed_tokens
 from radixrt.runtime.worker.kv_cache import KVCache
 from radixrt.runtime.worker.sampler import Sampler, SamplingRow, prompt_logprobs
 
@@ -31,6 +35,7 @@ class _RequestState:
     prompt_len: int
     slots: list[int]  # slot of every position whose K/V is computed
     seed_offset: int
+    grammar: GrammarState | None = None  # where a constrained output is in its grammar
 
 
 @dataclass
@@ -43,7 +48,20 @@ class _LogitRows:
 
 
 class Worker:
-    def __init__(self, loaded: LoadedModel, num_slots: int, seed: int = 0) -> None:
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        num_slots: int,
+        seed: int = 0,
+        cuda_graph_max_bs: int = 0,
+        grammars: GrammarCompiler | None = None,
+        jump_forward: bool = True,
+        grammar_dir: str | None = None,
+    ) -> None:
+        """grammars: where constrained requests' compiled grammars come from (the Engine shares
+        its compiler); if None, one is made on first use, reading the grammars the tokenizer
+        process left in grammar_dir. jump_forward: append the tokens a grammar forces without
+        sampling them."""
         self.model = loaded.model
         self.config = loaded.config
         param = next(self.model.parameters())
@@ -54,6 +72,16 @@ class Worker:
         self.sampler = Sampler(loaded.config.vocab_size, eos, self.device, base_seed=seed)
         self.states: dict[int, _RequestState] = {}
         self.swapped: dict[int, torch.Tensor] = {}  # rid -> host K/V
+        self.tokenizer = loaded.tokenizer
+        self.grammars = grammars
+        self.grammar_dir = grammar_dir
+        self.jump_forward = jump_forward
+        self.graph_runner = None  # decode steps from CUDA graphs (triton backend on CUDA only)
+        if cuda_graph_max_bs > 0 and self.device.type == "cuda":
+            from radixrt.runtime.worker.cuda_graph import CudaGraphRunner, supports_cuda_graphs
+
+            if supports_cuda_graphs(self.model, self.device):
+                self.graph_runner = CudaGraphRunner(self.model, self.kv_cache, cuda_graph_max_bs)
 
     # --- plan execution ------------------------------------------------------------------
     @torch.inference_mode()
@@ -81,13 +109,26 @@ class Worker:
         return self._forward(plan)
 
     def _new_state(self, new: WorkerRequest) -> _RequestState:
+        params = SamplingParams.from_dict(new.params)
+        grammar = None
+        if params.constraint is not None:  # re-admitted after preemption: replay its outputs
+            grammar = GrammarState.replay(self._grammar(params), list(new.output_ids))
         return _RequestState(
-            params=SamplingParams.from_dict(new.params),
+            params=params,
             token_ids=list(new.prompt_ids) + list(new.output_ids),
             prompt_len=len(new.prompt_ids),
             slots=list(new.prefix_slots),
             seed_offset=new.seed_offset,
+            grammar=grammar,
         )
+
+    def _grammar(self, params: SamplingParams) -> CompiledGrammar:
+        constraint = params.constraint
+        assert constraint is not None
+        if self.grammars is None:
+            table = TokenTable(self.tokenizer, self.config.vocab_size, self.config.eos_token_ids)
+            self.grammars = GrammarCompiler(table, self.grammar_dir)
+        return self.grammars.load(self.grammars.key(constraint), constraint)
 
     def _forward(self, plan: StepPlan) -> StepResult:
         tokens, prefix_lens, tables = [], [], []
@@ -103,7 +144,9 @@ class Worker:
             prefix_lens.append(run.start)
             tables.append(state.slots)
         batch = ForwardBatch.build(tokens, prefix_lens, tables, device=self.device)
-        hidden = self.model(batch, self.kv_cache)  # [num_tokens, hidden_size]
+        hidden = None if self.graph_runner is None else self.graph_runner.run(batch)
+        if hidden is None:
+            hidden = self.model(batch, self.kv_cache)  # [num_tokens, hidden_size]
         wanted = self._logit_rows(plan.runs, batch)
         results: list[RunResult] = []
         if wanted.rows:
@@ -151,8 +194,14 @@ class Worker:
         row_index: list[int] = []
         rows: list[SamplingRow] = []
         owners: list[int] = []
+        grammars: list[GrammarState | None] = []
+        known: dict[int, tuple[int, int]] = {}  # rid -> (logits row, the token already known)
         for idx, run in wanted.sample:
             state = self.states[run.rid]
+            end = run.start + run.num_new
+            if not run.fork_into and end < len(state.token_ids):
+                known[run.rid] = (idx, state.token_ids[end])  # jump-forward appended it
+                continue
             for i, child in enumerate(run.fork_into or [run.rid]):
                 params = state.params if not run.fork_into else state.params.with_(n=1)
                 rows.append(
@@ -165,29 +214,58 @@ class Worker:
                 )
                 row_index.append(idx)
                 owners.append(child)
-        results: list[RunResult] = []
+                grammar = state.grammar
+                if grammar is not None and run.fork_into:  # each sample walks its own copy
+                    grammar = GrammarState.replay(grammar.grammar,
+                                                    state.token_ids[state.prompt_len :])
+                grammars.append(grammar)
         sampled: dict[int, TokenLogprob] = {}
+        child_grammars: dict[int, GrammarState | None] = {}
         if rows:
-            out = self.sampler.sample(logits[torch.tensor(row_index, device=self.device)], rows)
+            allowed = allowed_tokens(grammars, self.config.vocab_size, self.device)
+            picked = logits[torch.tensor(row_index, device=self.device)]
+            out = self.sampler.sample(picked, rows, allowed)
             for j, rid in enumerate(owners):
                 top = out.top_logprobs[j] if out.top_logprobs else []
                 sampled[rid] = TokenLogprob(out.token_ids[j], out.logprobs[j], top)
+                child_grammars[rid] = grammars[j]
+        if known:
+            rids = list(known)
+            params = [self.states[rid].params for rid in rids]
+            picked = logits[torch.tensor([known[r][0] for r in rids], device=self.device)]
+            out = self.sampler.score(picked, [known[r][1] for r in rids], params)
+            for j, rid in enumerate(rids):
+                top = out.top_logprobs[j] if out.top_logprobs else []
+                sampled[rid] = TokenLogprob(out.token_ids[j], out.logprobs[j], top)
+        results: list[RunResult] = []
         for _, run in wanted.sample:
             if run.fork_into:
-                self._fork(run, sampled)
-                results += [RunResult(rid=c, token=sampled[c]) for c in run.fork_into]
+                self._fork(run, sampled, child_grammars)
+                results += [RunResult(rid=c, token=sampled[c], forced=self._advance(c))
+                            for c in run.fork_into]
                 results.append(RunResult(rid=run.rid, prompt_logprobs=prompt.get(run.rid, [])))
-            else:
+                continue
+            forced: list[int] = []
+            if run.rid not in known:
                 self.states[run.rid].token_ids.append(sampled[run.rid].token_id)
-                lps = prompt.get(run.rid, [])
-                results.append(RunResult(rid=run.rid, token=sampled[run.rid], prompt_logprobs=lps))
+                forced = self._advance(run.rid)
+            lps = prompt.get(run.rid, [])
+            results.append(RunResult(rid=run.rid, token=sampled[run.rid], prompt_logprobs=lps,
+                                     forced=forced))
         sampled_rids = {run.rid for _, run in wanted.sample}
         for rid, lps in prompt.items():
             if rid not in sampled_rids:
                 results.append(RunResult(rid=rid, prompt_logprobs=lps))
         return results
 
-    def _fork(self, run: Run, sampled: dict[int, TokenLogprob]) -> None:
+    def _advance(self, rid: int) -> list[int]:
+        """After a request's token is appended: move its grammar on; jump-forward's tokens."""
+        state = self.states[rid]
+        return after_sample(state.grammar, state.token_ids, state.prompt_len,
+                            state.params.max_tokens, self.jump_forward)
+
+    def _fork(self, run: Run, sampled: dict[int, TokenLogprob],
+              grammars: dict[int, GrammarState | None]) -> None:
         parent = self.states.pop(run.rid)
         for i, child in enumerate(run.fork_into):
             self.states[child] = _RequestState(
@@ -196,4 +274,5 @@ class Worker:
                 prompt_len=parent.prompt_len,
                 slots=list(parent.slots),
                 seed_offset=i,
+                grammar=grammars.get(child),
             )

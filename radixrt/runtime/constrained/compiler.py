@@ -1,0 +1,156 @@
+"""GrammarCompiler: regex / JSON schema / choices -> CompiledGrammar, with a bounded LRU cache,
+compilation on background threads, and (for the process trio) a directory where the tokenizer
+process leaves compiled indexes for the worker to load."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import re
+import threading
+from collections import OrderedDict
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from outlines_core import Index, Vocabulary
+
+from radixrt.runtime.config import (
+    GRAMMAR_CACHE_SIZE,
+    GRAMMAR_COMPILE_THREADS,
+    JSON_WHITESPACE_PATTERN,
+)
+from radixrt.runtime.constrained.grammar import CompiledGrammar
+from radixrt.runtime.constrained.json_bounds import schema_to_regex
+from radixrt.runtime.constrained.token_table import TokenTable
+
+Constraint = tuple[str, "str | tuple[str, ...]"]
+_REGEX_META = set("\\.^$|?*+()[]{}-&~#")
+
+
+def escape_literal(text: str) -> str:
+    """Escape a literal for outlines-core's (Rust) regex syntax."""
+    return "".join("\\" + c if c in _REGEX_META else c for c in text)
+
+
+def to_regex(constraint: Constraint) -> str:
+    """The regex a constraint means. Raises ValueError for a schema outlines-core cannot use."""
+    kind, pattern = constraint
+    if kind == "regex":
+        return str(pattern)
+    if kind == "choices":
+        return "(" + "|".join(escape_literal(c) for c in pattern) + ")"
+    if kind == "json_schema":
+        try:
+            return schema_to_regex(str(pattern), JSON_WHITESPACE_PATTERN)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"json_schema is invalid: {exc}") from None
+    raise ValueError(f"unknown constraint kind {kind!r}")
+
+
+class GrammarCompiler:
+    def __init__(self, table: TokenTable, store_dir: str | os.PathLike | None = None,
+                 capacity: int = GRAMMAR_CACHE_SIZE) -> None:
+        self.table = table
+        self.store_dir = Path(store_dir) if store_dir is not None else None
+        self.capacity = capacity
+        self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self._inflight: dict[str, Future] = {}
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(GRAMMAR_COMPILE_THREADS, thread_name_prefix="grammar")
+        # any byte is a token here: compiling against it checks a regex's syntax in milliseconds
+        self._byte_vocab = Vocabulary(256, {bytes([b]): [b] for b in range(256)})
+        self.compiled = 0  # how many times a grammar was actually compiled (cache misses)
+
+    def key(self, constraint: Constraint) -> str:
+        kind, pattern = constraint
+        text = "\0".join([kind, repr(pattern), self.table.identity, JSON_WHITESPACE_PATTERN])
+        return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    def validate(self, constraint: Constraint) -> str:
+        """The regex of a constraint, checked for syntax. Raises ValueError naming the problem."""
+        regex = to_regex(constraint)
+        try:  # Python's parser names the problem better; outlines-core has the final word
+            re.compile(regex)
+        except re.error as exc:
+            raise ValueError(f"{constraint[0]} {_short(constraint[1])} is invalid: {exc}") from None
+        try:
+            Index(regex, self._byte_vocab)
+        except (ValueError, RuntimeError) as exc:
+            what = f"{constraint[0]} {_short(constraint[1])}"
+            raise ValueError(f"{what} cannot be compiled: {exc}") from None
+        return regex
+
+    def compile_async(self, constraint: Constraint) -> Future:
+        """Future of the CompiledGrammar (cached ones are returned done). Validate first."""
+        key = self.key(constraint)
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                done: Future = Future()
+                done.set_result(cached)
+                return done
+            future = self._inflight.get(key)
+            if future is None:
+                future = self._pool.submit(self._compile, key, constraint)
+                self._inflight[key] = future
+            return future
+
+    def get(self, constraint: Constraint) -> CompiledGrammar:
+        return self.compile_async(constraint).result()
+
+    def load(self, key: str, constraint: Constraint) -> CompiledGrammar:
+        """The worker's way in: from the cache, else the file the tokenizer process left, else
+        compile here."""
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                return cached
+        path = self._path(key)
+        if path is not None and path.exists():
+            with open(path, "rb") as f:
+                grammar = CompiledGrammar(key, pickle.load(f), self.table)
+            self._remember(key, grammar)
+            return grammar
+        return self.get(constraint)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- internals ----------------------------------------------------------------------------
+    def _compile(self, key: str, constraint: Constraint) -> CompiledGrammar:
+        try:
+            index = Index(to_regex(constraint), self.table.vocabulary)
+            self.compiled += 1
+            path = self._path(key)
+            if path is not None and not path.exists():
+                tmp = path.with_suffix(".tmp")
+                with open(tmp, "wb") as f:
+                    pickle.dump(index, f)
+                os.replace(tmp, path)
+            grammar = CompiledGrammar(key, index, self.table)
+            self._remember(key, grammar)
+            return grammar
+        finally:
+            with self._lock:
+                self._inflight.pop(key, None)
+
+    def _remember(self, key: str, grammar: CompiledGrammar) -> None:
+        with self._lock:
+            self._cache[key] = grammar
+            self._cache.move_to_end(key)
+            while len(self._cache) > self.capacity:
+                self._cache.popitem(last=False)
+
+    def _path(self, key: str) -> Path | None:
+        if self.store_dir is None:
+            return None
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        return self.store_dir / f"{key}.index"
+
+
+def _short(pattern: object, limit: int = 80) -> str:
+    text = repr(pattern)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,0 +1,131 @@
+"""A compiled grammar (an outlines-core Index over the model's vocabulary) and the per-request
+state that walks it: the allowed-token bitmask of each step, and the forced continuation that
+jump-forward appends without sampling.
+
+Forced continuation: from a state where every accepted output continues with the same bytes
+(the keys and punctuation of a JSON object, say), those bytes are forced. They are found byte by
+byte (the first bytes of the allowed tokens) and tokenized by longest match through the automaton,
+so decoding with jump-forward on or off gives the same tokens: off, each forced token is the
+only one the mask allows; on, they are appended at once. A state that only accepts the end
+forces EOS.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+from outlines_core import Guide, Index
+
+from radixrt.runtime.config import MAX_FORCED_TOKENS
+from radixrt.runtime.constrained.token_table import TokenTable
+
+BITS = 32  # outlines-core writes masks as 32-bit words, token t at bit t % 32 of word t // 32
+
+
+class CompiledGrammar:
+    def __init__(self, key: str, index: Index, table: TokenTable) -> None:
+        self.key = key
+        self.index = index
+        self.table = table
+        self._forced: dict[int, tuple[int, ...]] = {}  # state -> forced tokens from it
+        self._eos = np.array(sorted(table.eos_token_ids), dtype=np.int64)
+
+    def forced_from(self, state: int) -> tuple[int, ...]:
+        """The tokens every output continues with from `state` (maybe ending with EOS)."""
+        chain = self._forced.get(state)
+        if chain is None:
+            chain = self._compute_forced(state)
+            self._forced[state] = chain
+        return chain
+
+    def _compute_forced(self, start: int) -> tuple[int, ...]:
+        forced = bytearray()
+        state = start
+        while len(forced) < MAX_FORCED_TOKENS * 8:
+            allowed = np.asarray(self.index.get_allowed_tokens(state), dtype=np.int64)
+            if np.isin(allowed, self._eos).any():
+                break  # the output may end here: nothing is forced
+            firsts = np.unique(self.table.first_byte[allowed])
+            byte_token = self.table.byte_token[int(firsts[0])] if len(firsts) == 1 else -1
+            if byte_token < 0 or firsts[0] < 0:
+                break
+            nxt = self.index.get_next_state(state, byte_token)
+            if nxt is None:
+                break
+            forced.append(int(firsts[0]))
+            state = nxt
+        tokens = self._longest_match(start, bytes(forced))
+        end = start
+        for token in tokens:
+            end = self.index.get_next_state(end, token)
+        if len(tokens) < MAX_FORCED_TOKENS and self._only_end(end):
+            tokens.append(self.table.eos_token_id)
+        return tuple(tokens[:MAX_FORCED_TOKENS])
+
+    def _longest_match(self, state: int, data: bytes) -> list[int]:
+        tokens: list[int] = []
+        pos = 0
+        while pos < len(data):
+            best, best_len = -1, 0
+            for token in self.index.get_allowed_tokens(state):
+                piece = self.table.token_bytes[token]
+                if piece and len(piece) > best_len and data.startswith(piece, pos):
+                    best, best_len = token, len(piece)
+            if best < 0:
+                break
+            tokens.append(best)
+            state = self.index.get_next_state(state, best)
+            pos += best_len
+        return tokens
+
+    def _only_end(self, state: int) -> bool:
+        allowed = self.index.get_allowed_tokens(state)
+        return bool(allowed) and all(t in self.table.eos_token_ids for t in allowed)
+
+
+class GrammarState:
+    """Where one request is in its grammar. Advance it with every output token."""
+
+    def __init__(self, grammar: CompiledGrammar) -> None:
+        self.grammar = grammar
+        self._guide = Guide(grammar.index)
+        self.ended = False  # EOS was accepted
+
+    @classmethod
+    def replay(cls, grammar: CompiledGrammar, tokens: list[int]) -> GrammarState:
+        state = cls(grammar)
+        for token in tokens:
+            state.advance(token)
+        return state
+
+    @property
+    def state(self) -> int:
+        return int(self._guide.get_state())
+
+    def advance(self, token: int) -> None:
+        if self.ended:
+            raise ValueError(f"token {token} after the grammar ended")
+        if token in self.grammar.table.eos_token_ids:
+            if not self.grammar.index.is_final_state(self.state):
+                raise ValueError(f"EOS where grammar {self.grammar.key} does not accept")
+            self.ended = True
+            return
+        self._guide.advance(token, return_tokens=False)
+
+    def forced(self) -> tuple[int, ...]:
+        return () if self.ended else self.grammar.forced_from(self.state)
+
+    def write_mask(self, words: torch.Tensor) -> None:
+        """Fill words ([ceil(vocab / 32)] int32, contiguous, on the CPU) with the allowed set."""
+        self._guide.write_mask_into(words.data_ptr(), words.numel(), 4)
+
+
+def expand_bitmask(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[n, ceil(vocab / 32)] int32 bitmasks -> [n, vocab_size] bool."""
+    shifts = torch.arange(BITS, dtype=torch.int32, device=words.device)  # [32]
+    bits = (words.unsqueeze(-1) >> shifts) & 1  # [n, words, 32]
+    return bits.bool().reshape(words.shape[0], -1)[:, :vocab_size]
+
+
+def mask_words(vocab_size: int) -> int:
+    return (vocab_size + BITS - 1) // BITS
