@@ -1,7 +1,8 @@
 """radixrt: a radix-tree-centric structured-generation runtime.
 
-Public API only. Heavy parts (torch, the model) load on first use, so a frontend that talks to a
-remote runtime never imports torch.
+Public API only: the DSL (function, gen, select, fork via the state, roles, Runtime,
+RuntimeEndpoint, OpenAICompatible) and the in-process Engine. Everything loads on first use, and
+the DSL never imports torch, so a frontend that talks to a remote runtime stays light.
 """
 
 from __future__ import annotations
@@ -17,6 +18,20 @@ if TYPE_CHECKING:
     from radixrt.runtime.outputs import CompletionOutput, RequestOutput, StreamChunk
 
 __all__ = [
+    "BackendError",
+    "ForkGroup",
+    "OpenAICompatible",
+    "Program",
+    "ProgramState",
+    "Runtime",
+    "RuntimeEndpoint",
+    "assistant",
+    "function",
+    "gen",
+    "select",
+    "set_default_backend",
+    "system",
+    "user",
     "CompletionOutput",
     "Engine",
     "EngineConfig",
@@ -31,6 +46,20 @@ _LAZY = {
     "RequestOutput": "radixrt.runtime.outputs",
     "CompletionOutput": "radixrt.runtime.outputs",
     "StreamChunk": "radixrt.runtime.outputs",
+    "OpenAICompatible": "radixrt.frontend.openai_backend",
+    "BackendError": "radixrt.frontend",
+    "ForkGroup": "radixrt.frontend",
+    "Program": "radixrt.frontend",
+    "ProgramState": "radixrt.frontend",
+    "Runtime": "radixrt.frontend",
+    "RuntimeEndpoint": "radixrt.frontend",
+    "assistant": "radixrt.frontend",
+    "function": "radixrt.frontend",
+    "gen": "radixrt.frontend",
+    "select": "radixrt.frontend",
+    "set_default_backend": "radixrt.frontend",
+    "system": "radixrt.frontend",
+    "user": "radixrt.frontend",
 }
 
 

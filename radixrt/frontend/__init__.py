@@ -1,0 +1,25 @@
+"""The DSL: `@function` programs that append text, gen, select and roles to a state, fork it,
+and run on a backend (a local `Runtime`, a `RuntimeEndpoint`, or an `OpenAICompatible` server)."""
+
+from radixrt.frontend.api import assistant, gen, select, set_default_backend, system, user
+from radixrt.frontend.backend import BackendError
+from radixrt.frontend.local_runtime import Runtime
+from radixrt.frontend.program import Program, function
+from radixrt.frontend.runtime_endpoint import RuntimeEndpoint
+from radixrt.frontend.state import ForkGroup, ProgramState
+
+__all__ = [
+    "BackendError",
+    "ForkGroup",
+    "Program",
+    "ProgramState",
+    "Runtime",
+    "RuntimeEndpoint",
+    "assistant",
+    "function",
+    "gen",
+    "select",
+    "set_default_backend",
+    "system",
+    "user",
+]

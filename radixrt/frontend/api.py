@@ -1,0 +1,123 @@
+"""The DSL's building blocks: gen, select, the roles, and the default backend."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import fields
+from typing import Any
+
+from radixrt.frontend.ir import Concat, Expr, Gen, RoleBegin, RoleEnd, Select, as_expr
+from radixrt.runtime.sampling_params import SamplingParams
+
+SELECT_METHODS = ("token_length_normalized", "greedy", "unconditional_likelihood_normalized")
+CONSTRAINT_KINDS = ("regex", "json_schema", "choices")
+
+
+def gen(
+    name: str | None = None,
+    *,
+    regex: str | None = None,
+    json_schema: Any = None,
+    choices: Sequence[str] | None = None,
+    **sampling: Any,
+) -> Gen:
+    """Generate text (into variable `name`). Takes every SamplingParams field (max_tokens, stop,
+    temperature, ...); n must be 1 (use fork for several samples). Bad options raise here.
+
+    Constrained decoding (one of): regex= (the output matches it in full), json_schema= (a dict
+    or JSON text: the output is JSON valid under it), choices= (the output is one of them)."""
+    known = {f.name for f in fields(SamplingParams)}
+    unknown = sorted(set(sampling) - known)
+    if unknown:
+        raise TypeError(f"gen() got unknown option(s) {unknown}; options: {sorted(known)}")
+    params = SamplingParams(**sampling)  # ValueError naming the bad value
+    if params.n != 1:
+        raise ValueError(f"gen(n={params.n}) is not supported: fork the state to get n samples")
+    given = {k: v for k, v in (("regex", regex), ("json_schema", json_schema),
+                                ("choices", choices)) if v is not None}
+    if len(given) > 1:
+        raise ValueError(
+            f"give at most one of regex=, json_schema=, choices= (got {sorted(given)})"
+        )
+    constraint = None
+    if given:
+        kind, pattern = next(iter(given.items()))
+        if kind == "choices":
+            pattern = _check_choices(pattern)
+        if kind == "json_schema" and not isinstance(pattern, str):
+            pattern = json.dumps(pattern)
+        SamplingParams(**{**sampling, kind: pattern})  # the same checks the runtime makes
+        constraint = (kind, pattern)
+    return Gen(name, sampling, constraint)
+
+
+def select(
+    name: str | None, choices: Sequence[str], method: str = "token_length_normalized"
+) -> Select:
+    """Append whichever of `choices` the model finds most likely here (and store it in `name`).
+
+    method: token_length_normalized (mean token log-probability; the default), greedy (best
+    first token, ties broken by the next ones) or unconditional_likelihood_normalized (mean
+    log-probability minus that of the choice on its own)."""
+    if method not in SELECT_METHODS:
+        raise ValueError(f"select method {method!r} is unknown: use one of {SELECT_METHODS}")
+    return Select(name, _check_choices(choices), method)
+
+
+def _check_choices(choices: Any) -> tuple[str, ...]:
+    if isinstance(choices, str) or not isinstance(choices, Sequence) or not choices:
+        raise ValueError("choices must be a non-empty list of strings")
+    if any(not isinstance(c, str) or not c for c in choices):
+        raise ValueError(f"every choice must be a non-empty str, got {list(choices)!r}")
+    return tuple(choices)
+
+
+def _role(role: str, content: Any) -> Expr:
+    return Concat((RoleBegin(role), as_expr(content), RoleEnd(role)))
+
+
+def system(content: Any) -> Expr:
+    """A system message: the model's chat template's markers around `content`."""
+    return _role("system", content)
+
+
+def user(content: Any) -> Expr:
+    """A user message: the model's chat template's markers around `content`."""
+    return _role("user", content)
+
+
+def assistant(content: Any) -> Expr:
+    """An assistant message; put gen(...) inside to have the model write it."""
+    return _role("assistant", content)
+
+
+class _DefaultBackend:
+    """Where `set_default_backend` keeps the backend programs run on when given none: the one
+    process-wide setting of the DSL, guarded by a lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._backend: Any = None
+
+    def set(self, backend: Any) -> None:
+        with self._lock:
+            self._backend = backend
+
+    def get(self) -> Any:
+        with self._lock:
+            if self._backend is None:
+                raise RuntimeError(
+                    "no backend: call radixrt.set_default_backend(radixrt.Runtime()) or pass "
+                    "backend= to run / run_batch"
+                )
+            return self._backend
+
+
+DEFAULT_BACKEND = _DefaultBackend()
+
+
+def set_default_backend(backend: Any) -> None:
+    """Programs run on this backend unless run(..., backend=...) says otherwise."""
+    DEFAULT_BACKEND.set(backend)

@@ -1,0 +1,78 @@
+"""What a DSL backend provides, whichever runtime is behind it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class BackendError(RuntimeError):
+    """The runtime refused or failed a call; the message is the runtime's."""
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """Text around each role's message, and what a conversation without a system message starts
+    with (the template's default system prompt, if any)."""
+
+    roles: dict[str, tuple[str, str]]
+    preamble: str = ""
+
+    @classmethod
+    def from_info(cls, chat: dict[str, Any]) -> ChatFormat:
+        roles = {r: (p, s) for r, (p, s) in chat.get("roles", {}).items()}
+        return cls(roles, chat.get("preamble", ""))
+
+    def markers(self, role: str) -> tuple[str, str]:
+        if role not in self.roles:
+            raise BackendError(
+                f"role {role!r} has no chat template here: the model has no chat template, or "
+                "the backend could not read it (OpenAICompatible takes chat_format=...)"
+            )
+        return self.roles[role]
+
+
+@dataclass
+class GenResult:
+    text: str
+    finish_reason: str | None
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+
+
+@dataclass
+class ChoiceLogprobs:
+    """Log-probability of each token of one choice after the text (and on its own)."""
+
+    logprobs: list[float]
+    unconditional: list[float] = field(default_factory=list)
+
+
+PieceCallback = Callable[[str], None]
+
+
+class Backend(Protocol):
+    def chat_format(self) -> ChatFormat: ...
+
+    def generate(
+        self, text: str, params: dict[str, Any], constraint: tuple[str, Any] | None,
+        on_piece: PieceCallback | None,
+    ) -> GenResult:
+        """Continue `text`; stream pieces of the output to on_piece when given."""
+        ...
+
+    def score(self, text: str, choices: list[str], unconditional: bool) -> list[ChoiceLogprobs]:
+        """Token log-probabilities of each choice as the continuation of text, in one batch."""
+        ...
+
+    def pin(self, text: str) -> Any:
+        """Compute `text` once and keep it cached until unpin(handle); None if unsupported."""
+        ...
+
+    def unpin(self, handle: Any) -> None: ...
+
+    def info(self) -> dict[str, Any]:
+        """The runtime's counters (cache_hit_rate, cached_tokens, ...) where it reports them."""
+        ...

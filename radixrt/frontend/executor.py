@@ -1,0 +1,200 @@
+"""StreamExecutor: runs what a program appends to one state, in order, on its own thread.
+
+`s += expr` only queues the expression, so a program's forks run at the same time; reading a
+variable (`s["x"]`) or the text waits for the work it depends on. A failure stops the state: the
+rest of its queue is dropped and every reader gets the exception.
+"""
+
+from __future__ import annotations
+
+import functools
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+from radixrt.frontend.backend import Backend
+from radixrt.frontend.ir import Gen, RoleBegin, RoleEnd, Select, Text, as_expr, flatten
+from radixrt.frontend.select_methods import pick
+from radixrt.frontend.transcript import Transcript
+
+_END = object()
+
+
+class StreamExecutor:
+    def __init__(
+        self,
+        backend: Backend,
+        transcript: Transcript,
+        variables: dict[str, Any] | None = None,
+        stream: bool = False,
+    ) -> None:
+        self.backend = backend
+        self.transcript = transcript
+        self.variables: dict[str, Any] = dict(variables or {})
+        self.meta: dict[str, dict[str, Any]] = {}
+        self.stream = stream
+        self.error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._pending = 0  # leaves queued and not yet run
+        self._done = False
+        self._log: list[tuple[str | None, str]] = []  # (variable or None, text) as appended
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="radixrt-state", daemon=True)
+        self._thread.start()
+
+    # --- called by the program's thread -----------------------------------------------------
+    def submit(self, expr: Any) -> None:
+        leaves = flatten(as_expr(expr))
+        with self._cond:
+            self._raise_if_failed()
+            if self._done:
+                raise RuntimeError("this program state has ended: nothing more can be appended")
+            self._pending += len(leaves)
+        for leaf in leaves:
+            self._queue.put(leaf)
+
+    def sync(self) -> None:
+        """Wait until everything queued so far has run; raise the state's failure if any."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._pending == 0 or self.error is not None)
+            self._raise_if_failed()
+
+    def get(self, name: str) -> Any:
+        """The variable's value, once the gen/select that sets it has run."""
+        with self._cond:
+            self._cond.wait_for(
+                lambda: name in self.variables or self.error is not None or self._pending == 0
+            )
+            self._raise_if_failed()
+            if name not in self.variables:
+                known = sorted(self.variables)
+                raise KeyError(f"variable {name!r} is not set; set so far: {known}")
+            return self.variables[name]
+
+    def end(self) -> None:
+        """Finish the queue and stop the thread (raises the state's failure, if any)."""
+        with self._cond:
+            if self._done:
+                self._raise_if_failed()
+                return
+        self._queue.put(_END)
+        self._thread.join()
+        with self._cond:
+            self._raise_if_failed()
+
+    def pieces(self, name: str | None) -> Iterator[str]:
+        """Text as it is appended: of one variable, or (name None) everything."""
+        index = 0
+        while True:
+            with self._cond:
+                self._cond.wait_for(functools.partial(self._has_news, index, name))
+                batch = self._log[index:]
+                index = len(self._log)
+                finished = self._finished_for(name)
+            for var, text in batch:
+                if name is None or var == name:
+                    yield text
+            if finished:
+                with self._cond:
+                    self._raise_if_failed()
+                return
+
+    # --- the executor thread -----------------------------------------------------------------
+    def _loop(self) -> None:
+        while True:
+            leaf = self._queue.get()
+            if leaf is _END:
+                break
+            try:
+                if self.error is None:
+                    self._run(leaf)
+            except BaseException as exc:  # noqa: BLE001 - any failure ends the state
+                with self._cond:
+                    self.error = exc
+            finally:
+                with self._cond:
+                    self._pending -= 1
+                    self._cond.notify_all()
+        with self._cond:
+            self._done = True
+            self._cond.notify_all()
+
+    def _run(self, leaf: Any) -> None:
+        if isinstance(leaf, Text):
+            self._append(None, leaf.text)
+        elif isinstance(leaf, RoleBegin):
+            self._append(None, self.transcript.begin_role(leaf.role), add=False)
+        elif isinstance(leaf, RoleEnd):
+            self._append(None, self.transcript.end_role(leaf.role), add=False)
+        elif isinstance(leaf, Gen):
+            self._gen(leaf)
+        elif isinstance(leaf, Select):
+            self._select(leaf)
+        else:
+            raise TypeError(f"cannot run {leaf!r}")
+
+    def _gen(self, leaf: Gen) -> None:
+        streamed: list[str] = []
+
+        def on_piece(piece: str) -> None:
+            streamed.append(piece)
+            self._log_piece(leaf.name, piece)
+
+        result = self.backend.generate(self.transcript.text, leaf.params, leaf.constraint,
+                                       on_piece if self.stream else None)
+        self.transcript.text += result.text
+        already = "".join(streamed)
+        if result.text.startswith(already) and len(result.text) > len(already):
+            self._log_piece(leaf.name, result.text[len(already):])
+        self._set(leaf.name, result.text, {
+            "finish_reason": result.finish_reason,
+            "prompt_tokens": result.prompt_tokens,
+            "cached_tokens": result.cached_tokens,
+            "completion_tokens": result.completion_tokens,
+        })
+
+    def _select(self, leaf: Select) -> None:
+        unconditional = leaf.method == "unconditional_likelihood_normalized"
+        scored = self.backend.score(self.transcript.text, list(leaf.choices), unconditional)
+        best, scores = pick(leaf.method, scored)
+        choice = leaf.choices[best]
+        self._append(leaf.name, choice)
+        self._set(leaf.name, choice, {
+            "method": leaf.method,
+            "scores": scores,
+            "token_logprobs": [c.logprobs for c in scored],
+            "unconditional_token_logprobs": [c.unconditional for c in scored],
+        })
+
+    def _append(self, name: str | None, text: str, add: bool = True) -> None:
+        if add:
+            self.transcript.text += text
+        self._log_piece(name, text)
+
+    def _log_piece(self, name: str | None, text: str) -> None:
+        if text:
+            with self._cond:
+                self._log.append((name, text))
+                self._cond.notify_all()
+
+    def _set(self, name: str | None, value: Any, meta: dict[str, Any]) -> None:
+        if name is None:
+            return
+        with self._cond:
+            self.variables[name] = value
+            self.meta[name] = meta
+            self._cond.notify_all()
+
+    # --- helpers (hold self._cond) ----------------------------------------------------------
+    def _has_news(self, index: int, name: str | None) -> bool:
+        return index < len(self._log) or self._finished_for(name)
+
+    def _finished_for(self, name: str | None) -> bool:
+        if self.error is not None or self._done:
+            return True
+        return name is not None and name in self.variables
+
+    def _raise_if_failed(self) -> None:
+        if self.error is not None:
+            raise self.error

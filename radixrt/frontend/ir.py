@@ -1,0 +1,82 @@
+"""The expressions a program appends to its state: text, gen, select and role markers.
+
+`s += rx.user("Hi") + rx.assistant(rx.gen("reply"))` builds a tree of these; the executor flattens
+it into leaves and runs them in order. Plain strings become `Text`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+ROLE_NAMES = ("system", "user", "assistant")
+
+
+class Expr:
+    """Anything that can be appended to a program state."""
+
+    def __add__(self, other: Any) -> Concat:
+        return Concat((self, as_expr(other)))
+
+    def __radd__(self, other: Any) -> Concat:
+        return Concat((as_expr(other), self))
+
+
+@dataclass(frozen=True)
+class Text(Expr):
+    text: str
+
+
+@dataclass(frozen=True)
+class Gen(Expr):
+    """Generate text into variable `name` with SamplingParams fields `params`; `constraint` is
+    (kind, pattern) for regex / json_schema / choices constrained decoding."""
+
+    name: str | None
+    params: dict[str, Any] = field(default_factory=dict)
+    constraint: tuple[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Select(Expr):
+    """Append the choice with the best score under `method` and store it in variable `name`."""
+
+    name: str | None
+    choices: tuple[str, ...]
+    method: str
+
+
+@dataclass(frozen=True)
+class RoleBegin(Expr):
+    role: str
+
+
+@dataclass(frozen=True)
+class RoleEnd(Expr):
+    role: str
+
+
+@dataclass(frozen=True)
+class Concat(Expr):
+    parts: tuple[Expr, ...]
+
+
+def as_expr(value: Any) -> Expr:
+    if isinstance(value, Expr):
+        return value
+    if isinstance(value, str):
+        return Text(value)
+    hook = getattr(value, "__radixrt_expr__", None)  # the tracer's placeholder arguments
+    if hook is not None:
+        return hook()
+    raise TypeError(
+        f"cannot append a {type(value).__name__} to a program state: append a str, gen(...), "
+        "select(...), a role such as user(...), or a sum of those"
+    )
+
+
+def flatten(expr: Expr) -> list[Expr]:
+    """The leaves of an expression, in order (no Concat)."""
+    if isinstance(expr, Concat):
+        return [leaf for part in expr.parts for leaf in flatten(part)]
+    return [expr]

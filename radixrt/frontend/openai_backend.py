@@ -1,0 +1,166 @@
+"""OpenAICompatible: run DSL programs on any OpenAI-compatible server (radixrt's HTTP, vLLM,
+SGLang, ...) through its legacy /v1/completions endpoint.
+
+gen is a completion of the state's text; select scores every choice in ONE request (the prompt
+list [text + choice, ...] with echo and logprobs, max_tokens=0), reading the log-probabilities
+of the tokens past the text. There is no pinning over HTTP: the server's own prefix cache, if
+it has one, does the reuse. Roles need the model's chat markers: read from a radixrt server's
+/server_info, or given as chat_format ("chatml", "llama-3" or a ChatFormat).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import httpx
+
+from radixrt.frontend.backend import (
+    BackendError,
+    ChatFormat,
+    ChoiceLogprobs,
+    GenResult,
+    PieceCallback,
+)
+
+CHAT_FORMATS = {
+    "chatml": ChatFormat({r: (f"<|im_start|>{r}\n", "<|im_end|>\n")
+                          for r in ("system", "user", "assistant")}),
+    "llama-3": ChatFormat({r: (f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>")
+                           for r in ("system", "user", "assistant")}),
+}
+_NOT_SENT = ("logprobs", "top_logprobs", "prompt_logprobs_start", "n")
+HTTP_TIMEOUT_S = 600.0
+
+
+class OpenAICompatible:
+    def __init__(self, base_url: str, model: str, api_key: str | None = None,
+                 chat_format: str | ChatFormat | None = None,
+                 timeout: float = HTTP_TIMEOUT_S) -> None:
+        """base_url: the API root ending in /v1 (e.g. http://127.0.0.1:30000/v1)."""
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(headers=headers, timeout=timeout)
+        self._chat = self._resolve_chat(chat_format)
+
+    # --- Backend ------------------------------------------------------------------------------
+    def chat_format(self) -> ChatFormat:
+        return self._chat
+
+    def generate(self, text: str, params: dict[str, Any], constraint: tuple[str, Any] | None,
+                 on_piece: PieceCallback | None) -> GenResult:
+        if constraint is not None:
+            raise BackendError(f"gen({constraint[0]}=...) is not supported on OpenAICompatible")
+        body = {k: v for k, v in params.items() if k not in _NOT_SENT}
+        body.update(model=self.model, prompt=text)
+        if on_piece is None:
+            data = self._post(body)
+            choice = data["choices"][0]
+            usage = data.get("usage") or {}
+            return GenResult(choice["text"], choice.get("finish_reason"),
+                             usage.get("prompt_tokens", 0),
+                             (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+                             usage.get("completion_tokens", 0))
+        return self._stream(body, on_piece)
+
+    def score(self, text: str, choices: list[str], unconditional: bool) -> list[ChoiceLogprobs]:
+        prompts = [text + c for c in choices] + (list(choices) if unconditional else [])
+        data = self._post({"model": self.model, "prompt": prompts, "echo": True, "logprobs": 1,
+                           "max_tokens": 0, "temperature": 0.0})
+        by_index = sorted(data["choices"], key=lambda c: c["index"])
+        scored = []
+        for i in range(len(choices)):
+            cond = _logprobs_after(by_index[i]["logprobs"], len(text))
+            uncond = []
+            if unconditional:
+                uncond = _logprobs_after(by_index[len(choices) + i]["logprobs"], 0)
+            if not cond:
+                raise BackendError(f"the server returned no log-probabilities for {choices[i]!r}")
+            scored.append(ChoiceLogprobs(cond, uncond))
+        return scored
+
+    def pin(self, text: str) -> None:
+        return None
+
+    def unpin(self, handle: Any) -> None:
+        return None
+
+    def info(self) -> dict[str, Any]:
+        """A radixrt server's /server_info; {} from servers without one."""
+        try:
+            response = self._http.get(self._root() + "/server_info")
+        except httpx.HTTPError:
+            return {}
+        return response.json() if response.status_code == 200 else {}
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> OpenAICompatible:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- internals ----------------------------------------------------------------------------
+    def _root(self) -> str:
+        return self.base_url[: -len("/v1")] if self.base_url.endswith("/v1") else self.base_url
+
+    def _resolve_chat(self, chat_format: str | ChatFormat | None) -> ChatFormat:
+        if isinstance(chat_format, ChatFormat):
+            return chat_format
+        if chat_format is not None:
+            if chat_format not in CHAT_FORMATS:
+                raise ValueError(f"chat_format {chat_format!r} is unknown: use one of "
+                                 f"{sorted(CHAT_FORMATS)} or a ChatFormat")
+            return CHAT_FORMATS[chat_format]
+        return ChatFormat.from_info(self.info().get("chat", {}))
+
+    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            response = self._http.post(self.base_url + "/completions", json=body)
+        except httpx.HTTPError as exc:
+            raise BackendError(f"{self.base_url} did not answer: {exc}") from None
+        if response.status_code != 200:
+            raise BackendError(_error_message(response))
+        return response.json()
+
+    def _stream(self, body: dict[str, Any], on_piece: PieceCallback) -> GenResult:
+        body = dict(body, stream=True)
+        pieces: list[str] = []
+        reason = None
+        try:
+            with self._http.stream("POST", self.base_url + "/completions", json=body) as resp:
+                if resp.status_code != 200:
+                    resp.read()
+                    raise BackendError(_error_message(resp))
+                for line in resp.iter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    for choice in json.loads(line[len("data: "):]).get("choices", []):
+                        if choice.get("text"):
+                            pieces.append(choice["text"])
+                            on_piece(choice["text"])
+                        reason = choice.get("finish_reason") or reason
+        except httpx.HTTPError as exc:
+            raise BackendError(f"{self.base_url} did not answer: {exc}") from None
+        return GenResult("".join(pieces), reason)
+
+
+def _logprobs_after(logprobs: dict[str, Any], start_char: int) -> list[float]:
+    """Log-probabilities of the tokens that end past character start_char of the echoed text."""
+    offsets = logprobs["text_offset"]
+    tokens = logprobs["tokens"]
+    out = []
+    for offset, token, lp in zip(offsets, tokens, logprobs["token_logprobs"]):
+        if offset + len(token) > start_char and lp is not None:
+            out.append(float(lp))
+    return out
+
+
+def _error_message(response: httpx.Response) -> str:
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {response.status_code}: {response.text[:500]}"

@@ -1,0 +1,163 @@
+"""ProgramState: the `s` a program appends to; ForkGroup: the states `s.fork(n)` returns."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from radixrt.frontend.executor import StreamExecutor
+from radixrt.frontend.ir import RoleBegin, RoleEnd
+
+
+class ProgramState:
+    """`s += text | gen(...) | select(...) | user(...)`; `s["name"]` waits for a variable."""
+
+    def __init__(self, executor: StreamExecutor) -> None:
+        self._executor = executor
+        self.forks: list[ProgramState] = []  # every child of every fork, in creation order
+        self._groups: list[ForkGroup] = []
+
+    # --- appending ---------------------------------------------------------------------------
+    def __iadd__(self, expr: Any) -> ProgramState:
+        self._executor.submit(expr)
+        return self
+
+    @contextlib.contextmanager
+    def _role(self, role: str) -> Iterator[ProgramState]:
+        self._executor.submit(RoleBegin(role))
+        yield self
+        self._executor.submit(RoleEnd(role))
+
+    def system(self) -> contextlib.AbstractContextManager[ProgramState]:
+        """`with s.system(): s += "..."`: the same as `s += system("...")`."""
+        return self._role("system")
+
+    def user(self) -> contextlib.AbstractContextManager[ProgramState]:
+        return self._role("user")
+
+    def assistant(self) -> contextlib.AbstractContextManager[ProgramState]:
+        return self._role("assistant")
+
+    def fork(self, n: int) -> ForkGroup:
+        """n states that continue from the text so far. That text is computed once and kept in
+        the runtime's cache until the group is joined (or the program ends); the children run
+        concurrently."""
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"fork(n) needs an int n >= 1, got {n!r}")
+        ex = self._executor
+        ex.sync()
+        handle = ex.backend.pin(ex.transcript.text) if ex.transcript.text else None
+        children = [
+            ProgramState(StreamExecutor(ex.backend, ex.transcript.copy(), ex.variables, ex.stream))
+            for _ in range(n)
+        ]
+        group = ForkGroup(self, children, handle, set(ex.variables))
+        self.forks.extend(children)
+        self._groups.append(group)
+        return group
+
+    # --- reading -----------------------------------------------------------------------------
+    def __getitem__(self, name: str) -> Any:
+        return self._executor.get(name)
+
+    def get_var(self, name: str) -> Any:
+        return self._executor.get(name)
+
+    def get_meta_info(self, name: str) -> dict[str, Any]:
+        """How a variable came about: finish_reason and token counts for gen; the method, the
+        scores and the token log-probabilities of every choice for select."""
+        self._executor.get(name)
+        return self._executor.meta[name]
+
+    @property
+    def variables(self) -> dict[str, Any]:
+        self._executor.sync()
+        return dict(self._executor.variables)
+
+    def text(self) -> str:
+        self._executor.sync()
+        return self._executor.transcript.text
+
+    def messages(self) -> list[dict[str, str]]:
+        self._executor.sync()
+        return [dict(m) for m in self._executor.transcript.messages]
+
+    def text_iter(self, name: str | None = None) -> Iterator[str]:
+        """Stream text as it arrives: of the variable `name`, or all of it (name None). Pieces
+        come as the model makes them when the program runs with run(stream=True)."""
+        return self._executor.pieces(name)
+
+    def sync(self) -> ProgramState:
+        self._executor.sync()
+        return self
+
+    # --- ending ------------------------------------------------------------------------------
+    def _end(self) -> None:
+        """Finish this state and its forks (joining any group not joined); raise the first
+        failure."""
+        first: BaseException | None = None
+        for group in self._groups:
+            try:
+                group.join()
+            except BaseException as exc:  # noqa: BLE001 - keep ending the rest
+                first = first or exc
+            for child in group.states:
+                try:
+                    child._end()
+                except BaseException as exc:  # noqa: BLE001
+                    first = first or exc
+        try:
+            self._executor.end()
+        except BaseException as exc:  # noqa: BLE001
+            first = first or exc
+        if first is not None:
+            raise first
+
+    def __repr__(self) -> str:
+        with contextlib.suppress(Exception):
+            return f"ProgramState(text={self.text()!r})"
+        return "ProgramState(<failed>)"
+
+
+class ForkGroup:
+    """The children of one fork. `forks += expr` appends to each; `join()` waits for all, releases
+    the shared prefix, and gives the parent each new variable as a list (one value per child)."""
+
+    def __init__(self, parent: ProgramState, states: list[ProgramState], handle: Any,
+                 parent_vars: set[str]) -> None:
+        self.parent = parent
+        self.states = states
+        self._handle = handle
+        self._parent_vars = parent_vars
+        self._joined = False
+
+    def __len__(self) -> int:
+        return len(self.states)
+
+    def __iter__(self) -> Iterator[ProgramState]:
+        return iter(self.states)
+
+    def __getitem__(self, i: int) -> ProgramState:
+        return self.states[i]
+
+    def __iadd__(self, expr: Any) -> ForkGroup:
+        for state in self.states:
+            state += expr
+        return self
+
+    def join(self) -> ForkGroup:
+        if self._joined:
+            return self
+        self._joined = True
+        try:
+            for state in self.states:
+                state.sync()
+            names = {n for s in self.states for n in s._executor.variables} - self._parent_vars
+            merged = {n: [s._executor.variables.get(n) for s in self.states] for n in names}
+            with self.parent._executor._cond:
+                self.parent._executor.variables.update(merged)
+        finally:
+            if self._handle is not None:
+                self.parent._executor.backend.unpin(self._handle)
+        return self

@@ -1,0 +1,304 @@
+"""The DSL against a live local runtime (`rx.Runtime()`: the real process trio over ZeroMQ) on the
+default model: every primitive, prefix reuse seen in the runtime's counters, errors, and the
+same programs through RuntimeEndpoint and OpenAICompatible."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+import radixrt as rx
+from radixrt import SamplingParams
+
+FACTS = ("Paris is the capital of France. Berlin is the capital of Germany. Madrid is the "
+         "capital of Spain. Rome is the capital of Italy. Lisbon is the capital of Portugal. ")
+
+
+@pytest.fixture(scope="module")
+def rt() -> Iterator[rx.Runtime]:
+    runtime = rx.Runtime(max_total_tokens=8192, check_integrity=True, log_level="warning")
+    yield runtime
+    runtime.close()
+    assert runtime.proc.returncode == 0, runtime.log_tail()
+
+
+def counters_delta(rt: rx.Runtime, before: dict) -> dict[str, int]:
+    after = rt.info()
+    return {k: after[k] - before[k] for k in ("prompt_tokens", "cached_tokens", "computed_tokens")}
+
+
+# --- gen ---------------------------------------------------------------------------------------
+def test_gen_equals_the_engine_with_max_tokens_and_stop(rt, make_engine):
+    @rx.function
+    def complete(s, prompt):
+        s += prompt
+        s += rx.gen("free", max_tokens=12, temperature=0)
+        s += "\nAgain: " + prompt
+        s += rx.gen("stopped", max_tokens=40, temperature=0, stop=".")
+
+    state = complete.run(prompt="The capital of France is", backend=rt)
+    engine = make_engine()
+    first = engine.generate("The capital of France is", SamplingParams(max_tokens=12,
+                                                                      temperature=0))[0]
+    assert state["free"] == first.text
+    assert state.get_meta_info("free")["completion_tokens"] == 12
+    assert state.get_meta_info("free")["finish_reason"] == "length"
+    prefix = "The capital of France is" + first.text + "\nAgain: The capital of France is"
+    second = engine.generate(prefix, SamplingParams(max_tokens=40, temperature=0, stop=["."]))[0]
+    assert state["stopped"] == second.text and "." not in state["stopped"]
+    assert state.get_meta_info("stopped")["finish_reason"] == "stop"
+    assert state.text() == prefix + second.text
+
+
+# --- select ------------------------------------------------------------------------------------
+def _hf_logprobs(hf_model, ids: list[int], start: int) -> list[float]:
+    with torch.no_grad():
+        logits = hf_model(torch.tensor([ids])).logits[0].float().log_softmax(-1)
+    return [logits[t - 1, ids[t]].item() for t in range(start, len(ids))]
+
+
+@pytest.mark.parametrize("method", ["token_length_normalized", "greedy",
+                                    "unconditional_likelihood_normalized"])
+def test_select_scores_equal_a_direct_computation(rt, tokenizer, hf_model, method):
+    text = FACTS + "Question: What is the capital of Germany? Answer:"
+    choices = [" Paris", " Berlin", " the city of Madrid"]
+
+    @rx.function
+    def ask(s):
+        s += text
+        s += rx.select("answer", choices, method=method)
+
+    state = ask.run(backend=rt)
+    meta = state.get_meta_info("answer")
+    prefix = tokenizer.encode(text)
+    for i, choice in enumerate(choices):
+        full = tokenizer.encode(text + choice)
+        start = next(j for j, (a, b) in enumerate(zip(prefix + [-1], full)) if a != b)
+        direct = _hf_logprobs(hf_model, full, start)
+        assert meta["token_logprobs"][i] == pytest.approx(direct, abs=2e-3)
+        if method == "unconditional_likelihood_normalized":
+            alone = [tokenizer.eos_token_id if tokenizer.bos_token_id is None
+                     else tokenizer.bos_token_id, *tokenizer.encode(choice,
+                                                                    add_special_tokens=False)]
+            uncond = _hf_logprobs(hf_model, alone, 1)
+            assert meta["unconditional_token_logprobs"][i] == pytest.approx(uncond, abs=2e-3)
+            expect = (sum(direct) - sum(uncond)) / len(direct)
+        elif method == "greedy":
+            expect = direct[0]
+        else:
+            expect = sum(direct) / len(direct)
+        assert meta["scores"][i] == pytest.approx(expect, abs=2e-3)
+    best = max(range(len(choices)), key=lambda i: (
+        meta["token_logprobs"][i] if method == "greedy" else meta["scores"][i]))
+    assert state["answer"] == choices[best]
+    assert state.text() == text + choices[best]
+
+
+# --- roles -------------------------------------------------------------------------------------
+def test_roles_render_the_chat_template(rt, tokenizer):
+    @rx.function
+    def chat(s):
+        s += rx.system("You answer briefly.")
+        with s.user():
+            s += "Name a color."
+        s += rx.assistant(rx.gen("color", max_tokens=8, temperature=0))
+        s += rx.user("And a fruit?")
+
+    state = chat.run(backend=rt)
+    messages = state.messages()
+    assert [m["role"] for m in messages] == ["system", "user", "assistant", "user"]
+    assert messages[2]["content"] == state["color"]
+    assert state.text() == tokenizer.apply_chat_template(messages, tokenize=False)
+
+    @rx.function
+    def no_system(s):
+        s += rx.user("Hi")
+
+    expected = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False)
+    assert no_system.run(backend=rt).text() == expected  # the template's default system prompt
+
+
+# --- fork / join and prefix reuse --------------------------------------------------------------
+def test_fork_prefix_is_computed_once_and_join_gathers(rt, tokenizer):
+    prefix = FACTS * 3 + "Now list one more fact about Europe."
+    num_tokens = len(tokenizer.encode(prefix))
+
+    @rx.function
+    def branches(s):
+        s += prefix
+        forks = s.fork(4)
+        for i, f in enumerate(forks):
+            f += f" Fact {i + 1}:"
+            f += rx.gen("fact", max_tokens=6, temperature=0)
+        forks.join()
+        s += " Done."
+
+    before = rt.info()
+    state = branches.run(backend=rt)
+    delta = counters_delta(rt, before)
+    facts = state["fact"]
+    assert isinstance(facts, list) and len(facts) == 4
+    assert facts == [f["fact"] for f in state.forks]
+    assert state.text() == prefix + " Done."
+    # the prefix was computed once (by the pin) and then served from the cache 4 times
+    assert delta["cached_tokens"] >= 4 * (num_tokens - 2)
+    assert delta["computed_tokens"] < num_tokens + 4 * 20
+    assert rt.info()["pinned"] == 0  # join released it
+
+
+def test_run_batch_computes_the_few_shot_prefix_once(rt, tokenizer):
+    shots = "".join(f"Q: What is {a} plus {b}?\nA: {a + b}\n\n" for a, b in
+                    [(1, 2), (3, 4), (5, 6), (7, 8), (2, 2), (9, 1), (4, 4), (6, 3)])
+
+    @rx.function
+    def few_shot(s, question):
+        s += shots
+        s += "Q: " + question + "\nA:"
+        s += rx.select("answer", [" 2", " 4", " 6", " 8"])
+
+    questions = [f"What is {a} plus {b}?" for a, b in [(1, 1), (2, 2), (3, 3), (4, 4), (1, 3)]]
+    before = rt.info()
+    states = few_shot.run_batch([{"question": q} for q in questions], backend=rt,
+                                num_threads=5)
+    delta = counters_delta(rt, before)
+    assert [s["answer"] for s in states][:4] == [" 2", " 4", " 6", " 8"]
+    shot_tokens = len(tokenizer.encode(shots))
+    # traced constant prefix computed once; each program's select finds it cached
+    assert delta["cached_tokens"] >= len(questions) * (shot_tokens - 2)
+    assert delta["computed_tokens"] < shot_tokens + len(questions) * 60
+
+
+# --- constrained decoding ----------------------------------------------------------------------
+def test_gen_with_regex_json_schema_and_choices(rt):
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                                "rank": {"type": "integer", "minimum": 1,
+                                                         "maximum": 9}},
+              "required": ["city", "rank"]}
+
+    @rx.function
+    def extract(s):
+        s += "Paris is the first city of France. As JSON: "
+        s += rx.gen("record", json_schema=schema, max_tokens=40, temperature=0)
+        s += "\nYear founded: " + rx.gen("year", regex=r"[0-9]{3,4}", max_tokens=8)
+        s += "\nIs it big? " + rx.gen("big", choices=["yes", "no"], max_tokens=4)
+
+    state = extract.run(backend=rt)
+    record = json.loads(state["record"])
+    assert set(record) == {"city", "rank"} and 1 <= record["rank"] <= 9
+    assert re.fullmatch(r"[0-9]{3,4}", state["year"])
+    assert state["big"] in ("yes", "no")
+
+    @rx.function
+    def broken(s):
+        s += "x" + rx.gen("y", regex="(ab")
+
+    with pytest.raises(rx.BackendError, match="regex"):
+        broken.run(backend=rt)
+
+
+# --- streaming ---------------------------------------------------------------------------------
+def test_streaming_yields_pieces_of_a_variable(rt):
+    @rx.function
+    def story(s):
+        s += "Once upon a time"
+        s += rx.gen("story", max_tokens=24, temperature=0, ignore_eos=True)
+
+    state = story.run(backend=rt, stream=True)
+    pieces = list(state.text_iter("story"))
+    assert len(pieces) > 1
+    assert "".join(pieces) == state["story"]
+    assert "".join(state.text_iter()) == state.text()
+
+
+# --- errors ------------------------------------------------------------------------------------
+def test_errors_surface_as_exceptions_and_the_runtime_keeps_serving(rt):
+    @rx.function
+    def too_long(s):
+        s += "Hello"
+        s += rx.gen("x", max_tokens=10**6)
+
+    with pytest.raises(rx.BackendError, match="max_tokens"):
+        too_long.run(backend=rt)
+
+    @rx.function
+    def bad_param(s):
+        s += rx.gen("x", temperature=-1)
+
+    with pytest.raises(ValueError, match="temperature"):
+        bad_param.run(backend=rt)
+    with pytest.raises(TypeError, match="unknown option"):
+        rx.gen("x", max_tokenz=3)
+    with pytest.raises(ValueError, match="choices"):
+        rx.select("x", [])
+    with pytest.raises(ValueError, match="method"):
+        rx.select("x", ["a"], method="vote")
+
+    @rx.function
+    def nested(s):
+        s += rx.user(rx.user("hi"))
+
+    with pytest.raises(ValueError, match="do not nest"):
+        nested.run(backend=rt)
+
+    @rx.function
+    def missing(s):
+        s += "Hi"
+        return s["nope"]
+
+    with pytest.raises(KeyError, match="nope"):
+        missing.run(backend=rt)
+
+    @rx.function
+    def fine(s):
+        s += "2 + 2 ="
+        s += rx.gen("x", max_tokens=3, temperature=0)
+
+    assert fine.run(backend=rt)["x"]
+    assert rt.info()["running"] == 0
+
+
+def test_unreachable_endpoint_is_a_clear_error():
+    with pytest.raises(rx.BackendError, match="no radixrt runtime answered"):
+        rx.RuntimeEndpoint("tcp://127.0.0.1:9", connect_timeout=1)
+
+
+# --- other backends ----------------------------------------------------------------------------
+def test_openai_compatible_backend_runs_the_same_program(rt):
+    @rx.function
+    def qa(s):
+        s += rx.user("What is the capital of Italy?")
+        s += rx.assistant(rx.gen("answer", max_tokens=10, temperature=0))
+        s += rx.user("Is that right?") + rx.assistant(rx.select("check", ["Yes", "No"]))
+
+    native = qa.run(backend=rt)
+    with rx.OpenAICompatible(f"{rt.base_url}/v1", model="default") as openai_backend:
+        over_http = qa.run(backend=openai_backend)
+    assert over_http.text() == native.text()
+    assert over_http.get_meta_info("check")["scores"] == pytest.approx(
+        native.get_meta_info("check")["scores"], abs=2e-3)
+
+
+def test_frontend_over_a_remote_endpoint_does_not_import_torch(rt):
+    code = textwrap.dedent(f"""
+        import sys
+        import radixrt as rx
+        @rx.function
+        def hello(s):
+            s += "Hello, my name is"
+            s += rx.gen("name", max_tokens=4, temperature=0)
+        with rx.RuntimeEndpoint("{rt.address}") as ep:
+            print(repr(hello.run(backend=ep)["name"]))
+        assert "torch" not in sys.modules, "torch was imported"
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip()
