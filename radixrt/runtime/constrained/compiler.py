@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import pickle
 import re
 import threading
 from collections import OrderedDict
@@ -110,8 +109,8 @@ class GrammarCompiler:
                 return cached
         path = self._path(key)
         if path is not None and path.exists():
-            with open(path, "rb") as f:
-                grammar = CompiledGrammar(key, pickle.load(f), self.table)
+            with open(path, "rb") as f:  # outlines-core's own binary format, not a pickle
+                grammar = CompiledGrammar(key, Index.from_binary(f.read()), self.table)
             self._remember(key, grammar)
             return grammar
         return self.get(constraint)
@@ -128,7 +127,7 @@ class GrammarCompiler:
             if path is not None and not path.exists():
                 tmp = path.with_suffix(".tmp")
                 with open(tmp, "wb") as f:
-                    pickle.dump(index, f)
+                    f.write(_index_bytes(index))
                 os.replace(tmp, path)
             grammar = CompiledGrammar(key, index, self.table)
             self._remember(key, grammar)
@@ -149,6 +148,13 @@ class GrammarCompiler:
             return None
         self.store_dir.mkdir(parents=True, exist_ok=True)
         return self.store_dir / f"{key}.index"
+
+
+def _index_bytes(index: Index) -> bytes:
+    """outlines-core's serialisation of an Index (what its pickle support wraps)."""
+    loader, (data,) = index.__reduce__()
+    assert loader == Index.from_binary and isinstance(data, bytes)
+    return data
 
 
 def _short(pattern: object, limit: int = 80) -> str:
