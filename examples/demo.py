@@ -1,74 +1,103 @@
-"""`make demo`: the engine on the embedded default model (SmolLM2-135M-Instruct, CPU is fine).
+"""`make demo`: a tour of the radixrt DSL on the embedded default model (SmolLM2-135M-Instruct).
 
-Runs a few chat questions that share a system prompt as one batch, then a second round that reuses
-the cached prefix, streams one answer, and prints what the radix cache saved.
+Starts one local runtime (`rx.Runtime()`, which runs `radixrt serve` in a child process) and runs
+the six examples of this folder on it, one after the other:
+
+  few_shot_qa      few-shot multiple choice with `select`, as one batch over a shared prefix
+  tree_of_thought  fork at two levels, score the leaves with `select`, follow the best one
+  react_agent      Thought / Action / Observation with real Python tools
+  json_extraction  a JSON record built field by field with `gen` and `select`
+  multi_turn_chat  a streamed conversation with system / user / assistant roles
+  llm_judge        three reviewers forked from one article, joined, then a verdict
+
+After each one it prints what the runtime's radix cache saved (its server_info counters: prompt
+tokens that were found in the cache instead of being computed), then a summary. A model this
+small makes mistakes; the point is how the programs are written and what the runtime reuses.
+
+Run:  make demo   (or HF_HUB_OFFLINE=1 .venv/bin/python examples/demo.py); CPU is fine.
 """
 
 from __future__ import annotations
 
-import asyncio
+import importlib.util
 import time
+from pathlib import Path
+from types import ModuleType
+from typing import Any
 
-import radixrt
-from radixrt import SamplingParams
+import radixrt as rx
 
-SYSTEM = (
-    "You are a concise assistant. Answer every question in one short sentence. "
-    "Be accurate, and do not add any preamble or explanation."
-)
-QUESTIONS = [
-    "What is the capital of France?",
-    "What do bees make?",
-    "How many legs does a spider have?",
-    "What colour is a ripe banana?",
+HERE = Path(__file__).resolve().parent
+EXAMPLES = [
+    ("few_shot_qa", "few-shot multiple choice: select over a shared few-shot prefix"),
+    ("tree_of_thought", "tree of thought: fork 2 x 2, score leaves, pick a branch"),
+    ("react_agent", "ReAct agent: Thought / Action / Observation with Python tools"),
+    ("json_extraction", "JSON extraction field by field (no constrained decoding)"),
+    ("multi_turn_chat", "multi-turn chat with roles, streamed"),
+    ("llm_judge", "LLM judge: fork 3 reviewers, join, select a verdict"),
 ]
 
 
-def chat(question: str) -> list[dict[str, str]]:
-    return [{"role": "system", "content": SYSTEM}, {"role": "user", "content": question}]
+def load_example(name: str) -> ModuleType:
+    """Import examples/<name>.py (this folder is not a package)."""
+    spec = importlib.util.spec_from_file_location(f"radixrt_example_{name}", HERE / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def headline(name: str, result: dict[str, Any]) -> str:
+    """One line of the summary: the example's key result."""
+    if name == "few_shot_qa":
+        return f"accuracy {result['accuracy']:.0%} on {len(result['answers'])} questions"
+    if name == "tree_of_thought":
+        i, j = result["best"]
+        return f"best leaf {i}.{j} of {len(result['ideas'])}x{len(result['steps'][0])}"
+    if name == "react_agent":
+        return "; ".join(f"{r['question']!r} -> {r['answer']!r}" for r in result["results"])
+    if name == "json_extraction":
+        first = result["records"][0]
+        return f"{len(result['records'])} records, e.g. {first['name']!r}, age {first['age']!r}"
+    if name == "multi_turn_chat":
+        return f"{len(result['messages'])} messages, last: {result['answers'][-1].strip()!r}"
+    if name == "llm_judge":
+        return f"verdict {result['verdict']!r} after {len(result['opinions'])} opinions"
+    return ""
 
 
 def main() -> None:
-    t0 = time.perf_counter()
-    engine = radixrt.Engine()  # the default model; every option is an EngineConfig field
-    print(f"loaded the default model in {time.perf_counter() - t0:.1f}s "
-          f"(KV pool: {engine.stats()['kv_total']} tokens)\n")
-    params = SamplingParams(max_tokens=32, temperature=0)
+    t_start = time.perf_counter()
+    print("starting the runtime (radixrt serve in a child process) ...", flush=True)
+    with rx.Runtime(max_total_tokens=16384) as rt:
+        print(f"ready in {time.perf_counter() - t_start:.1f}s: model {rt.model}, "
+              f"{rt.info()['kv_total']} KV tokens on {rt.info()['device']}\n", flush=True)
+        rows = []
+        for name, title in EXAMPLES:
+            print(f"=== {name}: {title} ===", flush=True)
+            module = load_example(name)
+            before = rt.info()
+            t0 = time.perf_counter()
+            result = module.main(rt)
+            elapsed = time.perf_counter() - t0
+            after = rt.info()
+            prompt = after["prompt_tokens"] - before["prompt_tokens"]
+            cached = after["cached_tokens"] - before["cached_tokens"]
+            rate = cached / prompt if prompt else 0.0
+            print(f"--- {elapsed:.1f}s; this example: {cached}/{prompt} prompt tokens from the "
+                  f"cache ({rate:.0%}); runtime so far: {after['cache_hit_rate']:.0%} hit rate, "
+                  f"{after['generated_tokens']} tokens generated\n", flush=True)
+            rows.append((name, elapsed, rate, headline(name, result)))
 
-    t0 = time.perf_counter()
-    outs = engine.generate([chat(q) for q in QUESTIONS], params)
-    elapsed = time.perf_counter() - t0
-    for q, out in zip(QUESTIONS, outs):
-        print(f"Q: {q}\nA: {out.text.strip()}  [{out.finish_reason}, "
-              f"{out.prompt_tokens} prompt tokens, {out.cached_tokens} cached]\n")
-    tokens = sum(o.completion_tokens for o in outs)
-    print(f"batch of {len(outs)}: {tokens} tokens in {elapsed:.2f}s ({tokens / elapsed:.1f} tok/s)")
-
-    print("\nStreaming a follow-up turn (its whole history is already cached):")
-    history = chat(QUESTIONS[0]) + [
-        {"role": "assistant", "content": outs[0].text.strip()},
-        {"role": "user", "content": "And what river runs through it?"},
-    ]
-
-    async def stream() -> None:
-        async for chunk in engine.generate_stream(history, params):
-            print(chunk.text, end="", flush=True)
-        print()
-
-    asyncio.run(stream())
-
-    samples = engine.generate(
-        chat("Invent a name for a cat."),
-        SamplingParams(max_tokens=12, temperature=0.8, n=3, seed=1),
-    )[0]
-    print("\nn=3 samples sharing one prompt prefill:",
-          [s.text.strip() for s in samples.samples])
-
-    engine.check_integrity()
-    st = engine.stats()
-    print(f"\nradix cache: {st['cached_tokens']} of {st['prompt_tokens']} prompt tokens reused "
-          f"(hit rate {st['cache_hit_rate']:.0%}); {st['steps']} forward steps; "
-          f"KV pool free {st['kv_free']} / cached {st['kv_evictable']} / total {st['kv_total']}")
+        info = rt.info()
+    total = time.perf_counter() - t_start
+    print("=== summary ===")
+    for name, elapsed, rate, line in rows:
+        print(f"{name:<16} {elapsed:6.1f}s  cache hit {rate:4.0%}  {line}")
+    print(f"\nruntime: {info['cached_tokens']} of {info['prompt_tokens']} prompt tokens reused "
+          f"(hit rate {info['cache_hit_rate']:.0%}), {info['computed_tokens']} computed, "
+          f"{info['generated_tokens']} generated in {info['steps']} steps; "
+          f"total {total:.0f}s including startup")
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ class StreamExecutor:
         self.transcript = transcript
         self.variables: dict[str, Any] = dict(variables or {})
         self.meta: dict[str, dict[str, Any]] = {}
+        self.set_here: list[str] = []  # variables this state set itself (not inherited), in order
         self.stream = stream
         self.error: BaseException | None = None
         self._cond = threading.Condition()
@@ -82,6 +83,13 @@ class StreamExecutor:
         self._thread.join()
         with self._cond:
             self._raise_if_failed()
+
+    def merge(self, values: dict[str, Any], meta: dict[str, Any]) -> None:
+        """Join: take the children's variables (each a list, one value per child)."""
+        with self._cond:
+            self.variables.update(values)
+            self.meta.update(meta)
+            self._cond.notify_all()
 
     def pieces(self, name: str | None) -> Iterator[str]:
         """Text as it is appended: of one variable, or (name None) everything."""
@@ -184,6 +192,8 @@ class StreamExecutor:
         with self._cond:
             self.variables[name] = value
             self.meta[name] = meta
+            if name not in self.set_here:
+                self.set_here.append(name)
             self._cond.notify_all()
 
     # --- helpers (hold self._cond) ----------------------------------------------------------

@@ -7,6 +7,7 @@ process with those options as flags, talks to it over ZeroMQ on 127.0.0.1, and s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -52,8 +53,12 @@ class Runtime(RuntimeEndpoint):
             return f.read()[-_LOG_TAIL_CHARS:]
 
     def close(self) -> None:
+        """Stop the runtime; its log file is removed when it stopped cleanly."""
         super().close()
         self._stop()
+        if self.proc.returncode == 0:
+            with contextlib.suppress(OSError):
+                os.remove(self.log_path)
 
     def __enter__(self) -> Runtime:
         return self

@@ -91,12 +91,16 @@ class Program:
 
     def _run_state(self, state: ProgramState, bound: dict[str, Any]) -> None:
         try:
-            self.func(state, **bound)
+            state.return_value = self.func(state, **bound)
         except BaseException:
             with contextlib.suppress(BaseException):  # the program's own error is the one to see
                 state._end()
+            state._finished.set()
             raise
-        state._end()
+        try:
+            state._end()
+        finally:
+            state._finished.set()
 
     def _run_quietly(self, state: ProgramState, bound: dict[str, Any]) -> None:
         """Streaming runs: a failure is recorded on the state, where its readers see it."""

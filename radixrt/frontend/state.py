@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,7 +17,9 @@ class ProgramState:
     def __init__(self, executor: StreamExecutor) -> None:
         self._executor = executor
         self.forks: list[ProgramState] = []  # every child of every fork, in creation order
+        self.return_value: Any = None  # what the program function returned
         self._groups: list[ForkGroup] = []
+        self._finished = threading.Event()  # the program function has returned (or failed)
 
     # --- appending ---------------------------------------------------------------------------
     def __iadd__(self, expr: Any) -> ProgramState:
@@ -52,7 +55,7 @@ class ProgramState:
             ProgramState(StreamExecutor(ex.backend, ex.transcript.copy(), ex.variables, ex.stream))
             for _ in range(n)
         ]
-        group = ForkGroup(self, children, handle, set(ex.variables))
+        group = ForkGroup(self, children, handle)
         self.forks.extend(children)
         self._groups.append(group)
         return group
@@ -89,6 +92,15 @@ class ProgramState:
         return self._executor.pieces(name)
 
     def sync(self) -> ProgramState:
+        """Wait for what has been appended so far."""
+        self._executor.sync()
+        return self
+
+    def wait(self, timeout: float | None = None) -> ProgramState:
+        """Wait for the whole program (a run(stream=True) runs in the background); raises its
+        failure."""
+        if not self._finished.wait(timeout):
+            raise TimeoutError(f"the program did not finish within {timeout} s")
         self._executor.sync()
         return self
 
@@ -122,14 +134,13 @@ class ProgramState:
 
 class ForkGroup:
     """The children of one fork. `forks += expr` appends to each; `join()` waits for all, releases
-    the shared prefix, and gives the parent each new variable as a list (one value per child)."""
+    the shared prefix, and gives the parent every variable the children set as a list (one value
+    per child; its get_meta_info is the list of the children's)."""
 
-    def __init__(self, parent: ProgramState, states: list[ProgramState], handle: Any,
-                 parent_vars: set[str]) -> None:
+    def __init__(self, parent: ProgramState, states: list[ProgramState], handle: Any) -> None:
         self.parent = parent
         self.states = states
         self._handle = handle
-        self._parent_vars = parent_vars
         self._joined = False
 
     def __len__(self) -> int:
@@ -153,10 +164,12 @@ class ForkGroup:
         try:
             for state in self.states:
                 state.sync()
-            names = {n for s in self.states for n in s._executor.variables} - self._parent_vars
-            merged = {n: [s._executor.variables.get(n) for s in self.states] for n in names}
-            with self.parent._executor._cond:
-                self.parent._executor.variables.update(merged)
+            names: list[str] = []  # every variable a child set after the fork, in order
+            for state in self.states:
+                names += [n for n in state._executor.set_here if n not in names]
+            values = {n: [s._executor.variables.get(n) for s in self.states] for n in names}
+            meta = {n: [s._executor.meta.get(n) for s in self.states] for n in names}
+            self.parent._executor.merge(values, meta)
         finally:
             if self._handle is not None:
                 self.parent._executor.backend.unpin(self._handle)
