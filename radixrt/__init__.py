@@ -18,6 +18,10 @@ if TYPE_CHECKING:
     from radixrt.runtime.outputs import CompletionOutput, RequestOutput, StreamChunk
 
 __all__ = [
+    "Backend",
+    "ChatFormat",
+    "ChoiceLogprobs",
+    "GenResult",
     "BackendError",
     "ForkGroup",
     "OpenAICompatible",
@@ -48,6 +52,10 @@ _LAZY = {
     "StreamChunk": "radixrt.runtime.outputs",
     "OpenAICompatible": "radixrt.frontend.openai_backend",
     "BackendError": "radixrt.frontend",
+    "GenResult": "radixrt.frontend",
+    "ChoiceLogprobs": "radixrt.frontend",
+    "ChatFormat": "radixrt.frontend",
+    "Backend": "radixrt.frontend",
     "ForkGroup": "radixrt.frontend",
     "Program": "radixrt.frontend",
     "ProgramState": "radixrt.frontend",

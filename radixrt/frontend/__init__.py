@@ -2,14 +2,24 @@
 and run on a backend (a local `Runtime`, a `RuntimeEndpoint`, or an `OpenAICompatible` server)."""
 
 from radixrt.frontend.api import assistant, gen, select, set_default_backend, system, user
-from radixrt.frontend.backend import BackendError
+from radixrt.frontend.backend import (
+    Backend,
+    BackendError,
+    ChatFormat,
+    ChoiceLogprobs,
+    GenResult,
+)
 from radixrt.frontend.local_runtime import Runtime
 from radixrt.frontend.program import Program, function
 from radixrt.frontend.runtime_endpoint import RuntimeEndpoint
 from radixrt.frontend.state import ForkGroup, ProgramState
 
 __all__ = [
+    "Backend",
     "BackendError",
+    "ChatFormat",
+    "ChoiceLogprobs",
+    "GenResult",
     "ForkGroup",
     "Program",
     "ProgramState",

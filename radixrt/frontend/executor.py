@@ -89,6 +89,7 @@ class StreamExecutor:
         with self._cond:
             self.variables.update(values)
             self.meta.update(meta)
+            self.set_here += [n for n in values if n not in self.set_here]  # nested joins
             self._cond.notify_all()
 
     def pieces(self, name: str | None) -> Iterator[str]:

@@ -42,6 +42,7 @@ class RuntimeEndpoint:
                 "`radixrt serve --dsl-port PORT`"
             ) from None
         self._chat = ChatFormat.from_info(reply.info.get("chat", {}))
+        self._cache_on = not reply.info.get("disable_radix_cache", False)
         self.model = reply.info.get("model")
 
     # --- Backend ------------------------------------------------------------------------------
@@ -66,6 +67,8 @@ class RuntimeEndpoint:
                 for c in reply.choices]
 
     def pin(self, text: str) -> int | None:
+        if not self._cache_on:  # nothing to keep: computing the prefix first would be waste
+            return None
         reply = self._client.call(op="generate", text=text, params=_PREFILL_ONLY, pin=True)
         return reply.pin_id if reply.pin_id >= 0 else None
 

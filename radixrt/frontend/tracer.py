@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from radixrt.frontend.backend import ChatFormat
-from radixrt.frontend.ir import RoleBegin, RoleEnd, Text, as_expr, flatten
+from radixrt.frontend.ir import Concat, Expr, RoleBegin, RoleEnd, Text, as_expr, flatten
 from radixrt.frontend.transcript import Transcript
 
 
@@ -24,11 +24,24 @@ def _stop(*_args: Any, **_kwargs: Any) -> Any:
     raise _TraceStop
 
 
-class TraceArg:
-    """Stands for a program argument: any use of it ends the trace."""
+class _End(Expr):
+    """Where an argument's text would start: the trace ends here, after what came before."""
 
-    __radixrt_expr__ = _stop
-    __str__ = __format__ = __repr__ = __add__ = __radd__ = __mul__ = _stop
+
+class TraceArg:
+    """Stands for a program argument: any use of it ends the trace. `"text " + arg` keeps the
+    constant text before the argument."""
+
+    def __radixrt_expr__(self) -> Expr:
+        return _End()
+
+    def __radd__(self, other: Any) -> Expr:
+        return Concat((as_expr(other), _End()))
+
+    def __add__(self, other: Any) -> Expr:
+        return _End()
+
+    __str__ = __format__ = __repr__ = __mul__ = _stop
     __getattr__ = __getitem__ = __iter__ = __len__ = __bool__ = __eq__ = __hash__ = _stop
     __lt__ = __le__ = __gt__ = __ge__ = __contains__ = __call__ = __int__ = __float__ = _stop
 
@@ -47,7 +60,7 @@ class TracingState:
                 self.transcript.begin_role(leaf.role)
             elif isinstance(leaf, RoleEnd):
                 self.transcript.end_role(leaf.role)
-            else:
+            else:  # gen, select, or an argument's text: not constant
                 raise _TraceStop
         return self
 

@@ -205,6 +205,7 @@ class SchedulerState:
             "preemptions": s.preemptions,
             "swaps": s.swaps,
             "pinned": len(self.pins),
+            "disable_radix_cache": self.kv.disable_radix_cache,
         }
 
     # --- accounting ------------------------------------------------------------------------

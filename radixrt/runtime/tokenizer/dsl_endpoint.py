@@ -36,6 +36,7 @@ class DslEndpoint:
         self._calls: dict[tuple[bytes, int], asyncio.Task] = {}
         self._loop_task: asyncio.Task | None = None
         self._chat = chat_roles(manager.tokenizer)
+        self._cache_on: bool | None = None  # the runtime's radix cache, read on first use
 
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._serve())
@@ -90,8 +91,11 @@ class DslEndpoint:
         await self._reply(identity, DslReply(call_id=req.call_id, done=True))
 
     async def _score(self, identity: bytes, req: DslRequest) -> None:
+        if self._cache_on is None:
+            info = await self.manager.server_info()
+            self._cache_on = not info.get("disable_radix_cache", False)
         choices = await score_choices(self.manager, req.text or "", list(req.choices),
-                                      req.unconditional)
+                                      req.unconditional, prefill_first=self._cache_on)
         await self._reply(identity, DslReply(call_id=req.call_id, done=True, choices=choices))
 
     async def _generate(self, identity: bytes, req: DslRequest) -> None:

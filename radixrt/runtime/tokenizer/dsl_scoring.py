@@ -18,9 +18,11 @@ _GREEDY_ONE = SamplingParams(max_tokens=1, temperature=0.0)
 
 
 async def score_choices(
-    manager: TokenizerManager, text: str, choices: list[str], unconditional: bool
+    manager: TokenizerManager, text: str, choices: list[str], unconditional: bool,
+    prefill_first: bool = True,
 ) -> list[DslChoice]:
     """Log-probabilities of each choice's tokens after `text` (and alone, if unconditional).
+    prefill_first: compute the shared text before the choices (pointless without a radix cache).
     Raises ValueError for empty text or choices, or when the runtime refuses a request."""
     if not text:
         raise ValueError("select needs some text before it to score the choices against")
@@ -29,7 +31,7 @@ async def score_choices(
     prefix_ids = manager.encode(text)
     full_ids = [manager.encode(text + c) for c in choices]
     start = max(1, min(min(_common_len(prefix_ids, ids), len(ids) - 1) for ids in full_ids))
-    if start > 1:  # prefill the shared text once; the choices then find it in the radix cache
+    if prefill_first and start > 1:  # the shared text once; the choices find it in the cache
         await _prompt_logprobs(manager, prefix_ids[:start], None)
     tasks = [_prompt_logprobs(manager, ids, start) for ids in full_ids]
     if unconditional:

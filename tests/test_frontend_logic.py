@@ -1,0 +1,121 @@
+"""The DSL's own logic on a small in-memory backend (no model): tracing of constant prefixes,
+nested fork/join, failures. Everything that needs a runtime is in tests/test_dsl.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+import radixrt as rx
+from radixrt.frontend.tracer import constant_prefix
+
+CHAT = rx.ChatFormat({r: (f"<{r}>", f"</{r}>") for r in ("system", "user", "assistant")},
+                     preamble="<default-system/>")
+
+
+class EchoBackend:
+    """gen returns "<n>" where n counts calls; select picks the longest choice."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.pins: list[str] = []
+        self.unpinned = 0
+
+    def chat_format(self) -> rx.ChatFormat:
+        return CHAT
+
+    def generate(self, text: str, params: dict[str, Any], constraint: Any,
+                 on_piece: Any) -> rx.GenResult:
+        if params.get("max_tokens") == 7:
+            raise rx.BackendError("the runtime refused max_tokens=7")
+        self.calls += 1
+        return rx.GenResult(f"<{self.calls}>", "length")
+
+    def score(self, text: str, choices: list[str], unconditional: bool) -> list[Any]:
+        return [rx.ChoiceLogprobs([float(len(c))]) for c in choices]
+
+    def pin(self, text: str) -> int:
+        self.pins.append(text)
+        return len(self.pins)
+
+    def unpin(self, handle: Any) -> None:
+        self.unpinned += 1
+
+    def info(self) -> dict[str, Any]:
+        return {}
+
+
+def test_constant_prefix_stops_at_the_first_argument_or_model_call():
+    def text_then_arg(s, q):
+        s += "Shots. " + "Q: " + q
+
+    def roles(s, q):
+        s += rx.system("sys") + rx.user("Question: " + q)
+
+    def gen_first(s, q):
+        s += "Hello" + rx.gen("x")
+        s += q
+
+    def fstring(s, q):
+        s += "A"
+        s += f"B {q}"
+
+    assert constant_prefix(text_then_arg, ["q"], lambda: CHAT) == "Shots. Q: "
+    assert constant_prefix(roles, ["q"], lambda: CHAT) == "<system>sys</system><user>Question: "
+    assert constant_prefix(gen_first, ["q"], lambda: CHAT) == "Hello"
+    assert constant_prefix(fstring, ["q"], lambda: CHAT) == "A"
+
+
+def test_nested_forks_join_into_the_grandparent_with_meta():
+    backend = EchoBackend()
+
+    @rx.function
+    def tree(s):
+        s += "root"
+        outer = s.fork(2)
+        for child in outer:
+            inner = child.fork(2)
+            inner += rx.gen("leaf")
+            inner += rx.select("pick", ["a", "bbb"])
+            inner.join()
+        outer.join()
+
+    state = tree.run(backend=backend)
+    assert [len(x) for x in state["leaf"]] == [2, 2]
+    assert state["pick"] == [["bbb", "bbb"], ["bbb", "bbb"]]
+    assert state.get_meta_info("pick")[0][0]["scores"] == [1.0, 3.0]
+    assert backend.pins == ["root", "root", "root"] and backend.unpinned == 3
+
+
+def test_failures_surface_from_run_and_from_run_batch():
+    backend = EchoBackend()
+
+    @rx.function
+    def bad(s, tokens):
+        s += "x"
+        forks = s.fork(2)
+        forks += rx.gen("y", max_tokens=tokens)
+
+    with pytest.raises(rx.BackendError, match="refused"):
+        bad.run(tokens=7, backend=backend)
+    assert backend.unpinned == 1  # the fork's prefix is released on failure too
+    with pytest.raises(ValueError, match="max_tokens=0"):  # checked in the program itself
+        bad.run(tokens=0, backend=backend)
+    with pytest.raises(rx.BackendError, match="refused"):
+        bad.run_batch([{"tokens": 3}, {"tokens": 7}], backend=backend)
+    with pytest.raises(TypeError, match="bad"):
+        bad.run(backend=backend)  # missing argument
+
+
+def test_run_batch_pins_the_traced_prefix_once():
+    backend = EchoBackend()
+
+    @rx.function
+    def few_shot(s, q):
+        s += "Example 1. Example 2. "
+        s += "Q: " + q + rx.gen("a")
+
+    states = few_shot.run_batch([{"q": str(i)} for i in range(5)], backend=backend)
+    assert backend.pins == ["Example 1. Example 2. Q: "] and backend.unpinned == 1
+    assert sorted(s["a"] for s in states) == sorted(f"<{i}>" for i in range(1, 6))
