@@ -1,403 +1,42 @@
-"""The scheduler against a simulated worker: no model, no tensors.
+"""The scheduler against a simulated worker (tests/sim_worker.py): no model, no tensors.
 
-`SimWorker` keeps what the real worker keeps (each request's token ids and slot table, host copies
-of swapped-out KV), applies a plan's parts in StepPlan field order and checks every invariant it
-can on the way. Its "KV" is a dict slot -> hash of the token prefix ending at that position, so a
-run that reads a wrongly shared, wrongly copied or wrongly swapped slot is caught. It "samples" a
-token that is a pure function of the token sequence, so the outputs of a request set are the same
-under every configuration and equal an oracle computed without any scheduler.
+Random request streams under random configurations, with and without overlap scheduling and with
+jump-forward (constrained requests whose simulated grammar forces tokens), check after every step
+the scheduler's integrity, the worker's invariants (every KV slot a run reads holds the right
+token's KV) and that both views agree; at the end, that nothing leaked and every output is the
+oracle's and what the worker produced.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
 
 import pytest
+import sim_worker
 from hypothesis import HealthCheck, event, given, reject, settings
 from hypothesis import strategies as st
-
-from radixrt.runtime.config import EngineConfig
-from radixrt.runtime.messages import (
-    Run,
-    RunResult,
-    StepPlan,
-    StepResult,
-    TokenLogprob,
-    WorkerRequest,
+from sim_worker import (
+    EOS,
+    JUMP,
+    POOL_TOO_SMALL,
+    TOLERATE_SWAP_IN_PREEMPTED,
+    VOCAB,
+    Arrival,
+    Sim,
+    SwapInPreempted,
+    check_idle,
+    check_outputs,
+    check_sample,
+    cross_check,
+    make_sim,
+    oracle,
+    oracle_logprobs,
+    run,
+    step,
 )
+
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.scheduler.request import Phase, Request
-from radixrt.runtime.scheduler.scheduler import Scheduler
-
-VOCAB = 24
-EOS = 0
-CONTEXT = 256
-MAX_STEPS = 3000
-# Known bug (see test_duplicate_prefix_does_not_double_a_requests_footprint): a request whose
-# prefix was computed twice (by a concurrent prefill, or because prompt logprobs kept it from the
-# cache) locks the tree's copy and keeps its own, and can end with "KV pool is too small" though it
-# fits. While True the random tests accept that error (and skip those samples' outputs); set it to
-# False once the bug is fixed.
-TOLERATE_POOL_TOO_SMALL = False
-POOL_TOO_SMALL = "error: the KV pool is too small for this request"
-# Known bug (see test_request_swapped_in_is_not_preempted_in_the_same_step): a request swapped in
-# by a plan is also swapped out (or freed) by the same plan. While True the random tests discard
-# such examples instead of failing; set it to False once the bug is fixed.
-TOLERATE_SWAP_IN_PREEMPTED = False
-
-
-class SwapInPreempted(AssertionError):
-    """A plan swaps a request in and also swaps it out or frees it."""
-
-
-_MASK = (1 << 61) - 1
-
-
-def _mix(h: int, token: int) -> int:
-    return (h * 1_000_003 + token + 7) & _MASK
-
-
-def prefix_hashes(ids: Sequence[int], into: list[int]) -> list[int]:
-    """into[p] = hash of ids[:p + 1] (extended in place: only the new positions are hashed)."""
-    h = into[-1] if into else 0x9E3779B9
-    for t in ids[len(into) :]:
-        h = _mix(h, t)
-        into.append(h)
-    return into
-
-
-def sample_token(last_hash: int, num_out: int, seed_offset: int, params: SamplingParams) -> int:
-    """The simulated model: a token from the whole sequence's hash; stop tokens masked while
-    fewer than min_tokens exist, as the real sampler does."""
-    token = _mix(last_hash, 1000 + seed_offset) % VOCAB
-    banned = set(params.stop_token_ids) | {EOS} if num_out < params.min_tokens else set()
-    while token in banned:
-        token = (token + 1) % VOCAB
-    return token
-
-
-def finish_reason(output: list[int], num_tokens: int, params: SamplingParams) -> str | None:
-    """The stopping rule, written independently of Scheduler._finish_reason."""
-    token = output[-1]
-    if len(output) >= params.min_tokens and (
-        token in params.stop_token_ids or (token == EOS and not params.ignore_eos)
-    ):
-        return "stop"
-    if len(output) >= params.max_tokens or num_tokens >= CONTEXT:
-        return "length"
-    return None
-
-
-def oracle(prompt: list[int], params: SamplingParams, seed_offset: int) -> tuple[list[int], str]:
-    """What sample `seed_offset` of `prompt` must produce, computed without a scheduler."""
-    ids = list(prompt)
-    hashes: list[int] = []
-    while True:
-        prefix_hashes(ids, hashes)
-        ids.append(sample_token(hashes[-1], len(ids) - len(prompt), seed_offset, params))
-        reason = finish_reason(ids[len(prompt) :], len(ids), params)
-        if reason is not None:
-            return ids[len(prompt) :], reason
-
-
-# --- the simulated worker ----------------------------------------------------------------------
-@dataclass
-class SimState:
-    params: SamplingParams
-    token_ids: list[int]
-    prompt_len: int
-    seed_offset: int
-    slots: list[int]
-    hashes: list[int] = field(default_factory=list)
-
-    def expected(self, end: int) -> list[int]:
-        """The KV content positions 0 .. end-1 must hold."""
-        return prefix_hashes(self.token_ids, self.hashes)[:end]
-
-
-class SimWorker:
-    def __init__(self, num_slots: int) -> None:
-        self.num_slots = num_slots
-        self.kv: dict[int, int] = {}  # slot -> prefix hash of the position written there
-        self.states: dict[int, SimState] = {}
-        self.host: dict[int, list[int]] = {}  # swapped-out KV by rid
-        self.tokens_computed = 0
-        self.copies = 0
-        self.repoints = 0
-
-    def _check_table(self, rid: int, upto: int | None = None) -> None:
-        state = self.states[rid]
-        end = len(state.slots) if upto is None else upto
-        got = [self.kv.get(s) for s in state.slots[:end]]
-        want = state.expected(end)
-        bad = [p for p in range(end) if got[p] != want[p]]
-        assert not bad, f"request {rid}: KV of positions {bad[:8]} holds the wrong tokens"
-
-    def _owners(self) -> dict[int, tuple[int, int]]:
-        """slot -> (rid, position) over every live slot table; a slot shared by several tables
-        (radix prefix, fork) must sit at the same position in each."""
-        owners: dict[int, tuple[int, int]] = {}
-        for rid, state in self.states.items():
-            assert len(set(state.slots)) == len(state.slots), f"request {rid}: slot used twice"
-            for pos, slot in enumerate(state.slots):
-                assert 0 <= slot < self.num_slots, f"request {rid}: slot {slot} out of range"
-                other = owners.setdefault(slot, (rid, pos))
-                where = f"slot {slot}: position {pos} of {rid}, {other[1]} of {other[0]}"
-                assert other[1] == pos, where
-        return owners
-
-    def execute(self, plan: StepPlan) -> StepResult:
-        swapped_in = {s.rid for s in plan.swap_in}
-        both = swapped_in & ({s.rid for s in plan.swap_out} | set(plan.free))
-        if both:
-            raise SwapInPreempted(f"step {plan.step_id} swaps in and preempts {sorted(both)}")
-        for swap in plan.swap_out:
-            state = self.states.get(swap.rid)
-            assert state is not None and swap.rid not in self.host, f"swap_out of {swap.rid}"
-            assert swap.slots == state.slots, f"swap_out of {swap.rid}: not its slot table"
-            self._check_table(swap.rid)
-            self.host[swap.rid] = [self.kv[s] for s in swap.slots]
-            state.slots = []
-        for rid in plan.free:
-            assert rid in self.states or rid in self.host, f"free of unknown request {rid}"
-            self.states.pop(rid, None)
-            self.host.pop(rid, None)
-        for new in plan.new_requests:
-            self._new_request(new)
-        owners = self._owners()
-        for copy in plan.copies:
-            table = self.states[copy.rid].slots
-            assert len(copy.src) == len(copy.dst) > 0
-            if copy.src == copy.dst:  # re-point onto shared pages holding the same tokens
-                end = copy.start + len(copy.dst)
-                expected = self.states[copy.rid].expected(end)[copy.start :]
-                assert [self.kv.get(d) for d in copy.dst] == expected, f"re-point {copy.rid}"
-                table[copy.start : end] = copy.dst
-                self.repoints += 1
-                owners = self._owners()
-                continue
-            assert table[copy.start :] == copy.src, f"copy for {copy.rid}: src is not its tail"
-            for slot in copy.dst:
-                assert slot not in owners, f"copy for {copy.rid} into live slot {slot}"
-            self.copies += 1
-            for s, d in zip(copy.src, copy.dst):
-                self.kv[d] = self.kv[s]
-            table[copy.start :] = copy.dst
-            owners = self._owners()
-        for swap in plan.swap_in:
-            data = self.host.pop(swap.rid, None)
-            state = self.states.get(swap.rid)
-            assert data is not None and state is not None, f"swap_in of {swap.rid}: not swapped"
-            assert not state.slots and len(swap.slots) == len(data), f"swap_in of {swap.rid}"
-            assert data == state.expected(len(data)), f"swap_in of {swap.rid}: data changed"
-            for slot in swap.slots:
-                assert slot not in owners, f"swap_in of {swap.rid} into live slot {slot}"
-            for slot, value in zip(swap.slots, data):
-                self.kv[slot] = value
-            state.slots = list(swap.slots)
-            owners = self._owners()
-        return self._forward(plan, owners)
-
-    def _new_request(self, new: WorkerRequest) -> None:
-        assert new.rid not in self.states and new.rid not in self.host, f"{new.rid} known"
-        ids = list(new.prompt_ids) + list(new.output_ids)
-        assert len(new.prefix_slots) < len(ids), f"{new.rid}: prefix leaves nothing to compute"
-        params = SamplingParams.from_dict(new.params)
-        self.states[new.rid] = SimState(
-            params, ids, len(new.prompt_ids), new.seed_offset, list(new.prefix_slots)
-        )
-        self._check_table(new.rid)
-
-    def _forward(self, plan: StepPlan, owners: dict[int, tuple[int, int]]) -> StepResult:
-        written: set[int] = set()
-        assert len({r.rid for r in plan.runs}) == len(plan.runs), "a request runs twice"
-        for run in plan.runs:
-            state = self.states.get(run.rid)
-            assert state is not None and run.rid not in self.host, f"run of {run.rid}"
-            assert len(state.slots) == run.start, (
-                f"run of {run.rid} starts at {run.start}, its slot table has {len(state.slots)}"
-            )
-            assert run.num_new == len(run.new_slots) >= 1
-            end = run.start + run.num_new
-            assert end <= len(state.token_ids), f"run of {run.rid} past its known tokens"
-            assert run.sample == (end == len(state.token_ids)), f"run of {run.rid}: sample flag"
-            assert not run.fork_into or run.sample
-            for slot in run.new_slots:
-                assert 0 <= slot < self.num_slots, f"run of {run.rid}: slot {slot} out of range"
-                assert slot not in owners, f"run of {run.rid} writes slot {slot} of {owners[slot]}"
-                assert slot not in written, f"run of {run.rid}: slot {slot} written twice"
-                written.add(slot)
-            self._check_table(run.rid)
-        results: list[RunResult] = []
-        for run in plan.runs:
-            state = self.states[run.rid]
-            state.slots.extend(run.new_slots)
-            hashes = state.expected(run.start + run.num_new)
-            for i, slot in enumerate(run.new_slots):
-                self.kv[slot] = hashes[run.start + i]
-            self.tokens_computed += run.num_new
-            results += self._results(run, state)
-        return StepResult(plan.step_id, results, sum(r.num_new for r in plan.runs))
-
-    def _results(self, run: Run, state: SimState) -> list[RunResult]:
-        prompt: list[TokenLogprob] = []
-        if run.prompt_logprob_from >= 0:
-            first = max(run.start, run.prompt_logprob_from - 1)
-            last = min(run.start + run.num_new, state.prompt_len - 1)
-            prompt = [TokenLogprob(t, 0.0) for t in state.token_ids[first + 1 : last + 1]]
-        if not run.sample:
-            return [RunResult(run.rid, prompt_logprobs=prompt)] if prompt else []
-        last_hash = state.hashes[len(state.token_ids) - 1]
-        num_out = len(state.token_ids) - state.prompt_len
-        if not run.fork_into:
-            token = sample_token(last_hash, num_out, state.seed_offset, state.params)
-            state.token_ids.append(token)
-            return [RunResult(run.rid, TokenLogprob(token, 0.0), prompt)]
-        del self.states[run.rid]
-        results = []
-        for i, child in enumerate(run.fork_into):
-            assert child not in self.states and child not in self.host, f"fork into {child}"
-            params = state.params.with_(n=1)
-            token = sample_token(last_hash, num_out, i, params)
-            ids = state.token_ids + [token]
-            self.states[child] = SimState(params, ids, state.prompt_len, i, list(state.slots))
-            results.append(RunResult(child, TokenLogprob(token, 0.0)))
-        return results + [RunResult(run.rid, prompt_logprobs=prompt)]
-
-
-# --- driving the scheduler ---------------------------------------------------------------------
-@dataclass(frozen=True)
-class Arrival:
-    step: int
-    prompt: tuple[int, ...]
-    params: SamplingParams
-
-
-@dataclass
-class Sim:
-    sched: Scheduler
-    worker: SimWorker
-    reported: set[int] = field(default_factory=set)  # finished requests the engine was told of
-    aborted: set[int] = field(default_factory=set)
-    steps: int = 0
-
-
-def make_sim(pool_tokens: int, **options: object) -> Sim:
-    config = EngineConfig(max_total_tokens=pool_tokens, **options)  # type: ignore[arg-type]
-    num_pages = max(pool_tokens // config.page_size, 2)
-    sched = Scheduler(config, num_pages, CONTEXT, [EOS])
-    sched.kv.tree._clock = lambda: 0.0  # LRU by access order only: reproducible runs
-    return Sim(sched, SimWorker(num_pages * config.page_size))
-
-
-def cross_check(sim: Sim) -> None:
-    """The scheduler's view of every request agrees with the worker's."""
-    sched, worker = sim.sched, sim.worker
-    sched.check_integrity()
-    for req in sched.running:
-        state = worker.states.get(req.rid)
-        assert state is not None and req.rid not in worker.host, f"running {req.rid} unknown"
-        assert state.token_ids == req.all_ids, f"request {req.rid}: token ids differ"
-        assert state.slots == sched.kv.slots(req, 0, req.kv_len), f"request {req.rid}: slots"
-    for req in sched.swapped:
-        assert len(worker.host.get(req.rid, ())) == req.kv_len_swapped, f"swapped {req.rid}"
-        assert worker.states[req.rid].token_ids == req.all_ids
-    live = {r.rid for r in sched.running} | {r.rid for r in sched.swapped}
-    for rid in set(worker.states) | set(worker.host):
-        req = sched.requests[rid]
-        assert rid in live or req.finished, f"worker holds {rid} ({req.phase.value})"
-
-
-def step(sim: Sim) -> None:
-    """One Engine.step: schedule -> worker -> process_results, then every check."""
-    plan = sim.sched.schedule()
-    if plan is None:
-        touched = sim.sched.take_finished_outside_step()
-    else:
-        touched = sim.sched.process_results(plan, sim.worker.execute(plan))
-    sim.reported |= {r.rid for r in touched if r.finished}
-    sim.steps += 1
-    cross_check(sim)
-
-
-def run(sim: Sim, arrivals: Sequence[Arrival], aborts: Sequence[tuple[int, int]] = ()) -> list:
-    """Submit at the planned steps, abort at the planned steps, step until idle (pending frees
-    included). Returns the top-level requests in arrival order."""
-    top: list[Request] = []
-    queue = sorted(arrivals, key=lambda a: a.step)
-    while True:
-        while queue and queue[0].step <= sim.steps:
-            a = queue.pop(0)
-            top.append(sim.sched.add_request(list(a.prompt), a.params))
-        for when, pick in aborts:
-            live = [r for r in sim.sched.requests.values() if not r.finished]
-            if when == sim.steps and live:
-                done = sim.sched.abort(live[pick % len(live)].rid)
-                sim.reported |= {r.rid for r in done}
-                sim.aborted |= {r.rid for r in done}
-                cross_check(sim)
-        if not queue and not sim.sched.has_work:
-            break
-        assert sim.steps < MAX_STEPS, f"hang: {describe(sim)}"
-        step(sim)
-    step(sim)  # nothing left: a no-op step must stay a no-op
-    return top
-
-
-def describe(sim: Sim) -> str:
-    s = sim.sched
-    phases = {r.rid: (r.phase.value, r.kv_len, r.num_tokens) for r in s.requests.values()}
-    return f"waiting/running/swapped {len(s.waiting)}/{len(s.running)}/{len(s.swapped)}: {phases}"
-
-
-def check_idle(sim: Sim) -> None:
-    sched = sim.sched
-    assert not (sched.waiting or sched.running or sched.swapped) and sched.swap_used == 0
-    counters = sched.kv.counters([])
-    assert counters.private == 0 and counters.locked == 0
-    assert counters.free + counters.evictable == counters.total
-    assert not sim.worker.states and not sim.worker.host, "the worker still holds requests"
-    for req in sched.requests.values():
-        assert req.finished and req.rid in sim.reported, f"request {req.rid} never reported"
-
-
-def never_fits(sim: Sim, a: Arrival) -> bool:
-    p = a.params
-    need = len(a.prompt) + p.n * (p.max_tokens + sim.sched.kv.page_size)
-    return need > sim.sched.kv.capacity_tokens
-
-
-def check_outputs(sim: Sim, arrivals: Sequence[Arrival], top: list[Request]) -> list:
-    """Every sample equals the oracle (a prefix of it when aborted); returns the outputs."""
-    outputs = []
-    for a, req in zip(sorted(arrivals, key=lambda x: x.step), top):
-        assert tuple(req.prompt_ids) == a.prompt
-        reason = req.finish_reason or ""
-        assert (reason == "abort") == (req.rid in sim.aborted), (req.rid, reason)
-        if reason != "abort" and not (TOLERATE_POOL_TOO_SMALL and reason == POOL_TOO_SMALL):
-            assert reason.startswith("error") == never_fits(sim, a), (req.rid, reason)
-        samples = [req] if a.params.n == 1 else []
-        if reason == "forked":
-            samples = [sim.sched.requests[c] for c in sim.sched.children[req.rid]]
-            assert len(samples) == a.params.n
-        elif a.params.n > 1:
-            assert reason == "abort" or reason.startswith("error"), (req.rid, reason)
-        for i, sample in enumerate(samples):
-            want, want_reason = oracle(list(a.prompt), a.params, i)
-            got, got_reason = sample.output_ids, sample.finish_reason or ""
-            if sample is not req and got_reason.startswith("error"):
-                assert TOLERATE_POOL_TOO_SMALL and got_reason == POOL_TOO_SMALL, got_reason
-            if got_reason == "abort" or got_reason.startswith("error"):
-                assert got == want[: len(got)], f"request {sample.rid}: output is not the oracle's"
-            else:
-                assert (got, got_reason) == (want, want_reason), f"request {sample.rid}"
-        start = a.params.prompt_logprobs_start
-        if start is not None and reason in ("length", "stop", "forked"):
-            assert [t.token_id for t in req.prompt_logprobs] == list(a.prompt[max(start, 1) :])
-        outputs.append([(s.output_ids, s.finish_reason) for s in samples] + [reason])
-    return outputs
-
 
 # --- strategies --------------------------------------------------------------------------------
 prompt_tokens = st.integers(1, 8)
@@ -411,13 +50,17 @@ def request_sets(draw: st.DrawFn, max_requests: int = 10) -> list[Arrival]:
         base = bases[draw(st.integers(0, len(bases) - 1))]
         prompt = tuple(base) + tuple(draw(st.lists(prompt_tokens, min_size=1, max_size=12)))
         max_tokens = draw(st.integers(1, 24))
+        # constrained (jump-forward) requests: no min_tokens, no ignore_eos (SamplingParams)
+        regex = draw(st.sampled_from([None, None, f"{JUMP}1", f"{JUMP}2", f"{JUMP}3"]))
+        min_tokens = draw(st.integers(0, max_tokens)) if draw(st.booleans()) else 0
         params = SamplingParams(
             max_tokens=max_tokens,
-            min_tokens=draw(st.integers(0, max_tokens)) if draw(st.booleans()) else 0,
+            min_tokens=0 if regex else min_tokens,
             n=draw(st.sampled_from([1, 1, 1, 2, 3])),
             stop_token_ids=draw(st.lists(st.integers(0, VOCAB - 1), max_size=2)),
-            ignore_eos=draw(st.booleans()),
+            ignore_eos=draw(st.booleans()) and not regex,
             prompt_logprobs_start=draw(st.none() | st.integers(0, 12)),
+            regex=regex,
         )
         arrivals.append(Arrival(draw(st.integers(0, 20)), prompt, params))
     return arrivals
@@ -433,6 +76,7 @@ def configs(draw: st.DrawFn) -> dict:
         max_num_batched_tokens=draw(st.integers(16, 64)),
         max_running_requests=draw(st.sampled_from([4, 256, 2])),
         swap_space_tokens=draw(st.sampled_from([1 << 16, 48, 0])),
+        overlap=draw(st.booleans()),
     )
 
 
@@ -441,9 +85,10 @@ SIM_SETTINGS = settings(
 )
 
 
-def check_scenario(
-    arrivals: list[Arrival], config: dict, pool_tokens: int, aborts: list[tuple[int, int]]
-) -> None:
+aborts_at = st.tuples(st.integers(0, 40), st.integers(0, 99), st.booleans())
+
+
+def check_scenario(arrivals: list[Arrival], config: dict, pool_tokens: int, aborts: list) -> None:
     sim = make_sim(max(pool_tokens, 2 * config["page_size"]), **config)
     try:
         top = run(sim, arrivals, aborts)
@@ -461,10 +106,10 @@ def check_scenario(
     arrivals=request_sets(),
     config=configs(),
     pool_tokens=st.integers(64, 192),
-    aborts=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 99)), max_size=3),
+    aborts=st.lists(aborts_at, max_size=3),
 )
 def test_random_streams_keep_every_invariant(
-    arrivals: list[Arrival], config: dict, pool_tokens: int, aborts: list[tuple[int, int]]
+    arrivals: list[Arrival], config: dict, pool_tokens: int, aborts: list
 ) -> None:
     """Every step: the scheduler's integrity check, the worker's invariants, the two views agree.
     At the end: idle, nothing leaked, every output the oracle's (a prefix of it if aborted)."""
@@ -482,6 +127,15 @@ def record_coverage(sim: Sim) -> None:
     event("forked" if "forked" in reasons else "no fork")
     event("aborted" if "abort" in reasons else "no abort")
     event("error" if any(r and r.startswith("error") for r in reasons) else "no error")
+    event("overlap" if sim.overlap else "no overlap")
+    event("jump-forward" if sim.worker.forced else "no jump-forward")
+    if sim.overlap:
+        event("presolved in flight" if sim.worker.known else "nothing presolved")
+        event("preempted while presolved" if sim.presolved_preempted else "no presolved victim")
+        event("sync for a preemption" if sim.syncs else "no sync")
+    forced_stop = any(r.finish_reason == "stop" and r.output_logprobs[-1].logprob == 0.0
+                      for r in sim.sched.requests.values())
+    event("forced stop" if forced_stop else "no forced stop")
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -489,10 +143,10 @@ def record_coverage(sim: Sim) -> None:
     arrivals=request_sets(),
     config=configs(),
     pool_tokens=st.integers(48, 128),
-    aborts=st.lists(st.tuples(st.integers(0, 40), st.integers(0, 99)), max_size=2),
+    aborts=st.lists(aborts_at, max_size=2),
 )
 def test_tight_pools_with_swapping_keep_every_invariant(
-    arrivals: list[Arrival], config: dict, pool_tokens: int, aborts: list[tuple[int, int]]
+    arrivals: list[Arrival], config: dict, pool_tokens: int, aborts: list
 ) -> None:
     """The same checks where memory is short: preemption by swap on almost every example."""
     check_scenario(arrivals, dict(config, preemption="swap", swap_space_tokens=1 << 16),
@@ -521,8 +175,8 @@ def outputs_of(arrivals: list[Arrival], pool_tokens: int, config: dict) -> list:
 def test_outputs_are_identical_across_configurations(
     arrivals: list[Arrival], variants: list[tuple[dict, int]]
 ) -> None:
-    """Page size, radix cache on/off, policy, preemption mode, budget and pool size change how a
-    request set is run, never what it produces."""
+    """Page size, radix cache on/off, policy, preemption mode, budget, pool size and overlap
+    scheduling change how a request set is run, never what it produces."""
     def need(a: Arrival) -> int:
         return len(a.prompt) + a.params.n * (a.params.max_tokens + 16)
 
@@ -533,7 +187,7 @@ def test_outputs_are_identical_across_configurations(
         got = outputs_of(arrivals, fits + extra, config)
         for i, (want, have) in enumerate(zip(reference, got)):
             reasons = {r for sample in have[:-1] for r in sample[1:]} | {have[-1]}
-            if TOLERATE_POOL_TOO_SMALL and POOL_TOO_SMALL in reasons:
+            if sim_worker.TOLERATE_POOL_TOO_SMALL and POOL_TOO_SMALL in reasons:
                 continue
             assert have == want, f"request {i} under {config}, pool {fits + extra}"
 
@@ -665,3 +319,133 @@ def test_request_swapped_in_is_not_preempted_in_the_same_step() -> None:
     top = run(sim, arrivals)  # step 12 swaps requests 1, 4, 5 in, then 5 out again
     check_idle(sim)
     check_outputs(sim, arrivals, top)
+
+
+# --- jump-forward ------------------------------------------------------------------------------
+def find_prompt(params: SamplingParams, wanted: Callable[..., bool], index: int = 0) -> list[int]:
+    """The first of a fixed series of prompts whose oracle output (tokens, reason, logprobs)
+    satisfies `wanted`."""
+    for k in range(4096):
+        prompt = [1 + i % 7 for i in range(10)] + [1 + (k >> (3 * j)) % 8 for j in range(4)]
+        if wanted(*oracle_logprobs(prompt, params, index)):
+            return prompt
+    raise AssertionError("no such prompt in the series")
+
+
+def jump_workload() -> list[Arrival]:
+    """Constrained requests (one n = 2) and an unconstrained hog, arriving over three steps."""
+    arrivals = [Arrival(0, (7,) * 20, SamplingParams(max_tokens=24, ignore_eos=True))]
+    for i in range(6):
+        prompt = tuple([1 + (i + j) % 5 for j in range(12)] + [i + 1])
+        params = SamplingParams(max_tokens=20, regex=f"{JUMP}3", n=2 if i == 3 else 1)
+        arrivals.append(Arrival(i // 2, prompt, params))
+    return arrivals
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+@pytest.mark.parametrize("overlap", [False, True])
+def test_jump_forward_under_preemption(overlap: bool, preemption: str, page_size: int) -> None:
+    """Forced tokens join the outputs (logprob 0) under preemption; with overlap, the step in
+    flight when they arrive samples a token already known and its result is skipped."""
+    sim = make_sim(64 if page_size == 1 else 96, overlap=overlap, page_size=page_size,
+                   preemption=preemption, max_num_batched_tokens=32)
+    arrivals = jump_workload()
+    top = run(sim, arrivals)
+    check_idle(sim)
+    check_outputs(sim, arrivals, top)
+    assert sim.sched.stats.preemptions > 0 and sim.worker.forced > 0
+    assert (sim.worker.known > 0) == overlap  # the presolved case happens with overlap only
+    reasons = [(r.finish_reason, r.output_logprobs[-1].logprob)
+               for r in sim.sched.requests.values() if r.output_logprobs]
+    assert ("stop", 0.0) in reasons and ("length", 0.0) in reasons  # ended by forced tokens
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_forced_eos_finishes_with_stop(overlap: bool) -> None:
+    params = SamplingParams(max_tokens=16, regex=f"{JUMP}3")
+    prompt = find_prompt(params, lambda out, reason, lps: (
+        reason == "stop" and out[-1] == EOS and lps[-1] == 0.0 and len(out) < 12))
+    sim = make_sim(256, overlap=overlap)
+    req = sim.sched.add_request(prompt, params)
+    run(sim, [])
+    check_idle(sim)
+    assert req.finish_reason == "stop" and req.output_ids[-1] == EOS
+    assert req.output_logprobs[-1].logprob == 0.0
+    check_sample(sim, req, prompt, params, 0)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_forced_tokens_are_cut_at_max_tokens(overlap: bool) -> None:
+    """The first sampled token forces 2+ tokens, but max_tokens=2 leaves room for one."""
+    params = SamplingParams(max_tokens=2, regex=f"{JUMP}3")
+    longer = params.with_(max_tokens=8)
+    prompt = find_prompt(longer, lambda out, reason, lps: lps[:3] == [-1.0, 0.0, 0.0]
+                         and EOS not in out[:3])
+    sim = make_sim(256, overlap=overlap)
+    req = sim.sched.add_request(prompt, params)
+    run(sim, [])
+    check_idle(sim)
+    assert (req.output_ids, req.finish_reason) == (oracle(prompt, longer, 0)[0][:2], "length")
+    assert [t.logprob for t in req.output_logprobs] == [-1.0, 0.0]
+    check_sample(sim, req, prompt, params, 0)
+
+
+# --- regressions: scheduler bugs the sim found ----------------------------------------------------
+def check_run(sim: Sim, arrivals: list[Arrival], aborts: Sequence[tuple] = ()) -> None:
+    top = run(sim, arrivals, aborts)
+    check_idle(sim)
+    check_outputs(sim, arrivals, top)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_forced_tokens_after_a_fork_reach_the_outputs(overlap: bool, monkeypatch) -> None:
+    """The worker jump-forwards after each child's first token; Scheduler._fork used to append
+    the token but not the forced ones, so the two views of the child's tokens parted."""
+    params = SamplingParams(max_tokens=8, n=2, regex=f"{JUMP}3")
+    prompt = find_prompt(params, lambda out, reason, lps: lps[:2] == [-1.0, 0.0])
+    check_run(make_sim(256, overlap=overlap), [Arrival(0, tuple(prompt), params)])
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("case", ["re-point", "recompute", "swap", "abort"])
+def test_parent_forking_in_flight_is_left_alone(case: str, overlap: bool, monkeypatch) -> None:
+    """With step t (an n > 1 parent's last prefill chunk, which forks it) in flight, plan t+1
+    used to re-point the parent's slots, preempt it, or abort it without its children. Now a
+    fork step is folded in before the next plan, and an abort waits for the children."""
+    once, aborts = SamplingParams(max_tokens=1), []
+    if case == "re-point":
+        sim = make_sim(64, overlap=overlap, page_size=1, max_num_batched_tokens=16)
+        arrivals = [Arrival(0, (1,) * 9, once), Arrival(0, (1,) * 9, once.with_(n=2))]
+    elif case == "abort":
+        sim = make_sim(64, overlap=overlap, page_size=1)
+        arrivals = [Arrival(0, (1,) * 8, SamplingParams(max_tokens=4, n=2, ignore_eos=True))]
+        aborts = [(1, 0)]
+    else:
+        sim = make_sim(16, overlap=overlap, page_size=1, preemption=case)
+        arrivals = [Arrival(0, (2,) * 4, SamplingParams(max_tokens=8, ignore_eos=True)),
+                    Arrival(4, (1,) * 8, SamplingParams(max_tokens=2, n=2, ignore_eos=True))]
+    check_run(sim, arrivals, aborts)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_prompt_logprobs_of_a_chunk_in_flight_at_a_preemption(overlap: bool, monkeypatch) -> None:
+    """The prompt-logprobs request is preempted (recompute) and re-admitted by the plan made
+    while its chunk is in flight; that chunk's results are stale (the request's epoch moved on)
+    and must not be folded in (they were: 27 prompt logprobs for 23 prompt tokens)."""
+    sim = make_sim(28, overlap=overlap, page_size=1, max_num_batched_tokens=16)
+    check_run(sim, [Arrival(0, (2,) * 4, SamplingParams(max_tokens=8, ignore_eos=True)),
+                    Arrival(0, (1,) * 24, SamplingParams(max_tokens=1, prompt_logprobs_start=0))])
+
+
+@pytest.mark.parametrize("overlap, first, second", [(False, 40, 41), (True, 16, 33)])
+def test_a_duplicate_prefix_is_deduped_before_a_request_fails(
+    overlap: bool, first: int, second: int, monkeypatch
+) -> None:
+    """B (second + 1 slots of 48) computes part of A's prefix again (admitted while A prefills
+    it). The dedupe that hands its duplicate pages back runs at the end of a later plan; B's next
+    chunk, which cannot get a page before that, now waits instead of failing with 'the KV pool is
+    too small'."""
+    once = SamplingParams(max_tokens=1)
+    sim = make_sim(48, overlap=overlap, page_size=1, max_num_batched_tokens=16)
+    check_run(sim, [Arrival(0, (1,) * first, once), Arrival(0, (1,) * second, once)])

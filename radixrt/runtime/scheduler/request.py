@@ -45,6 +45,9 @@ class Request:
     # jump-forward: the step in flight with this id samples a token already known (forced); its
     # result is skipped
     presolved_step: int = -1
+    epoch: int = 0  # bumped by a recompute preemption: results planned before it are stale
+    forking: bool = False  # n > 1: the step that forks it is planned and not yet folded in
+    abort_requested: bool = False  # aborted while forking: its children are aborted on arrival
     # per-token outputs gathered as the worker reports them
     output_logprobs: list[Any] = field(default_factory=list)
     prompt_logprobs: list[Any] = field(default_factory=list)

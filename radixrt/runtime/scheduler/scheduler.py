@@ -73,6 +73,9 @@ class Scheduler(SchedulerState):
         if not (draft.runs or draft.free or draft.swap_out or draft.copies or draft.swap_in):
             return None
         self.stats.steps += 1
+        self._run_epochs[self.stats.steps] = {
+            run.rid: self.requests[run.rid].epoch for run in draft.runs
+        }
         return StepPlan(
             step_id=self.stats.steps,
             swap_out=draft.swap_out,
@@ -173,7 +176,9 @@ class Scheduler(SchedulerState):
                 return
             victim = self._pick_victim(req, draft) if may_preempt else None
             if victim is None:
-                if not any(r is not req for r in self.running):
+                # alone and nothing to free: it can never fit (unless pages it computed twice
+                # are about to be handed back at the end of this plan)
+                if not any(r is not req for r in self.running) and req.rid not in self._dedupe:
                     self.running.remove(req)
                     self.kv.release(req)
                     draft.free.append(req.rid)
@@ -189,6 +194,8 @@ class Scheduler(SchedulerState):
         if sample and req.fork_count > 1:
             fork_into = [next(self._child_rids) for _ in range(req.fork_count)]
             self.children[req.rid] = fork_into
+            req.forking = True
+            self.needs_sync = True  # overlap: fold the fork in before planning anything else
         draft.runs.append(
             Run(
                 rid=req.rid,
@@ -237,6 +244,7 @@ class Scheduler(SchedulerState):
             victim.phase = Phase.SWAPPED
             self.swapped.append(victim)
             return
+        victim.epoch += 1  # results of its steps still in flight no longer apply
         if not victim.prompt_logprobs_done:
             victim.prompt_logprobs.clear()  # gathered again on re-admission
         self.kv.release(victim)  # its tokens stay in the tree: re-prefill is mostly a cache hit
@@ -265,9 +273,17 @@ class Scheduler(SchedulerState):
         """Fold the worker's results in. Returns the requests that got tokens or finished."""
         by_rid: dict[int, RunResult] = {r.rid: r for r in result.results}
         touched = self.take_finished_outside_step()
+        epochs = self._run_epochs.pop(plan.step_id, {})
+        if plan.step_id == self.stats.steps:
+            self.needs_sync = False  # nothing is in flight any more
         for run in plan.runs:
             req = self.requests.get(run.rid)
-            if req is None or req.phase is not Phase.RUNNING:
+            if req is None or epochs.get(run.rid, req.epoch) != req.epoch:
+                continue  # gone, or recomputed since: this run's results are stale
+            if req.phase is Phase.SWAPPED and run.prompt_logprob_from >= 0 and run.rid in by_rid:
+                req.prompt_logprobs.extend(by_rid[run.rid].prompt_logprobs)  # its KV was kept
+                continue
+            if req.phase is not Phase.RUNNING:
                 continue
             self.stats.computed_tokens += run.num_new
             res = by_rid.get(run.rid)
@@ -368,8 +384,12 @@ class Scheduler(SchedulerState):
             if res is not None and res.token is not None and child.phase is Phase.RUNNING:
                 child.output_ids.append(PLACEHOLDER_TOKEN)
                 child.pending = 1
-                self._append(child, res)
+                if not self._append(child, res):
+                    self._append_forced(child, list(res.forced))
             touched.append(child)
+        if parent.abort_requested:  # aborted while its fork was in flight
+            for child in children:
+                touched += self.abort(child.rid)
         return touched
 
     def _finish_reason(self, req: Request, token: int) -> str | None:

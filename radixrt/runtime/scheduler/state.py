@@ -54,6 +54,7 @@ class SchedulerState:
         self._dedupe: dict[int, int] = {}  # rid -> pages that may duplicate the tree's
         self._finished_outside_step: list[Request] = []
         self.pins: dict[int, Any] = {}  # rid -> radix node its finished prefix keeps locked
+        self._run_epochs: dict[int, dict[int, int]] = {}  # step id -> epoch of each run's rid
         # set when a preemption had to wait for the step in flight (overlap scheduling): the
         # caller folds that step's result in before planning again
         self.needs_sync = False
@@ -122,6 +123,9 @@ class SchedulerState:
         """Abort a request at any stage (waiting, mid-prefill, decoding, swapped)."""
         req = self.requests.get(rid)
         if req is None:
+            return []
+        if req.forking and not req.finished:  # its children exist once the fork is folded in
+            req.abort_requested = True
             return []
         aborted = []
         for child in self.children.get(rid, []):
