@@ -54,13 +54,46 @@ class CompiledGrammar:
                 break
             forced.append(int(firsts[0]))
             state = nxt
-        tokens = self._longest_match(start, bytes(forced))
+        tokens = self._tokenize(start, bytes(forced))
         end = start
         for token in tokens:
             end = self.index.get_next_state(end, token)
         if len(tokens) < MAX_FORCED_TOKENS and self._only_end(end):
             tokens.append(self.table.eos_token_id)
         return tuple(tokens[:MAX_FORCED_TOKENS])
+
+    def _tokenize(self, state: int, data: bytes) -> list[int]:
+        """Tokens for the forced bytes: the tokenizer's own split where the automaton accepts
+        it (else longest match), less a last token the model could extend past the forced text
+        (a `[` where `["` is allowed too: the model chooses there)."""
+        tokens = self._tokenizer_split(state, data) or self._longest_match(state, data)
+        if tokens:
+            before = state
+            for token in tokens[:-1]:
+                before = self.index.get_next_state(before, token)
+            last = self.table.token_bytes[tokens[-1]] or b""
+            if any(
+                (piece := self.table.token_bytes[t]) and len(piece) > len(last)
+                and piece.startswith(last)
+                for t in self.index.get_allowed_tokens(before)
+            ):
+                tokens.pop()
+        return tokens
+
+    def _tokenizer_split(self, state: int, data: bytes) -> list[int] | None:
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+        tokens = list(self.table.encode(text)) if text else []
+        if b"".join(self.table.token_bytes[t] or b"\0" for t in tokens) != data:
+            return None
+        for token in tokens:
+            nxt = self.index.get_next_state(state, token)
+            if nxt is None:
+                return None
+            state = nxt
+        return tokens
 
     def _longest_match(self, state: int, data: bytes) -> list[int]:
         tokens: list[int] = []

@@ -63,4 +63,9 @@ class TokenTable:
                 if len(data) == 1:
                     self.byte_token[data[0]] = token_id
         self.vocabulary = Vocabulary(self.eos_token_id, by_bytes)
+        self._tokenizer = tokenizer
         self.identity = f"{getattr(tokenizer, 'name_or_path', '')}:{len(by_bytes)}:{vocab_size}"
+
+    def encode(self, text: str) -> list[int]:
+        """The tokenizer's own split of text (no special tokens)."""
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
