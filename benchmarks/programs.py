@@ -50,6 +50,7 @@ from radixrt.frontend.backend import BackendError, ChatFormat, ChoiceLogprobs, G
 from radixrt.runtime.models.loader import load_tokenizer  # noqa: E402
 from radixrt.runtime.sampling_params import SamplingParams  # noqa: E402
 from radixrt.runtime.tokenizer.chat_roles import chat_roles  # noqa: E402
+from radixrt.runtime.tokenizer.dsl_scoring import common_len  # noqa: E402
 
 SYSTEMS = ("radixrt", "radixrt-no-cache", "hf")
 COUNTERS = ("prompt_tokens", "cached_tokens", "computed_tokens")
@@ -215,15 +216,6 @@ class HFBackend:
 
     def info(self) -> dict[str, Any]:
         return dict(self.counters)
-
-
-def common_len(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def run_hf(works: list[Workload], args: argparse.Namespace) -> list[Result]:

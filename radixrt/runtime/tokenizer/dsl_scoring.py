@@ -30,7 +30,7 @@ async def score_choices(
         raise ValueError("choices must be a non-empty list of non-empty strings")
     prefix_ids = manager.encode(text)
     full_ids = [manager.encode(text + c) for c in choices]
-    start = max(1, min(min(_common_len(prefix_ids, ids), len(ids) - 1) for ids in full_ids))
+    start = max(1, min(min(common_len(prefix_ids, ids), len(ids) - 1) for ids in full_ids))
     if prefill_first and start > 1:  # the shared text once; the choices find it in the cache
         await _prompt_logprobs(manager, prefix_ids[:start], None)
     tasks = [_prompt_logprobs(manager, ids, start) for ids in full_ids]
@@ -44,7 +44,7 @@ async def score_choices(
     return out
 
 
-def _common_len(a: list[int], b: list[int]) -> int:
+def common_len(a: list[int], b: list[int]) -> int:
     n = 0
     for x, y in zip(a, b):
         if x != y:
