@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from typing import Any
 
 import msgspec
@@ -20,6 +21,8 @@ from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.tokenizer.chat_roles import chat_roles
 from radixrt.runtime.tokenizer.dsl_scoring import score_choices
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
+
+log = logging.getLogger("radixrt.dsl")
 
 
 class DslEndpoint:
@@ -80,6 +83,10 @@ class DslEndpoint:
         except asyncio.CancelledError:
             await self._reply(identity, DslReply(call_id=req.call_id, done=True,
                                                  finish_reason="abort"))
+        except Exception as exc:  # a bug here must still answer the client, never leave it waiting
+            log.exception("DSL %s call failed", req.op)
+            await self._reply(identity, DslReply(call_id=req.call_id, done=True,
+                                                 error=f"internal error in {req.op}: {exc!r}"))
 
     async def _info(self, identity: bytes, req: DslRequest) -> None:
         info = await self.manager.server_info()
