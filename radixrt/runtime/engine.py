@@ -139,10 +139,9 @@ class Engine:
         if constraint is None:
             rid = self.scheduler.add_request(ids, params, extra_key, pin=pin).rid
         else:  # compiled off the hot path: the request waits apart until its grammar is ready
-            self.grammars.validate(constraint)
             self.scheduler.check_limits(ids, params)
+            future = self.grammars.compile_async(constraint)  # refuses a broken pattern
             rid = self.scheduler.new_rid()
-            future = self.grammars.compile_async(constraint)
             self._compiling[rid] = _Deferred(future, ids, params, extra_key, pin)
         self._trackers[rid] = OutputTracker(self.tokenizer, rid, ids, params)
         return rid

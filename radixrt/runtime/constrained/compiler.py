@@ -81,20 +81,30 @@ class GrammarCompiler:
         return regex
 
     def compile_async(self, constraint: Constraint) -> Future:
-        """Future of the CompiledGrammar (cached ones are returned done). Validate first."""
+        """Future of the CompiledGrammar. A cached grammar comes back done; otherwise the
+        constraint is checked here (ValueError naming the problem) and compiled on a thread."""
         key = self.key(constraint)
         with self._lock:
-            cached = self._cache.get(key)
-            if cached is not None:
-                self._cache.move_to_end(key)
-                done: Future = Future()
-                done.set_result(cached)
-                return done
-            future = self._inflight.get(key)
-            if future is None:
-                future = self._pool.submit(self._compile, key, constraint)
-                self._inflight[key] = future
-            return future
+            known = self._known(key)
+        if known is not None:
+            return known
+        regex = self.validate(constraint)
+        with self._lock:
+            known = self._known(key)
+            if known is None:
+                known = self._pool.submit(self._compile, key, regex)
+                self._inflight[key] = known
+            return known
+
+    def _known(self, key: str) -> Future | None:
+        """A done future for a cached grammar, or the one compiling it (hold the lock)."""
+        cached = self._cache.get(key)
+        if cached is None:
+            return self._inflight.get(key)
+        self._cache.move_to_end(key)
+        done: Future = Future()
+        done.set_result(cached)
+        return done
 
     def get(self, constraint: Constraint) -> CompiledGrammar:
         return self.compile_async(constraint).result()
@@ -119,9 +129,9 @@ class GrammarCompiler:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # --- internals ----------------------------------------------------------------------------
-    def _compile(self, key: str, constraint: Constraint) -> CompiledGrammar:
+    def _compile(self, key: str, regex: str) -> CompiledGrammar:
         try:
-            index = Index(to_regex(constraint), self.table.vocabulary)
+            index = Index(regex, self.table.vocabulary)
             self.compiled += 1
             path = self._path(key)
             if path is not None and not path.exists():

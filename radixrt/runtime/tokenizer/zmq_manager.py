@@ -91,9 +91,7 @@ class ZmqTokenizerManager:
         pin: bool = False,
     ) -> AsyncIterator[StreamChunk]:
         if params.constraint is not None:  # refused here if broken; compiled off the loop
-            grammars = self.grammars()
-            grammars.validate(params.constraint)
-            await asyncio.wrap_future(grammars.compile_async(params.constraint))
+            await asyncio.wrap_future(self.grammars().compile_async(params.constraint))
         rid = next(self._rids)
         tracker = OutputTracker(self.tokenizer, rid, list(prompt_ids), params)
         queue: asyncio.Queue = asyncio.Queue()
