@@ -310,8 +310,8 @@ def model_bench(sizes: Sizes, device: Any, dtype: Any, bandwidth: float, report:
     """Decode steps of a dummy-weight model: eager, then (on CUDA) replayed from CUDA graphs."""
     import torch
 
-    from radixrt.runtime.worker.forward_batch import ForwardBatch
-    from radixrt.runtime.worker.kv_cache import KVCache
+    from radixrt.runtime.forward.forward_batch import ForwardBatch
+    from radixrt.runtime.forward.kv_cache import KVCache
 
     loaded = load_dummy_model(sizes, device, dtype)
     model, config = loaded.model, loaded.config

@@ -49,8 +49,8 @@ import radixrt as rx  # noqa: E402
 from radixrt.frontend.backend import BackendError, ChatFormat, ChoiceLogprobs, GenResult  # noqa: E402
 from radixrt.runtime.models.loader import load_tokenizer  # noqa: E402
 from radixrt.runtime.sampling_params import SamplingParams  # noqa: E402
+from radixrt.runtime.server.dsl_scoring import common_len  # noqa: E402
 from radixrt.runtime.tokenizer.chat_roles import chat_roles  # noqa: E402
-from radixrt.runtime.tokenizer.dsl_scoring import common_len  # noqa: E402
 
 SYSTEMS = ("radixrt", "radixrt-no-cache", "hf")
 COUNTERS = ("prompt_tokens", "cached_tokens", "computed_tokens")

@@ -9,9 +9,9 @@ import torch
 from torch import Tensor
 
 from radixrt.kernels.reference import decode_attention_ref, extend_attention_ref, store_kv_ref
-from radixrt.runtime.worker.attention import TorchAttentionBackend
-from radixrt.runtime.worker.forward_batch import ForwardBatch
-from radixrt.runtime.worker.kv_cache import KVCache
+from radixrt.runtime.forward.attention import TorchAttentionBackend
+from radixrt.runtime.forward.forward_batch import ForwardBatch
+from radixrt.runtime.forward.kv_cache import KVCache
 
 HEAD_DIM = 8
 NUM_KV_HEADS = 2

@@ -61,8 +61,8 @@ def serve_in_thread(apps: list[Any]) -> tuple[list[int], Callable[[], None]]:
 @pytest.fixture(scope="module")
 def served(loaded_model: Any) -> Iterator[Served]:
     from radixrt import Engine
-    from radixrt.runtime.tokenizer.engine_manager import EngineManager
-    from radixrt.runtime.tokenizer.http_server import create_app
+    from radixrt.runtime.engine_manager import EngineManager
+    from radixrt.runtime.server.http_server import create_app
 
     engine = Engine(model=loaded_model, max_total_tokens=4096, check_integrity=True)
     manager = EngineManager(engine, model_name="smollm2")
@@ -104,7 +104,7 @@ def wait_idle(srv: Served, timeout: float = 30.0) -> dict[str, Any]:
 
 def test_request_to_sampling_params_and_default_max_tokens() -> None:
     from radixrt.runtime.config import DEFAULT_MAX_TOKENS
-    from radixrt.runtime.tokenizer.openai_protocol import CompletionRequest, to_sampling_params
+    from radixrt.runtime.server.openai_protocol import CompletionRequest, to_sampling_params
 
     req = CompletionRequest(model=MODEL, prompt="x", temperature=0, stop="END",
                             logit_bias={"5": 2}, seed=3, n=2)

@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch import Tensor
 
+from radixrt.runtime.forward.forward_batch import ForwardBatch
+from radixrt.runtime.forward.kv_cache import KVCache
 from radixrt.runtime.models import LoadedModel, default_model_path, load_model
-from radixrt.runtime.worker.forward_batch import ForwardBatch
-from radixrt.runtime.worker.kv_cache import KVCache
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 

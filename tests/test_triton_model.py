@@ -17,14 +17,14 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 
 from radixrt import Engine, SamplingParams  # noqa: E402
-from radixrt.runtime.worker.attention import (  # noqa: E402
+from radixrt.runtime.forward.attention import (  # noqa: E402
     AttentionBackend,
     TorchAttentionBackend,
     create_attention_backend,
 )
-from radixrt.runtime.worker.attention.triton_backend import TritonAttentionBackend  # noqa: E402
-from radixrt.runtime.worker.forward_batch import ForwardBatch  # noqa: E402
-from radixrt.runtime.worker.kv_cache import KVCache  # noqa: E402
+from radixrt.runtime.forward.attention.triton_backend import TritonAttentionBackend  # noqa: E402
+from radixrt.runtime.forward.forward_batch import ForwardBatch  # noqa: E402
+from radixrt.runtime.forward.kv_cache import KVCache  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 PROMPT = "The capital of France is"

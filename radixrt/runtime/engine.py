@@ -18,6 +18,7 @@ import torch
 from radixrt.runtime.config import CPU_MAX_POOL_TOKENS, GRAMMAR_POLL_S, EngineConfig
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.constrained.token_table import TokenTable
+from radixrt.runtime.forward.kv_cache import KVCache
 from radixrt.runtime.messages import OutputDelta
 from radixrt.runtime.models.loader import LoadedModel, load_model
 from radixrt.runtime.outputs import RequestOutput, StreamChunk
@@ -31,7 +32,6 @@ from radixrt.runtime.tokenizer.prompts import (
     encode_checked,
     is_single_prompt,
 )
-from radixrt.runtime.worker.kv_cache import KVCache
 from radixrt.runtime.worker.worker import Worker
 
 

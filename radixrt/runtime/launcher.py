@@ -93,8 +93,8 @@ async def _serve_http(
     options: ServerOptions,
     dsl_addresses: list[str],
 ) -> int:
-    from radixrt.runtime.tokenizer.dsl_endpoint import DslEndpoint
-    from radixrt.runtime.tokenizer.http_server import create_app
+    from radixrt.runtime.server.dsl_endpoint import DslEndpoint
+    from radixrt.runtime.server.http_server import create_app
 
     def alive() -> bool:
         return all(p.is_alive() for p in procs.values())

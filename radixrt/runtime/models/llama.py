@@ -13,9 +13,9 @@ from radixrt.runtime.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, ap
 from radixrt.runtime.models.model_config import ModelConfig
 
 if TYPE_CHECKING:
-    from radixrt.runtime.worker.attention.base import AttentionBackend
-    from radixrt.runtime.worker.forward_batch import ForwardBatch
-    from radixrt.runtime.worker.kv_cache import KVCache
+    from radixrt.runtime.forward.attention.base import AttentionBackend
+    from radixrt.runtime.forward.forward_batch import ForwardBatch
+    from radixrt.runtime.forward.kv_cache import KVCache
 
 # HF checkpoint projection name -> (our fused parameter prefix, shard index)
 _FUSED_SHARDS = {

@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from radixrt.runtime.config import DEFAULT_GGUF_FILE, DEFAULT_MODEL, DEFAULT_PACKAGE, DUMMY_INIT_STD
+from radixrt.runtime.forward.attention import create_attention_backend
 from radixrt.runtime.models.gguf_loader import (
     GGUFFile,
     gguf_config,
@@ -21,7 +22,6 @@ from radixrt.runtime.models.gguf_loader import (
 from radixrt.runtime.models.hf_loader import hf_config, iter_safetensors_weights, load_hf_tokenizer
 from radixrt.runtime.models.llama import LlamaForCausalLM
 from radixrt.runtime.models.model_config import ModelConfig
-from radixrt.runtime.worker.attention import create_attention_backend
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

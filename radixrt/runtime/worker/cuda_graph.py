@@ -17,10 +17,10 @@ from torch import Tensor
 
 from radixrt.kernels.decode_attention import decode_workspace_numel, default_num_kv_splits
 from radixrt.kernels.triton_utils import interpreting
+from radixrt.runtime.forward.attention.triton_backend import TritonAttentionBackend
+from radixrt.runtime.forward.forward_batch import ForwardBatch
+from radixrt.runtime.forward.kv_cache import KVCache
 from radixrt.runtime.models.llama import LlamaForCausalLM
-from radixrt.runtime.worker.attention.triton_backend import TritonAttentionBackend
-from radixrt.runtime.worker.forward_batch import ForwardBatch
-from radixrt.runtime.worker.kv_cache import KVCache
 
 SMALL_BATCH_SIZES = (1, 2, 4, 8)  # buckets below BATCH_SIZE_STEP
 BATCH_SIZE_STEP = 16  # buckets from here on are multiples of this (plus max_bs itself)

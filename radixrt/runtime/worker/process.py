@@ -18,8 +18,8 @@ def run_worker(config: EngineConfig, addrs: Addresses, parent_pid: int, log_leve
     import zmq
 
     from radixrt.runtime.engine import pool_pages, resolve_device_dtype
+    from radixrt.runtime.forward.kv_cache import KVCache
     from radixrt.runtime.models.loader import load_model
-    from radixrt.runtime.worker.kv_cache import KVCache
     from radixrt.runtime.worker.worker import Worker
 
     setproctitle.setproctitle("radixrt::worker")

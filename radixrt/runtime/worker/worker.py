@@ -12,6 +12,8 @@ import torch
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.constrained.grammar import CompiledGrammar, GrammarState
 from radixrt.runtime.constrained.token_table import TokenTable
+from radixrt.runtime.forward.forward_batch import ForwardBatch
+from radixrt.runtime.forward.kv_cache import KVCache
 from radixrt.runtime.messages import (
     Run,
     RunResult,
@@ -22,9 +24,7 @@ from radixrt.runtime.messages import (
 )
 from radixrt.runtime.models.loader import LoadedModel
 from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.worker.forward_batch import ForwardBatch
 from radixrt.runtime.worker.grammar_rows import after_sample, allowed_tokens
-from radixrt.runtime.worker.kv_cache import KVCache
 from radixrt.runtime.worker.sampler import Sampler, SamplingRow, prompt_logprobs
 
 

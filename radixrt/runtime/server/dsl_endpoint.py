@@ -18,8 +18,8 @@ import zmq.asyncio
 
 from radixrt.runtime.messages import DslReply, DslRequest, DslSample
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.server.dsl_scoring import score_choices
 from radixrt.runtime.tokenizer.chat_roles import chat_roles
-from radixrt.runtime.tokenizer.dsl_scoring import score_choices
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 
 log = logging.getLogger("radixrt.dsl")

@@ -7,8 +7,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from radixrt.runtime.worker.forward_batch import ForwardBatch
-    from radixrt.runtime.worker.kv_cache import KVCache
+    from radixrt.runtime.forward.forward_batch import ForwardBatch
+    from radixrt.runtime.forward.kv_cache import KVCache
 
 
 @runtime_checkable

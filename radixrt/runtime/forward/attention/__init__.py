@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from radixrt.runtime.worker.attention.base import AttentionBackend
-from radixrt.runtime.worker.attention.torch_backend import TorchAttentionBackend
+from radixrt.runtime.forward.attention.base import AttentionBackend
+from radixrt.runtime.forward.attention.torch_backend import TorchAttentionBackend
 
 ATTENTION_BACKEND_NAMES = ("torch", "triton")
 
@@ -13,7 +13,7 @@ def create_attention_backend(name: str) -> AttentionBackend:
     if name == "torch":
         return TorchAttentionBackend()
     if name == "triton":
-        from radixrt.runtime.worker.attention.triton_backend import (  # type: ignore[import-not-found]
+        from radixrt.runtime.forward.attention.triton_backend import (  # type: ignore[import-not-found]
             TritonAttentionBackend,
         )
 

@@ -22,8 +22,8 @@ from radixrt.runtime.config import DISCONNECT_POLL_S
 from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.server.openai_protocol import APIError, error_message, param_of
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
-from radixrt.runtime.tokenizer.openai_protocol import APIError, error_message, param_of
 
 T = TypeVar("T")
 

@@ -17,8 +17,8 @@ from radixrt.kernels.decode_attention import (
 )
 from radixrt.kernels.extend_attention import extend_attention
 from radixrt.kernels.store_kv import store_kv
-from radixrt.runtime.worker.forward_batch import ForwardBatch
-from radixrt.runtime.worker.kv_cache import KVCache
+from radixrt.runtime.forward.forward_batch import ForwardBatch
+from radixrt.runtime.forward.kv_cache import KVCache
 
 
 @dataclass(frozen=True)

@@ -27,18 +27,18 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from radixrt.runtime.config import HEALTH_GENERATE_TIMEOUT_S
 from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.tokenizer.chat_roles import chat_roles
-from radixrt.runtime.tokenizer.http_metrics import HTTPMetrics
-from radixrt.runtime.tokenizer.http_native import GenerateRequest, NativeServing
-from radixrt.runtime.tokenizer.http_streaming import ClientGone
-from radixrt.runtime.tokenizer.manager_base import TokenizerManager
-from radixrt.runtime.tokenizer.openai_protocol import (
+from radixrt.runtime.server.http_metrics import HTTPMetrics
+from radixrt.runtime.server.http_native import GenerateRequest, NativeServing
+from radixrt.runtime.server.http_streaming import ClientGone
+from radixrt.runtime.server.openai_protocol import (
     APIError,
     ChatRequest,
     CompletionRequest,
     error_body,
 )
-from radixrt.runtime.tokenizer.openai_serving import OpenAIServing, model_card
+from radixrt.runtime.server.openai_serving import OpenAIServing, model_card
+from radixrt.runtime.tokenizer.chat_roles import chat_roles
+from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 
 UNAUTHENTICATED_PATHS = frozenset({"/health"})
 # What a field of a union type must be (pydantic reports one error per alternative).

@@ -14,7 +14,7 @@ from radixrt.runtime.config import MODEL_ALIAS
 from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.tokenizer.http_streaming import (
+from radixrt.runtime.server.http_streaming import (
     SSE_DONE,
     PrimedStream,
     PromptOutput,
@@ -26,8 +26,7 @@ from radixrt.runtime.tokenizer.http_streaming import (
     until_disconnected,
     without_generated,
 )
-from radixrt.runtime.tokenizer.manager_base import TokenizerManager
-from radixrt.runtime.tokenizer.openai_protocol import (
+from radixrt.runtime.server.openai_protocol import (
     APIError,
     ChatChoice,
     ChatChunk,
@@ -48,6 +47,7 @@ from radixrt.runtime.tokenizer.openai_protocol import (
     finish_reason_out,
     to_sampling_params,
 )
+from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 from radixrt.runtime.tokenizer.prompts import Prompt
 
 

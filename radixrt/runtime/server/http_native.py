@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.tokenizer.http_streaming import (
+from radixrt.runtime.server.http_streaming import (
     SSE_DONE,
     PrimedStream,
     PromptOutput,
@@ -30,13 +30,13 @@ from radixrt.runtime.tokenizer.http_streaming import (
     sse,
     until_disconnected,
 )
-from radixrt.runtime.tokenizer.manager_base import TokenizerManager
-from radixrt.runtime.tokenizer.openai_protocol import (
+from radixrt.runtime.server.openai_protocol import (
     APIError,
     build_sampling_params,
     default_max_tokens,
     parse_logit_bias,
 )
+from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 
 SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))
 

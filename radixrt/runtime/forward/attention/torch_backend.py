@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 
 from radixrt.kernels.reference import decode_attention_ref, extend_attention_ref, store_kv_ref
-from radixrt.runtime.worker.forward_batch import ForwardBatch
-from radixrt.runtime.worker.kv_cache import KVCache
+from radixrt.runtime.forward.forward_batch import ForwardBatch
+from radixrt.runtime.forward.kv_cache import KVCache
 
 
 @dataclass
