@@ -20,6 +20,22 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+# Tests that use any of these fixtures (directly or through another) load the default model:
+# they are marked `model`, and `make test-fast` leaves them out.
+MODEL_FIXTURES = {"loaded_model", "hf_model", "tokenizer", "make_engine", "model_on_device"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    import torch
+
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if MODEL_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.model)
+        if "gpu" in item.keywords and not torch.cuda.is_available():
+            item.add_marker(no_gpu)
+
+
 @pytest.fixture(scope="session")
 def loaded_model() -> Any:
     """Our model code on the default model's weights, float32 on the CPU."""
@@ -47,7 +63,14 @@ def hf_model() -> Any:
 
 
 @pytest.fixture
-def make_engine(loaded_model: Any) -> Iterator[Callable[..., Any]]:
+def overlap() -> bool:
+    """How make_engine's engines drive their worker: inline (False) or, as the server does,
+    overlapped on a worker thread (True). Modules that run both ways override this fixture."""
+    return False
+
+
+@pytest.fixture
+def make_engine(loaded_model: Any, overlap: bool) -> Iterator[Callable[..., Any]]:
     """Build engines on the shared weights; each checks its KV invariants after every step, and
     at teardown must be idle: nothing running, nothing private, the pool all free or cached."""
     from radixrt import Engine
@@ -56,6 +79,7 @@ def make_engine(loaded_model: Any) -> Iterator[Callable[..., Any]]:
 
     def build(**options: Any) -> Any:
         options.setdefault("max_total_tokens", 4096)
+        options.setdefault("overlap", overlap)
         engine = Engine(model=loaded_model, check_integrity=True, **options)
         engines.append(engine)
         return engine
@@ -67,3 +91,4 @@ def make_engine(loaded_model: Any) -> Iterator[Callable[..., Any]]:
         assert stats["running"] == 0 and stats["waiting"] == 0 and stats["swapped"] == 0
         assert stats["kv_private"] == 0 and stats["kv_locked"] == 0
         assert stats["kv_free"] + stats["kv_evictable"] == stats["kv_total"]
+        engine.close()

@@ -14,8 +14,10 @@ at once and reports them in RunResult.forced, exactly as Worker._sample / after_
 that ends before the worker's last token (overlap: the scheduler planned it before it knew the
 forced tokens) "samples" the token already known and appends nothing.
 
-The driver runs the scheduler as Engine.step does (plan, execute, fold) or, with overlap, as
-SchedulerService.run does: plan t+1 and hand it to the worker before folding in t's result.
+The driver runs the production step loop (radixrt/runtime/scheduler/loop.py), the one the
+Engine and the scheduler process run, with the simulated worker as its executor, overlap on or
+off. Aborts "while a step is in flight" happen where the scheduler process takes them in: while
+the loop waits for a result.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from radixrt.runtime.messages import (
     WorkerRequest,
 )
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.scheduler.loop import StepLoop
+from radixrt.runtime.scheduler.planner import POOL_TOO_SMALL as PLANNER_POOL_TOO_SMALL
 from radixrt.runtime.scheduler.request import Request
 from radixrt.runtime.scheduler.scheduler import Scheduler
 
@@ -45,14 +49,13 @@ SCORED = -2.0  # logprob of a token scored, not sampled (the scheduler must skip
 JUMP = "sim-jf-"  # regex prefix marking a constrained request; the digit is its forcing density
 # Switches for scheduler bugs the sim found (all fixed; kept so a regression can be studied with
 # the old workaround on): the simulated grammar forces tokens right after a fork; a request that
-# fits never ends with "KV pool is too small"; the overlap driver does not fold a fork step in
-# early on its own; prompt logprobs are checked for requests preempted with overlap.
+# fits never ends with "KV pool is too small"; prompt logprobs are checked for requests preempted
+# with overlap.
 FORCE_AFTER_FORK = True
 TOLERATE_POOL_TOO_SMALL = False
-POOL_TOO_SMALL = "error: the KV pool is too small for this request"
+POOL_TOO_SMALL = f"error: {PLANNER_POOL_TOO_SMALL}"
 # A request swapped in by a plan is never also swapped out (or freed) by the same plan.
 TOLERATE_SWAP_IN_PREEMPTED = False
-TOLERATE_FORK_IN_FLIGHT = False
 TOLERATE_STALE_PROMPT_LOGPROBS = False
 
 
@@ -342,17 +345,50 @@ class Arrival:
     params: SamplingParams
 
 
+class SimExecutor:
+    """The StepExecutor over the simulated worker: a plan runs when it is submitted; `take`
+    first runs the hook set for this turn (aborts while the step is in flight), as the scheduler
+    process handles the tokenizer's messages while it waits for a result."""
+
+    def __init__(self, worker: SimWorker) -> None:
+        self.worker = worker
+        self.results: list[StepResult] = []
+        self.on_wait: Callable[[], None] | None = None
+
+    def submit(self, plan: StepPlan) -> None:
+        self.results.append(self.worker.execute(plan))
+
+    def take(self) -> StepResult:
+        hook, self.on_wait = self.on_wait, None
+        if hook is not None:
+            hook()
+        return self.results.pop(0)
+
+
 @dataclass
 class Sim:
     sched: Scheduler
     worker: SimWorker
-    overlap: bool = False  # plan step t+1 before folding in step t (SchedulerService.run)
-    in_flight: tuple[StepPlan, StepResult] | None = None
+    loop: StepLoop
+    executor: SimExecutor
     reported: set[int] = field(default_factory=set)  # finished requests the engine was told of
     aborted: set[int] = field(default_factory=set)
     steps: int = 0
-    syncs: int = 0  # overlap: folds forced by needs_sync before planning again
     presolved_preempted: set[int] = field(default_factory=set)  # preempted, presolved in flight
+
+    @property
+    def overlap(self) -> bool:
+        return self.loop.overlap
+
+    @property
+    def syncs(self) -> int:
+        """overlap: folds forced by needs_sync before planning again."""
+        return self.loop.syncs
+
+    @property
+    def in_flight(self) -> StepPlan | None:
+        """The plan whose result the loop has not folded in yet (overlap)."""
+        return self.loop.in_flight[0] if self.loop.in_flight else None
 
 
 def make_sim(pool_tokens: int, overlap: bool = False, **options: object) -> Sim:
@@ -360,12 +396,14 @@ def make_sim(pool_tokens: int, overlap: bool = False, **options: object) -> Sim:
     num_pages = max(pool_tokens // config.page_size, 2)
     sched = Scheduler(config, num_pages, CONTEXT, [EOS])
     sched.kv.tree._clock = lambda: 0.0  # LRU by access order only: reproducible runs
-    return Sim(sched, SimWorker(num_pages * config.page_size), overlap)
+    worker = SimWorker(num_pages * config.page_size)
+    executor = SimExecutor(worker)
+    return Sim(sched, worker, StepLoop(sched, executor, overlap), executor)
 
 
 def forking_in_flight(sim: Sim) -> dict[int, list[int]]:
     """overlap: parent rid -> child rids of the forks the step in flight has made."""
-    plan = sim.in_flight[0] if sim.in_flight else None
+    plan = sim.in_flight
     return {r.rid: r.fork_into for r in plan.runs if r.fork_into} if plan else {}
 
 
@@ -399,33 +437,14 @@ def cross_check(sim: Sim) -> None:
         assert rid in live or (req and req.finished), f"worker holds {rid} ({req and req.phase})"
 
 
-def _fold(sim: Sim, sent: tuple[StepPlan, StepResult] | None) -> list[Request]:
-    return sim.sched.process_results(*sent) if sent else []
-
-
 def step(sim: Sim, between: Callable[[], None] | None = None) -> None:
-    """One Engine.step (schedule -> worker -> process_results) or, with overlap, one turn of
-    SchedulerService.run: plan and send step t+1 (`between` runs here), then fold in step t."""
+    """One turn of the production step loop over the simulated worker; `between` runs while
+    the loop waits for a result (if it waits for one this turn)."""
+    sim.executor.on_wait = between
+    touched = sim.loop.step()
+    sim.executor.on_wait = None
+    assert sim.overlap or not sim.sched.needs_sync, "needs_sync without a step in flight"
     sched = sim.sched
-    if sim.in_flight is not None and sched.needs_sync:
-        sched.needs_sync = False  # a preemption waits for the step in flight
-        touched = _fold(sim, sim.in_flight)
-        sim.in_flight = None
-        sim.syncs += 1
-    else:
-        plan = sched.schedule()
-        touched = [] if plan is not None else sched.take_finished_outside_step()
-        sent = (plan, sim.worker.execute(plan)) if plan is not None else None
-        forks = TOLERATE_FORK_IN_FLIGHT and plan is not None and any(r.fork_into for r in plan.runs)
-        if between is not None and not forks:
-            between()
-        if sim.overlap:
-            sent, sim.in_flight = sim.in_flight, sent
-        touched += _fold(sim, sent)
-        assert sim.overlap or not sched.needs_sync, "needs_sync without a step in flight"
-        if sim.overlap and forks:  # known bug: fold a fork in at once (TOLERATE_FORK_IN_FLIGHT)
-            touched += _fold(sim, sim.in_flight)
-            sim.in_flight = None
     sim.reported |= {r.rid for r in touched if r.finished}
     sim.presolved_preempted |= {r.rid for r in sched.waiting + sched.swapped
                                 if r.presolved_step >= 0}
@@ -474,7 +493,7 @@ def describe(sim: Sim) -> str:
 
 def check_idle(sim: Sim) -> None:
     sched = sim.sched
-    assert not (sched.waiting or sched.running or sched.swapped) and sched.swap_used == 0
+    assert not (sched.waiting or sched.running or sched.swapped) and sched.table.swap_used == 0
     assert sim.in_flight is None
     counters = sched.kv.counters([])
     assert counters.private == 0 and counters.locked == 0

@@ -13,6 +13,13 @@ import pytest
 
 from radixrt import SamplingParams
 
+
+@pytest.fixture(params=[False, True], ids=["inline", "overlap"])
+def overlap(request: pytest.FixtureRequest) -> bool:
+    """Every test here runs on an Engine that steps its worker inline and on one that overlaps
+    planning with a worker thread, as the server does: the outputs must be the same."""
+    return request.param
+
 PERSON = {
     "type": "object",
     "properties": {

@@ -22,6 +22,13 @@ SHARED_PROMPTS = [SHARED + q for q in ("What color is the sky?", "When does wate
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
 
+@pytest.fixture(params=[False, True], ids=["inline", "overlap"])
+def overlap(request: pytest.FixtureRequest) -> bool:
+    """Every test here runs on an Engine that steps its worker inline and on one that overlaps
+    planning with a worker thread, as the server does: the outputs must be the same."""
+    return request.param
+
+
 def hf_greedy(hf_model, tokenizer, prompt: str, max_new: int) -> list[int]:
     """Greedy decoding on HF transformers that runs past EOS, as ignore_eos does (EOS is not
     masked, it just does not stop): HF generate's own stopping cannot be turned off cleanly."""

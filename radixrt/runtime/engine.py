@@ -12,18 +12,14 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
-import psutil
-import torch
-
-from radixrt.runtime.config import CPU_MAX_POOL_TOKENS, GRAMMAR_POLL_S, EngineConfig
+from radixrt.runtime.config import GRAMMAR_POLL_S, EngineConfig
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.constrained.token_table import TokenTable
-from radixrt.runtime.forward.kv_cache import KVCache
 from radixrt.runtime.messages import OutputDelta
-from radixrt.runtime.models.loader import LoadedModel, load_model
+from radixrt.runtime.models.loader import LoadedModel
 from radixrt.runtime.outputs import RequestOutput, StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.scheduler.output_deltas import collect_deltas
+from radixrt.runtime.scheduler.loop import StepLoop
 from radixrt.runtime.scheduler.request import Request
 from radixrt.runtime.scheduler.scheduler import Scheduler
 from radixrt.runtime.tokenizer.output_tracker import OutputTracker
@@ -32,33 +28,8 @@ from radixrt.runtime.tokenizer.prompts import (
     encode_checked,
     is_single_prompt,
 )
-from radixrt.runtime.worker.worker import Worker
-
-
-def resolve_device_dtype(config: EngineConfig) -> tuple[torch.device, torch.dtype]:
-    device = config.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
-    name = config.dtype
-    if name == "auto":
-        name = "bfloat16" if dev.type == "cuda" else "float32"
-    return dev, getattr(torch, name)
-
-
-def pool_pages(config: EngineConfig, bytes_per_token: int, device: torch.device) -> int:
-    """KV pool size: an explicit max_total_tokens, or mem_fraction of free memory."""
-    if config.max_total_tokens is not None:
-        tokens = config.max_total_tokens
-    else:
-        if device.type == "cuda":
-            free = torch.cuda.mem_get_info(device)[0]
-        else:
-            free = psutil.virtual_memory().available
-        tokens = int(free * config.mem_fraction) // bytes_per_token
-        if device.type == "cpu":
-            tokens = min(tokens, CPU_MAX_POOL_TOKENS)
-    return max(tokens // config.page_size, 2)
+from radixrt.runtime.worker.executor import InlineExecutor, ThreadExecutor
+from radixrt.runtime.worker.setup import build_worker
 
 
 @dataclass
@@ -79,46 +50,32 @@ class Engine:
     >>> engine.generate(["The capital of France is"], SamplingParams(max_tokens=8, temperature=0))
     """
 
-    def __init__(self, model: str | LoadedModel | None = None, **options: Any) -> None:
+    def __init__(
+        self, model: str | LoadedModel | None = None, overlap: bool = False, **options: Any
+    ) -> None:
         """model: "default", a .gguf file, a checkpoint folder, or an already LoadedModel (to
-        share weights between engines, as the tests do); options: EngineConfig fields."""
+        share weights between engines, as the tests do); overlap: run the worker on its own
+        thread and plan step t+1 while it computes step t, as the server does (outputs are the
+        same either way); options: EngineConfig fields."""
         loaded = model if isinstance(model, LoadedModel) else None
         if loaded is not None:
             options["model"] = loaded.model_path
         elif model is not None:
             options["model"] = model
         self.config = EngineConfig.from_kwargs(**options)
-        device, dtype = resolve_device_dtype(self.config)
-        if loaded is not None:
-            param = next(loaded.model.parameters())
-            device, dtype = param.device, param.dtype
-        else:
-            backend = self.config.attention_backend
-            if backend == "auto":
-                backend = "triton" if device.type == "cuda" else "torch"
-            loaded = load_model(
-                self.config.model,
-                dtype=dtype,
-                device=device,
-                load_format=self.config.load_format,
-                attention_backend=backend,
-            )
-        self.model_config = loaded.config
-        self.tokenizer = loaded.tokenizer
-        self.context_length = self.config.context_length or loaded.config.max_position_embeddings
-        per_token = KVCache.bytes_per_token_for(loaded.config, dtype)
-        num_pages = pool_pages(self.config, per_token, device)
+        self.worker, ready = build_worker(self.config, loaded)
+        self.model_config = self.worker.config
+        self.tokenizer = self.worker.tokenizer
+        self.context_length = ready.context_length
+        self.eos_token_ids = list(ready.eos_token_ids)
+        self.scheduler = Scheduler.for_worker(self.config, ready)
+        self._executor: InlineExecutor | ThreadExecutor = (
+            ThreadExecutor(self.worker) if overlap else InlineExecutor(self.worker)
+        )
+        self.loop = StepLoop(self.scheduler, self._executor, overlap,
+                             self.config.check_integrity)
         self._grammars: GrammarCompiler | None = None
         self._compiling: dict[int, _Deferred] = {}  # rid -> request waiting for its grammar
-        self.worker = Worker(
-            loaded,
-            num_pages * self.config.page_size,
-            seed=self.config.seed,
-            cuda_graph_max_bs=self.config.cuda_graph_max_bs,
-            jump_forward=not self.config.disable_jump_forward,
-        )
-        self.eos_token_ids = list(loaded.config.eos_token_ids)
-        self.scheduler = Scheduler(self.config, num_pages, self.context_length, self.eos_token_ids)
         self._trackers: dict[int, OutputTracker] = {}
         self._queues: dict[int, asyncio.Queue] = {}  # rid -> chunks of a running stream
 
@@ -191,34 +148,26 @@ class Engine:
 
     # --- stepping ------------------------------------------------------------------------
     def step(self) -> list[StreamChunk]:
-        """Run one scheduling step (one forward pass); returns the new output pieces."""
+        """Run one turn of the step loop (one forward pass); returns the new output pieces."""
         self._admit_compiled()
-        plan = self.scheduler.schedule()
-        if plan is None:
-            touched = self.scheduler.take_finished_outside_step()
-            if not touched and self._compiling:  # only grammars to wait for
-                futures_wait([d.future for d in self._compiling.values()],
-                             timeout=GRAMMAR_POLL_S, return_when=FIRST_COMPLETED)
-        else:
-            result = self.worker.execute(plan)
-            touched = self.scheduler.process_results(plan, result)
-        if self.config.check_integrity:
-            self.check_integrity()
+        touched = self.loop.step()
+        if not touched and self.loop.idle and self._compiling:  # only grammars to wait for
+            futures_wait([d.future for d in self._compiling.values()],
+                         timeout=GRAMMAR_POLL_S, return_when=FIRST_COMPLETED)
         chunks = self._emit(touched)
         self._deliver(chunks)
         return chunks
 
     def _emit(self, touched: Sequence[Request]) -> list[StreamChunk]:
         chunks: list[StreamChunk] = []
-        for delta in collect_deltas(self.scheduler, touched):
+        for delta in self.scheduler.take_deltas(touched):
             tracker = self._trackers.get(delta.owner)
             if tracker is None:
                 continue
             new, stopped = tracker.apply(delta)
             chunks += new
             if stopped:  # a stop string: end it here and on the scheduler side
-                self.scheduler.finish(delta.rid, "stop")
-                collect_deltas(self.scheduler, [self.scheduler.requests[delta.rid]])
+                self.scheduler.take_deltas(self.scheduler.finish(delta.rid, "stop"))
         return chunks
 
     def _deliver(self, chunks: list[StreamChunk]) -> None:
@@ -278,13 +227,18 @@ class Engine:
             self._trackers.pop(rid, None)
             self._queues.pop(rid, None)
 
+    def close(self) -> None:
+        """Stop the worker thread of an overlapping Engine (an inline one holds none). The
+        Engine takes no more steps after this."""
+        self._executor.close()
+
     # --- introspection -------------------------------------------------------------------
     def check_integrity(self) -> None:
         """Raise RuntimeError on any KV leak, double free or miscount."""
         self.scheduler.check_integrity()
 
     def flush_cache(self) -> int:
-        return self.scheduler.kv.flush()
+        return self.scheduler.flush_cache()
 
     def stats(self) -> dict[str, Any]:
         """Pool counters (tokens), cache hit rate, steps, preemptions."""

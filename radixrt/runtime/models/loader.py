@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from radixrt.runtime.config import DEFAULT_GGUF_FILE, DEFAULT_MODEL, DEFAULT_PACKAGE, DUMMY_INIT_STD
-from radixrt.runtime.forward.attention import create_attention_backend
+from radixrt.runtime.forward.attention import create_attention_backend, resolve_attention_backend
 from radixrt.runtime.models.gguf_loader import (
     GGUFFile,
     gguf_config,
@@ -75,8 +75,7 @@ def load_model(
     torch_dtype = resolve_dtype(dtype, dev)
     if load_format not in ("auto", "dummy"):
         raise ValueError(f"load_format={load_format!r} is invalid: use 'auto' or 'dummy'")
-    if attention_backend == "auto":
-        attention_backend = "triton" if dev.type == "cuda" else "torch"
+    attention_backend = resolve_attention_backend(attention_backend, dev)
 
     if model == DEFAULT_MODEL or model.endswith(".gguf"):
         if model == DEFAULT_MODEL:

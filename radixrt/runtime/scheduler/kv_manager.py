@@ -10,11 +10,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
 from radixrt.runtime.messages import SlotCopy
 from radixrt.runtime.scheduler.page_pool import PagePool
-from radixrt.runtime.scheduler.radix_cache import RadixCache
+from radixrt.runtime.scheduler.radix_cache import RadixCache, RadixNode
 from radixrt.runtime.scheduler.request import Request
 
 
@@ -134,7 +133,7 @@ class KVManager:
         req.pages = []
         req.kv_len = 0
 
-    def pin(self, req: Request) -> Any:
+    def pin(self, req: Request) -> RadixNode | None:
         """Cache the request's computed prefix and take one more lock on it, held until unpin.
         Returns the locked node (None when the radix cache is off or nothing was cached)."""
         self.cache_prefix(req)
@@ -144,7 +143,7 @@ class KVManager:
         self.tree.lock(node)
         return node
 
-    def unpin(self, node: Any) -> None:
+    def unpin(self, node: RadixNode) -> None:
         self.tree.unlock(node)
 
     def share(self, parent: Request, child: Request) -> None:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Any, Protocol
+from typing import Protocol
 
 from radixrt.runtime.config import LPM_FALLBACK_QUEUE_LEN
 from radixrt.runtime.scheduler.kv_manager import KVManager
+from radixrt.runtime.scheduler.radix_cache import RadixNode
 from radixrt.runtime.scheduler.request import Request
 
 
@@ -45,7 +46,7 @@ class DFSWeight:
         tree = kv.tree
         at_node: dict[int, list[Request]] = defaultdict(list)
         weight: dict[int, int] = defaultdict(int)
-        nodes: dict[int, Any] = {}
+        nodes: dict[int, RadixNode] = {}
         for req in sorted(waiting, key=lambda r: r.arrival):
             node = tree.match_prefix(kv.match_key(req), req.extra_key).node
             at_node[id(node)].append(req)

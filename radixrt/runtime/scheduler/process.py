@@ -1,9 +1,9 @@
-"""Process 2: the scheduler. Takes requests from the tokenizer process, plans steps for the
-worker process, and streams output deltas back.
+"""Process 2: the scheduler. Takes requests from the tokenizer process, runs the step loop
+(loop.py) with overlap over the ZeroMQ link to the worker process, and streams output deltas
+back.
 
-Overlap scheduling: the plan for step t+1 is made and sent while the worker runs step t, and
-while it waits for a result the scheduler keeps taking in the tokenizer's messages (new
-requests, aborts, stop-string finishes, control calls).
+While it waits for a step's result, the scheduler keeps taking in the tokenizer's messages (new
+requests, aborts, stop-string finishes, control calls): the link's `take` polls both sockets.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import zmq
@@ -39,11 +40,42 @@ from radixrt.runtime.messages import (
     WorkerReady,
 )
 from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.scheduler.output_deltas import collect_deltas
+from radixrt.runtime.scheduler.loop import StepLoop
 from radixrt.runtime.scheduler.request import Request
 from radixrt.runtime.scheduler.scheduler import Scheduler
 
 log = logging.getLogger("radixrt.scheduler")
+
+
+class WorkerLink:
+    """The StepExecutor over ZeroMQ: plans go out on one socket, results come back on another;
+    while a result is awaited, `on_wait` handles whatever the inbox holds."""
+
+    def __init__(self, plans: TypedSocket, results: TypedSocket, inbox: TypedSocket,
+                 on_wait: Callable[[], None], parent_pid: int) -> None:
+        self.plans = plans
+        self.results = results
+        self.inbox = inbox
+        self.on_wait = on_wait
+        self.parent_pid = parent_pid
+        self._poller = zmq.Poller()
+        self._poller.register(inbox.sock, zmq.POLLIN)
+        self._poller.register(results.sock, zmq.POLLIN)
+
+    def submit(self, plan: StepPlan) -> None:
+        self.plans.send(plan)
+
+    def take(self) -> StepResult:
+        while True:
+            ready = dict(self._poller.poll(PARENT_POLL_MS))
+            if self.inbox.sock in ready:
+                self.on_wait()
+            if self.results.sock in ready:
+                result = self.results.recv()
+                assert isinstance(result, StepResult), result
+                return result
+            if not parent_alive(self.parent_pid):
+                sys.exit(0)
 
 
 class SchedulerService:
@@ -61,14 +93,12 @@ class SchedulerService:
         self.ready = ready
         self.inbox = inbox
         self.outbox = outbox
-        self.plans = plans
-        self.results = results
         self.parent_pid = parent_pid
+        link = WorkerLink(plans, results, inbox, lambda: self.drain_inbox(0), parent_pid)
+        self.loop = StepLoop(scheduler, link, overlap=True,
+                             check_integrity=scheduler.config.check_integrity)
         self._last_log = time.monotonic()
         self._last_generated = 0
-        self._poller = zmq.Poller()
-        self._poller.register(inbox.sock, zmq.POLLIN)
-        self._poller.register(results.sock, zmq.POLLIN)
 
     # --- messages from the tokenizer -----------------------------------------------------
     def drain_inbox(self, timeout_ms: int) -> None:
@@ -85,9 +115,7 @@ class SchedulerService:
             if msg.reason == "abort":
                 self._send(self.scheduler.abort(msg.rid))
             else:
-                self.scheduler.finish(msg.rid, msg.reason)
-                req = self.scheduler.requests.get(msg.rid)
-                self._send([req] if req is not None else [])
+                self._send(self.scheduler.finish(msg.rid, msg.reason))
         elif isinstance(msg, UnpinRequest):
             self.scheduler.unpin(msg.rid)
         elif isinstance(msg, ControlRequest):
@@ -110,7 +138,7 @@ class SchedulerService:
 
     def _control(self, op: str) -> dict:
         if op == "flush_cache":
-            return {"freed_tokens": self.scheduler.kv.flush()}
+            return {"freed_tokens": self.scheduler.flush_cache()}
         if op == "check_integrity":
             try:
                 self.scheduler.check_integrity()
@@ -131,51 +159,20 @@ class SchedulerService:
         return info
 
     def _send(self, touched: list[Request]) -> None:
-        deltas = collect_deltas(self.scheduler, touched)
+        deltas = self.scheduler.take_deltas(touched)
         if deltas:
             self.outbox.send(DeltaBatch(deltas=deltas))
 
     # --- the loop ------------------------------------------------------------------------
     def run(self) -> None:
-        """Overlap: step t+1 is planned and sent while the worker still runs step t (tokens
-        sampled in t are placeholders in the plan; the worker knows them when it gets there);
-        then t's result is folded in."""
-        in_flight: StepPlan | None = None
+        """The step loop with overlap; between turns, the tokenizer's messages (waiting for
+        them only while there is nothing to do)."""
         while True:
-            idle = in_flight is None and not self.scheduler.has_work
-            self.drain_inbox(PARENT_POLL_MS if idle else 0)
+            self.drain_inbox(PARENT_POLL_MS if self.loop.idle else 0)
             if not parent_alive(self.parent_pid):
                 sys.exit(0)
-            if in_flight is not None and self.scheduler.needs_sync:
-                self.scheduler.needs_sync = False  # a preemption waits for the step in flight
-                self._fold(in_flight)
-                in_flight = None
-                continue
-            plan = self.scheduler.schedule()
-            if plan is not None:
-                self.plans.send(plan)
-            else:
-                self._send(self.scheduler.take_finished_outside_step())
-            if in_flight is not None:
-                self._fold(in_flight)
-            in_flight = plan
+            self._send(self.loop.step())
             self._maybe_log()
-
-    def _fold(self, plan: StepPlan) -> None:
-        """Wait for the step's result (handling the tokenizer's messages meanwhile), fold it in
-        and send the outputs."""
-        result: StepResult | None = None
-        while result is None:
-            ready = dict(self._poller.poll(PARENT_POLL_MS))
-            if self.inbox.sock in ready:
-                self.drain_inbox(0)
-            if self.results.sock in ready:
-                result = self.results.recv()
-            elif not parent_alive(self.parent_pid):
-                sys.exit(0)
-        self._send(self.scheduler.process_results(plan, result))
-        if self.scheduler.config.check_integrity:
-            self.scheduler.check_integrity()  # a violation kills the process: fail-stop
 
     def _maybe_log(self) -> None:
         now = time.monotonic()
@@ -211,7 +208,7 @@ def run_scheduler(config: EngineConfig, addrs: Addresses, parent_pid: int, log_l
         if not parent_alive(parent_pid):
             sys.exit(0)
     assert isinstance(ready, WorkerReady), ready
-    scheduler = Scheduler(config, ready.num_pages, ready.context_length, ready.eos_token_ids)
+    scheduler = Scheduler.for_worker(config, ready)
     service = SchedulerService(scheduler, ready, inbox, outbox, plans, results, parent_pid)
     outbox.send(SchedulerReady(info=service._control("info")))
     log.info("scheduler ready: %s policy, %s preemption", config.schedule_policy,

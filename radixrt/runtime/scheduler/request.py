@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
+from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from radixrt.runtime.scheduler.radix_cache import RadixNode
 
 
 class Phase(enum.Enum):
@@ -32,7 +36,7 @@ class Request:
     pages: list[int] = field(default_factory=list)  # page of each page_size run of positions
     kv_len: int = 0  # positions whose K/V is computed (or planned in the current step)
     cached_len: int = 0  # prompt tokens served from the radix cache at (first) admission
-    tree_node: Any = None  # deepest radix node this request holds a lock on
+    tree_node: RadixNode | None = None  # deepest radix node this request holds a lock on
     admitted_at: int = -1  # admission counter: preemption picks the most recent
     num_preemptions: int = 0
     kv_len_swapped: int = 0  # positions whose K/V sits in host memory while SWAPPED
@@ -49,8 +53,8 @@ class Request:
     forking: bool = False  # n > 1: the step that forks it is planned and not yet folded in
     abort_requested: bool = False  # aborted while forking: its children are aborted on arrival
     # per-token outputs gathered as the worker reports them
-    output_logprobs: list[Any] = field(default_factory=list)
-    prompt_logprobs: list[Any] = field(default_factory=list)
+    output_logprobs: list[TokenLogprob] = field(default_factory=list)
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
 
     @property
     def all_ids(self) -> list[int]:

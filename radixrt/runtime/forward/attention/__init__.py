@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
+import torch
+
 from radixrt.runtime.forward.attention.base import AttentionBackend
 from radixrt.runtime.forward.attention.torch_backend import TorchAttentionBackend
 
 ATTENTION_BACKEND_NAMES = ("torch", "triton")
 
 
+def resolve_attention_backend(name: str, device: torch.device) -> str:
+    """The one "auto" rule: triton on CUDA, torch elsewhere; other names pass through."""
+    if name == "auto":
+        return "triton" if device.type == "cuda" else "torch"
+    return name
+
+
 def create_attention_backend(name: str) -> AttentionBackend:
-    """A fresh backend by name ("torch" or "triton"; "auto" is resolved by the engine)."""
+    """A fresh backend by name ("torch" or "triton"; see resolve_attention_backend for "auto")."""
     if name == "torch":
         return TorchAttentionBackend()
     if name == "triton":
@@ -26,4 +35,5 @@ __all__ = [
     "AttentionBackend",
     "TorchAttentionBackend",
     "create_attention_backend",
+    "resolve_attention_backend",
 ]

@@ -1,0 +1,163 @@
+"""Folding a step's results back into the requests: sampled tokens replace their placeholders,
+jump-forward tokens are appended, prompt logprobs gathered, finished requests ended, computed
+prompt chunks put into the radix tree, and n > 1 parents forked into their children.
+
+A run's result is skipped when its request is gone or was preempted by recompute after the run
+was planned (its epoch moved on): those tokens are computed again. Pure bookkeeping: no tensors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from radixrt.runtime.config import PLACEHOLDER_TOKEN
+from radixrt.runtime.messages import RunResult, StepPlan, StepResult, TokenLogprob
+from radixrt.runtime.scheduler.kv_manager import KVManager
+from radixrt.runtime.scheduler.request import Phase, Request
+from radixrt.runtime.scheduler.request_table import FORKED, RequestTable
+from radixrt.runtime.scheduler.stats import SchedulerStats
+
+
+class ResultFolder:
+    def __init__(
+        self,
+        table: RequestTable,
+        kv: KVManager,
+        stats: SchedulerStats,
+        context_length: int,
+        eos_token_ids: Sequence[int],
+    ) -> None:
+        self.table = table
+        self.kv = kv
+        self.stats = stats
+        self.context_length = context_length
+        self.eos_token_ids = frozenset(eos_token_ids)
+
+    def fold(self, plan: StepPlan, result: StepResult) -> list[Request]:
+        """Fold the worker's results in. Returns the requests that got tokens or finished."""
+        table = self.table
+        by_rid: dict[int, RunResult] = {r.rid: r for r in result.results}
+        touched = table.take_finished_outside_step()
+        epochs = table.run_epochs.pop(plan.step_id, {})
+        if plan.step_id == self.stats.steps:
+            table.needs_sync = False  # nothing is in flight any more
+        for run in plan.runs:
+            req = table.requests.get(run.rid)
+            if req is None or epochs.get(run.rid, req.epoch) != req.epoch:
+                continue  # gone, or recomputed since: this run's results are stale
+            res = by_rid.get(run.rid)
+            if req.phase is Phase.SWAPPED and run.prompt_logprob_from >= 0 and res is not None:
+                req.prompt_logprobs.extend(res.prompt_logprobs)  # its KV was kept
+                continue
+            if req.phase is not Phase.RUNNING:
+                continue
+            self.stats.computed_tokens += run.num_new
+            if run.prompt_logprob_from >= 0 and res is not None:
+                req.prompt_logprobs.extend(res.prompt_logprobs)
+                req.prompt_logprobs_done = run.sample
+            if run.fork_into:
+                self.kv.cache_prefix(req)
+                touched += self._fork(req, run.fork_into, by_rid)
+                continue
+            if run.sample and req.presolved_step == plan.step_id:
+                req.presolved_step = -1  # jump-forward already put this token in place
+            elif run.sample:
+                assert res is not None and res.token is not None, f"no token for {run.rid}"
+                touched.append(req)
+                if self._append(req, res.token) or self._append_forced(req, res.forced):
+                    continue  # finished (and released)
+            if run.num_new > 1 or not run.sample:
+                # share the computed prompt from the next step on
+                shared = self.kv.cache_prefix(req)
+                if shared:
+                    table.dedupe[req.rid] = shared
+        return touched
+
+    def _append(self, req: Request, token: TokenLogprob) -> bool:
+        """The sampled token replaces the oldest placeholder. True if the request finished."""
+        assert req.pending > 0
+        index = len(req.output_ids) - req.pending
+        req.output_ids[index] = token.token_id
+        req.pending -= 1
+        req.output_logprobs.append(token)
+        self.stats.generated_tokens += 1
+        reason = self.finish_reason(req, token.token_id, req.num_known_outputs)
+        if reason is None:
+            return False
+        del req.output_ids[index + 1 :]  # a step planned past the end samples in vain
+        req.pending = 0
+        self.table.end(req, reason)
+        return True
+
+    def _append_forced(self, req: Request, forced: Sequence[int]) -> bool:
+        """Jump-forward: tokens the grammar forces after the sampled one (logprob 0: certain
+        under the grammar). A step in flight samples the first of them itself: its placeholder
+        becomes that token now and the step's result for it is skipped. True if finished."""
+        if not forced:
+            return False
+        if req.pending:  # overlap scheduling: at most the latest plan is in flight
+            assert req.pending == 1 and req.output_ids[-1] == PLACEHOLDER_TOKEN
+            req.output_ids.pop()
+            req.pending = 0
+            req.presolved_step = self.stats.steps
+        start = len(req.output_ids)
+        for i, token in enumerate(forced):
+            req.output_ids.append(token)
+            req.output_logprobs.append(TokenLogprob(token_id=token, logprob=0.0))
+            self.stats.generated_tokens += 1
+            reason = self.finish_reason(req, token, start + i + 1)
+            if reason is not None:
+                self.table.end(req, reason)
+                return True
+        return False
+
+    def _fork(self, parent: Request, child_rids: list[int], by_rid: dict) -> list[Request]:
+        """n > 1: the parent's prefilled prompt becomes n children sharing its KV, each with
+        the token the worker sampled for it; the parent ends as "forked"."""
+        table = self.table
+        children = []
+        position = table.running.index(parent)
+        for i, rid in enumerate(child_rids):
+            child = Request(
+                rid=rid,
+                prompt_ids=parent.prompt_ids,
+                params=parent.params.with_(n=1),
+                arrival=parent.arrival,
+                extra_key=parent.extra_key,
+                seed_offset=i,
+                parent_rid=parent.rid,
+                phase=Phase.RUNNING,
+                admitted_at=parent.admitted_at,
+                cached_len=parent.cached_len,
+                prompt_logprobs_done=True,
+            )
+            table.requests[rid] = child
+            self.kv.share(parent, child)
+            table.running.insert(position + 1 + i, child)
+            children.append(child)
+        table.end(parent, FORKED)  # the worker dropped the parent itself
+        touched = [parent]
+        for child in children:
+            res = by_rid.get(child.rid)
+            if res is not None and res.token is not None and child.phase is Phase.RUNNING:
+                child.output_ids.append(PLACEHOLDER_TOKEN)
+                child.pending = 1
+                if not self._append(child, res.token):
+                    self._append_forced(child, res.forced)
+            touched.append(child)
+        if parent.abort_requested:  # aborted while its fork was in flight
+            for child in children:
+                touched += table.abort(child.rid)
+        return touched
+
+    def finish_reason(self, req: Request, token: int, num_out: int) -> str | None:
+        """Why the request ends with `token` as its num_out-th output, or None."""
+        p = req.params
+        if num_out >= p.min_tokens:
+            if token in p.stop_token_ids:
+                return "stop"
+            if not p.ignore_eos and token in self.eos_token_ids:
+                return "stop"
+        if num_out >= p.max_tokens or len(req.prompt_ids) + num_out >= self.context_length:
+            return "length"
+        return None

@@ -1,0 +1,79 @@
+"""The step loop: the one driver of the scheduler, for the Engine (an in-process worker), the
+scheduler process (a worker process over ZeroMQ) and the simulation (a simulated worker).
+
+One turn (`step`):
+1. If a step is in flight and the scheduler needs it folded in first (a preemption of a request
+   whose token is in flight, or a fork), fold it in and return: the next turn plans afresh.
+2. Plan the next step and hand it to the executor (nothing to plan: take the requests that
+   ended outside any step).
+3. Fold in a result: without overlap, the step just handed over; with overlap, the step before
+   it, so the worker computes step t+1 while step t's result is folded in and step t+2 planned.
+   A plan made before the previous result is known carries placeholders for the tokens that
+   result will bring; the worker knows them when it gets there.
+4. With `check_integrity`, prove the KV invariants.
+
+The executor hands over plans and gives back results in the same order; while it waits for a
+result it may do other work (the scheduler process takes in the tokenizer's messages then).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Protocol
+
+from radixrt.runtime.messages import StepPlan, StepResult
+from radixrt.runtime.scheduler.request import Request
+from radixrt.runtime.scheduler.scheduler import Scheduler
+
+
+class StepExecutor(Protocol):
+    def submit(self, plan: StepPlan) -> None:
+        """Start executing a plan (returns at once, or once it ran)."""
+        ...
+
+    def take(self) -> StepResult:
+        """The result of the oldest plan submitted and not yet taken (waits for it)."""
+        ...
+
+
+class StepLoop:
+    def __init__(self, scheduler: Scheduler, executor: StepExecutor, overlap: bool,
+                 check_integrity: bool = False) -> None:
+        self.scheduler = scheduler
+        self.executor = executor
+        self.overlap = overlap
+        self.check_integrity = check_integrity
+        self.in_flight: deque[StepPlan] = deque()  # submitted, result not folded in yet
+        self.syncs = 0  # folds made early because the scheduler needed them
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight and nothing to do."""
+        return not self.in_flight and not self.scheduler.has_work
+
+    def step(self) -> list[Request]:
+        """One turn; returns the requests that got tokens or ended (their deltas are due)."""
+        sched = self.scheduler
+        if self.in_flight and sched.needs_sync:
+            sched.synced()
+            self.syncs += 1
+            touched = self._fold()
+        else:
+            plan = sched.schedule()
+            touched = []
+            if plan is None:
+                touched = sched.take_finished_outside_step()
+            else:
+                self.executor.submit(plan)
+                self.in_flight.append(plan)
+            if len(self.in_flight) > (1 if self.overlap and plan is not None else 0):
+                touched += self._fold()
+        if self.check_integrity:
+            sched.check_integrity()  # a violation raises: fail-stop
+        return touched
+
+    def _fold(self) -> list[Request]:
+        plan = self.in_flight[0]
+        result = self.executor.take()
+        self.in_flight.popleft()
+        return self.scheduler.process_results(plan, result)

@@ -1,0 +1,267 @@
+"""Planning one step: running decodes first, then prefill chunks within the token budget, then
+new admissions in policy order; preemption (recompute or swap) when KV runs out.
+
+Order within a plan (`schedule`): swapped-out requests come back first (oldest admission first),
+then every running decode gets its one token, then running prefills get chunks while the budget
+lasts, then waiting requests are admitted (none while any request is swapped out). Pages that a
+prefix computed twice at once holds are handed back last, once nothing in this plan can reuse
+them. Pure bookkeeping: no tensors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from radixrt.runtime.config import IN_BATCH_PREFIX_MIN, PLACEHOLDER_TOKEN, EngineConfig
+from radixrt.runtime.messages import Run, SlotCopy, StepPlan, Swap, WorkerRequest
+from radixrt.runtime.scheduler.kv_manager import KVManager
+from radixrt.runtime.scheduler.policy import SchedulePolicy
+from radixrt.runtime.scheduler.request import Phase, Request
+from radixrt.runtime.scheduler.request_table import RequestTable
+from radixrt.runtime.scheduler.stats import SchedulerStats
+
+POOL_TOO_SMALL = "the KV pool is too small for this request"
+
+
+@dataclass
+class _StepDraft:
+    """What the current step plan accumulates while it is being built."""
+
+    budget: int
+    runs: list[Run] = field(default_factory=list)
+    copies: list[SlotCopy] = field(default_factory=list)
+    new_requests: list[WorkerRequest] = field(default_factory=list)
+    swap_in: list[Swap] = field(default_factory=list)
+    swap_out: list[Swap] = field(default_factory=list)
+    planned: set[int] = field(default_factory=set)
+    swapped_in: set[int] = field(default_factory=set)  # never preempted in the same plan
+    prefilling: set[int] = field(default_factory=set)  # computing more than one token
+
+
+class Planner:
+    def __init__(
+        self,
+        config: EngineConfig,
+        table: RequestTable,
+        kv: KVManager,
+        policy: SchedulePolicy,
+        stats: SchedulerStats,
+        context_length: int,
+    ) -> None:
+        self.config = config
+        self.table = table
+        self.kv = kv
+        self.policy = policy
+        self.stats = stats
+        self.context_length = context_length
+
+    def schedule(self) -> StepPlan | None:
+        """The next step's plan, or None when there is nothing to do."""
+        table = self.table
+        draft = _StepDraft(budget=self.config.max_num_batched_tokens)
+        self._swap_back(draft)
+        for req in [r for r in table.running if r.is_decoding and not self._awaits_end(r)]:
+            if req.phase is Phase.RUNNING and req.rid not in draft.planned:
+                self._plan_chunk(req, 1, draft)
+        for req in [r for r in table.running if not r.is_decoding and r.remaining > 0]:
+            if draft.budget <= 0:
+                break
+            if req.phase is Phase.RUNNING and req.rid not in draft.planned:
+                self._plan_chunk(req, min(req.remaining, draft.budget), draft)
+        self._admit(draft)
+        free = table.take_pending_free()  # ends during planning are in it too
+        self._move_onto_tree_pages(draft, free)
+        if not (draft.runs or free or draft.swap_out or draft.copies or draft.swap_in):
+            return None
+        self.stats.steps += 1
+        table.run_epochs[self.stats.steps] = {
+            run.rid: table.requests[run.rid].epoch for run in draft.runs
+        }
+        return StepPlan(
+            step_id=self.stats.steps,
+            swap_out=draft.swap_out,
+            free=free,
+            new_requests=draft.new_requests,
+            copies=draft.copies,
+            swap_in=draft.swap_in,
+            runs=draft.runs,
+        )
+
+    def _awaits_end(self, req: Request) -> bool:
+        """The step in flight samples this request's last token: nothing more to plan."""
+        return req.pending > 0 and (
+            len(req.output_ids) >= req.params.max_tokens or req.num_tokens >= self.context_length
+        )
+
+    def _move_onto_tree_pages(self, draft: _StepDraft, free: list[int]) -> None:
+        """A prefix computed twice at once is held once: requests move onto the tree's pages.
+        Done once the plan is made, so the pages freed here are not reused by it; a request
+        preempted (or preempted and re-admitted) in this plan starts clean and is skipped."""
+        pending, self.table.dedupe = self.table.dedupe, {}
+        gone = set(free) | {w.rid for w in draft.new_requests} | {s.rid for s in draft.swap_out}
+        for rid, num_pages in pending.items():
+            req = self.table.requests.get(rid)
+            if req is not None and req.phase is Phase.RUNNING and rid not in gone:
+                self.kv.dedupe(req, num_pages, draft.copies)
+
+    # --- admission ---------------------------------------------------------------------------
+    def _admit(self, draft: _StepDraft) -> None:
+        table = self.table
+        if not table.waiting or table.swapped:
+            return  # swapped-out requests come back before anything new starts
+        for req in self.policy.order(table.waiting, self.kv):
+            if draft.budget <= 0 or len(table.running) >= self.config.max_running_requests:
+                break
+            if self._shares_prefill_in_progress(req, draft):
+                continue  # next step its prefix is in the tree: compute it once
+            self.kv.admit(req)
+            chunk = min(req.remaining, draft.budget)
+            room = self.kv.room(req)
+            busy = bool(table.running or draft.runs)
+            if room < chunk:
+                if busy or room <= 0:  # wait for the running requests to free memory
+                    if busy:
+                        self.kv.release(req, cache=False)
+                    else:
+                        table.fail(req, POOL_TOO_SMALL)
+                    break
+                chunk = room
+            slots = self.kv.reserve(req, chunk, draft.copies)
+            if slots is None:
+                self.kv.release(req, cache=False)
+                break
+            if req.admitted_at < 0:
+                self.stats.prompt_tokens += len(req.prompt_ids)
+                self.stats.cached_tokens += req.kv_len - chunk
+                req.cached_len = req.kv_len - chunk
+            table.start(req)
+            draft.new_requests.append(
+                WorkerRequest(
+                    rid=req.rid,
+                    prompt_ids=req.prompt_ids,
+                    output_ids=list(req.output_ids),
+                    params=req.params.to_dict(),
+                    seed_offset=req.seed_offset,
+                    prefix_slots=self.kv.slots(req, 0, req.kv_len - chunk),
+                )
+            )
+            self._add_run(req, chunk, slots, draft)
+
+    def _shares_prefill_in_progress(self, req: Request, draft: _StepDraft) -> bool:
+        """True when a request prefilling now will put this one's next tokens in the tree."""
+        if self.kv.disable_radix_cache:
+            return False
+        end = self.kv.match_len(req) + IN_BATCH_PREFIX_MIN
+        if end >= len(req.prompt_ids):
+            return False
+        head = req.prompt_ids[:end]
+        return any(
+            (other.remaining > 1 or other.rid in draft.prefilling)
+            and other.extra_key == req.extra_key
+            and other.prompt_ids[:end] == head
+            for other in self.table.running
+        )
+
+    # --- running requests --------------------------------------------------------------------
+    def _plan_chunk(self, req: Request, chunk: int, draft: _StepDraft) -> None:
+        room = self.kv.room(req)
+        if 0 < room < chunk:
+            chunk = room
+        while True:
+            slots = self.kv.reserve(req, chunk, draft.copies)
+            if slots is not None:
+                self._add_run(req, chunk, slots, draft)
+                return
+            victim = self._pick_victim(req, draft)
+            if victim is None:
+                # alone and nothing to free: it can never fit (unless pages it computed twice
+                # are about to be handed back at the end of this plan)
+                alone = not any(r is not req for r in self.table.running)
+                if alone and req.rid not in self.table.dedupe:
+                    self.table.fail(req, POOL_TOO_SMALL)
+                return  # others hold the memory this step; they progress, then this one
+            self._preempt(victim, draft)
+
+    def _add_run(self, req: Request, chunk: int, slots: list[int], draft: _StepDraft) -> None:
+        start = req.kv_len - chunk
+        sample = req.kv_len == req.num_tokens
+        fork_into: list[int] = []
+        if sample and req.fork_count > 1:
+            fork_into = [self.table.new_child_rid() for _ in range(req.fork_count)]
+            self.table.children[req.rid] = fork_into
+            req.forking = True
+            self.table.needs_sync = True  # overlap: fold the fork in before planning more
+        draft.runs.append(
+            Run(
+                rid=req.rid,
+                start=start,
+                num_new=chunk,
+                new_slots=slots,
+                sample=sample,
+                prompt_logprob_from=req.prompt_logprob_from(),
+                fork_into=fork_into,
+            )
+        )
+        if sample and not fork_into:  # plan the next step before this token is known
+            req.output_ids.append(PLACEHOLDER_TOKEN)
+            req.pending += 1
+        draft.planned.add(req.rid)
+        if chunk > 1:
+            draft.prefilling.add(req.rid)
+        draft.budget -= chunk
+
+    # --- preemption --------------------------------------------------------------------------
+    def _pick_victim(self, req: Request, draft: _StepDraft) -> Request | None:
+        """The most recently admitted running request not planned in this step yet."""
+        candidates = [
+            r
+            for r in self.table.running
+            if r is not req and r.rid not in draft.planned and r.rid not in draft.swapped_in
+        ]
+        victim = max(candidates, key=lambda r: r.admitted_at, default=None)
+        if victim is not None and victim.pending:
+            # its sampled token is still in flight: preempt only once that step is folded in
+            self.table.needs_sync = True
+            return None
+        return victim
+
+    def _preempt(self, victim: Request, draft: _StepDraft) -> None:
+        table = self.table
+        self.stats.preemptions += 1
+        table.running.remove(victim)
+        victim.num_preemptions += 1
+        fits_swap = table.swap_used + victim.kv_len <= self.config.swap_space_tokens
+        if self.config.preemption == "swap" and fits_swap and victim.kv_len > 0:
+            self.stats.swaps += 1
+            slots = self.kv.slots(victim, 0, victim.kv_len)
+            draft.swap_out.append(Swap(rid=victim.rid, slots=slots))
+            victim.kv_len_swapped = victim.kv_len
+            table.swap_used += victim.kv_len
+            self.kv.release(victim, cache=False)
+            victim.phase = Phase.SWAPPED
+            table.swapped.append(victim)
+            return
+        victim.epoch += 1  # results of its steps still in flight no longer apply
+        if not victim.prompt_logprobs_done:
+            victim.prompt_logprobs.clear()  # gathered again on re-admission
+        self.kv.release(victim)  # its tokens stay in the tree: re-prefill is mostly a cache hit
+        table.pending_free.append(victim.rid)
+        victim.phase = Phase.WAITING
+        table.waiting.append(victim)
+
+    def _swap_back(self, draft: _StepDraft) -> None:
+        table = self.table
+        for req in sorted(table.swapped, key=lambda r: r.admitted_at):
+            need = self.kv.pages_for(req.kv_len_swapped) + len(table.running)
+            if self.kv.available_pages() < need:
+                break
+            slots = self.kv.reserve(req, req.kv_len_swapped, draft.copies)
+            if slots is None:
+                break
+            table.swapped.remove(req)
+            table.swap_used -= req.kv_len_swapped
+            draft.swap_in.append(Swap(rid=req.rid, slots=slots))
+            draft.swapped_in.add(req.rid)
+            req.phase = Phase.RUNNING
+            table.running.append(req)
+            table.running.sort(key=lambda r: r.admitted_at)

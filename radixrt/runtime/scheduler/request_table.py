@@ -1,0 +1,204 @@
+"""Every request the scheduler holds, the queue each one is in, and the one path by which a
+request ends.
+
+Lifecycle (`Phase`): WAITING -> RUNNING -> FINISHED, with RUNNING -> WAITING (preempted by
+recompute) and RUNNING -> SWAPPED -> RUNNING (preempted by swap). Every ending, whatever its
+cause (a finished output, an abort, a stop string, an error, an n > 1 parent handing over to its
+children), goes through `end`, which undoes exactly what the request's phase holds:
+
+- WAITING: it leaves the queue; KV it was given by an admission that then failed is released
+  uncached (nothing new was computed).
+- SWAPPED: it leaves the swap list; its host KV is dropped by the worker (a free in the next plan).
+- RUNNING: it leaves the running list; a pinned request that ended normally keeps its prefix
+  locked; its KV is released into the radix tree; the worker forgets it in the next plan (a
+  "forked" parent excepted: the worker dropped it itself when it forked).
+
+The table also carries the bookkeeping that planning and result folding share: the frees the next
+plan carries, the epoch of each run of each plan in flight, the pages to de-duplicate, and
+`needs_sync` (overlap: fold the step in flight in before planning again).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+from radixrt.runtime.messages import OutputDelta
+from radixrt.runtime.scheduler.kv_manager import KVManager
+from radixrt.runtime.scheduler.radix_cache import RadixNode
+from radixrt.runtime.scheduler.request import Phase, Request
+
+FORKED = "forked"  # finish reason of an n > 1 parent once its children exist
+NORMAL_ENDINGS = ("stop", "length")  # endings that keep a pinned request's prefix
+
+
+class RequestTable:
+    def __init__(self, kv: KVManager) -> None:
+        self.kv = kv
+        self.requests: dict[int, Request] = {}
+        self.waiting: list[Request] = []
+        self.running: list[Request] = []  # admission order
+        self.swapped: list[Request] = []
+        self.children: dict[int, list[int]] = {}  # n > 1 parent rid -> child rids
+        self.pins: dict[int, RadixNode] = {}  # rid -> node its finished prefix keeps locked
+        self.swap_used = 0  # host slots holding swapped-out KV
+        self.pending_free: list[int] = []  # rids the worker forgets in the next plan
+        self.finished_outside_step: list[Request] = []  # ended with no step to report them
+        self.dedupe: dict[int, int] = {}  # rid -> pages that may duplicate the tree's
+        self.run_epochs: dict[int, dict[int, int]] = {}  # step id -> epoch of each run's rid
+        self.needs_sync = False
+        self._rids = itertools.count()
+        self._child_rids = itertools.count(-1, -1)  # n > 1 samples: never clash with clients'
+        self._arrivals = itertools.count()
+        self._admissions = itertools.count()
+
+    # --- ids ---------------------------------------------------------------------------------
+    def new_rid(self) -> int:
+        return next(self._rids)
+
+    def new_child_rid(self) -> int:
+        return next(self._child_rids)
+
+    def next_arrival(self) -> int:
+        return next(self._arrivals)
+
+    # --- transitions -------------------------------------------------------------------------
+    def enqueue(self, req: Request) -> None:
+        """A new request joins the waiting queue."""
+        if req.rid < 0 or req.rid in self.requests:
+            raise ValueError(f"request id {req.rid} is negative or already in use")
+        self.requests[req.rid] = req
+        self.waiting.append(req)
+
+    def start(self, req: Request) -> None:
+        """WAITING -> RUNNING (its KV was admitted and reserved by the planner)."""
+        self.waiting.remove(req)
+        req.phase = Phase.RUNNING
+        req.admitted_at = next(self._admissions)
+        self.running.append(req)
+
+    def end(self, req: Request, reason: str) -> None:
+        """The one way a request ends (see the module docstring)."""
+        if req.finished:
+            return
+        if req.phase is Phase.WAITING:
+            self.waiting.remove(req)
+            if req.pages or req.tree_node is not None:
+                self.kv.release(req, cache=False)
+        elif req.phase is Phase.SWAPPED:
+            self.swapped.remove(req)
+            self.swap_used -= req.kv_len_swapped
+            self.pending_free.append(req.rid)
+        elif req.phase is Phase.RUNNING:
+            self.running.remove(req)
+            if req.pin and reason in NORMAL_ENDINGS:
+                node = self.kv.pin(req)
+                if node is not None:
+                    self.pins[req.rid] = node
+            self.kv.release(req, cache=reason != FORKED)
+            if reason != FORKED:
+                self.pending_free.append(req.rid)
+        req.phase = Phase.FINISHED
+        req.finish_reason = reason
+
+    def fail(self, req: Request, message: str) -> None:
+        """End with an error outside any step's results (reported by the next step)."""
+        self.end(req, f"error: {message}")
+        self.finished_outside_step.append(req)
+
+    def abort(self, rid: int) -> list[Request]:
+        """Abort a request at any stage, its n > 1 samples too. Returns the requests ended."""
+        req = self.requests.get(rid)
+        if req is None:
+            return []
+        if req.forking and not req.finished:  # its children exist once the fork is folded in
+            req.abort_requested = True
+            return []
+        aborted = []
+        for child in self.children.get(rid, []):
+            aborted += self.abort(child)
+        if not req.finished:
+            self.end(req, "abort")
+            aborted.append(req)
+        return aborted
+
+    def unpin(self, rid: int) -> bool:
+        """Release the prefix a pinned request kept locked; False when nothing was pinned."""
+        node = self.pins.pop(rid, None)
+        if node is None:
+            return False
+        self.kv.unpin(node)
+        return True
+
+    def forget(self, rid: int) -> None:
+        """Drop a finished request's record once its last output was taken."""
+        req = self.requests.get(rid)
+        if req is not None and req.finished:
+            del self.requests[rid]
+            self.children.pop(rid, None)
+
+    def take_pending_free(self) -> list[int]:
+        out, self.pending_free = self.pending_free, []
+        return out
+
+    def take_finished_outside_step(self) -> list[Request]:
+        out, self.finished_outside_step = self.finished_outside_step, []
+        return out
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running or self.swapped or self.pending_free)
+
+    # --- outputs -----------------------------------------------------------------------------
+    def take_deltas(self, touched: Sequence[Request]) -> list[OutputDelta]:
+        """What each touched sample gained since it was last reported; a finished request's
+        record (and, once all its samples are done, its parent's) is dropped after its last
+        delta. In-flight placeholders are never reported."""
+        deltas: list[OutputDelta] = []
+        for req in touched:
+            if req.finish_reason == FORKED:
+                continue  # its children carry the outputs from here on
+            known = req.num_known_outputs
+            if req.num_sent == known and not req.finished:
+                continue
+            owner = req.parent_rid if req.parent_rid is not None else req.rid
+            first = req.num_sent == 0
+            new = req.output_ids[req.num_sent : known]
+            lps = req.output_logprobs[req.num_sent : known] if req.params.wants_logprobs else []
+            req.num_sent = known
+            parent = self.requests.get(owner) if req.parent_rid is not None else req
+            index = req.seed_offset if req.parent_rid is not None or req.params.n == 1 else -1
+            deltas.append(
+                OutputDelta(
+                    rid=req.rid,
+                    owner=owner,
+                    index=index,
+                    token_ids=new,
+                    logprobs=list(lps),
+                    finish_reason=req.finish_reason,
+                    cached_tokens=parent.cached_len if parent is not None else req.cached_len,
+                    prompt_logprobs=list(parent.prompt_logprobs) if first and parent else [],
+                )
+            )
+            if req.finished:
+                self._forget_sample(req)
+        return deltas
+
+    def _forget_sample(self, req: Request) -> None:
+        self.forget(req.rid)
+        if req.parent_rid is None:
+            return
+        siblings = self.children.get(req.parent_rid, [])
+        if all(rid not in self.requests for rid in siblings):
+            self.forget(req.parent_rid)
+
+    # --- accounting --------------------------------------------------------------------------
+    def check_integrity(self) -> None:
+        """Raise RuntimeError on any KV leak, double free or miscount."""
+        for req in self.waiting + self.swapped:
+            if req.pages or req.tree_node is not None:
+                raise RuntimeError(f"request {req.rid} holds KV while {req.phase.value}")
+        self.kv.check_integrity(self.running)
+        swapped = sum(r.kv_len_swapped for r in self.swapped)
+        if swapped != self.swap_used:
+            raise RuntimeError(f"swap accounting: {swapped} swapped != {self.swap_used} used")

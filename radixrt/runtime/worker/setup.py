@@ -1,0 +1,81 @@
+"""The one worker factory: device and dtype, the attention backend, the model, the KV pool's
+size, and the `WorkerReady` report the scheduler is sized from. The Engine and the worker process
+both build their worker here, so both run the same model on the same pool."""
+
+from __future__ import annotations
+
+import psutil
+import torch
+
+from radixrt.runtime.config import CPU_MAX_POOL_TOKENS, EngineConfig
+from radixrt.runtime.constrained.compiler import GrammarCompiler
+from radixrt.runtime.forward.attention import resolve_attention_backend
+from radixrt.runtime.forward.kv_cache import KVCache
+from radixrt.runtime.messages import WorkerReady
+from radixrt.runtime.models.loader import LoadedModel, load_model, resolve_dtype
+from radixrt.runtime.worker.worker import Worker
+
+
+def resolve_device(name: str) -> torch.device:
+    """"auto": cuda when available, else cpu."""
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    return torch.device(name)
+
+
+def pool_pages(config: EngineConfig, bytes_per_token: int, device: torch.device) -> int:
+    """KV pool size in pages: an explicit max_total_tokens, or mem_fraction of free memory
+    (capped on the CPU, whose memory everything else on the machine shares)."""
+    if config.max_total_tokens is not None:
+        tokens = config.max_total_tokens
+    else:
+        if device.type == "cuda":
+            free = torch.cuda.mem_get_info(device)[0]
+        else:
+            free = psutil.virtual_memory().available
+        tokens = int(free * config.mem_fraction) // bytes_per_token
+        if device.type == "cpu":
+            tokens = min(tokens, CPU_MAX_POOL_TOKENS)
+    return max(tokens // config.page_size, 2)
+
+
+def build_worker(
+    config: EngineConfig,
+    loaded: LoadedModel | None = None,
+    grammars: GrammarCompiler | None = None,
+    grammar_dir: str | None = None,
+) -> tuple[Worker, WorkerReady]:
+    """Load the model (or reuse `loaded`, whose device and dtype then win), size the KV pool
+    and build the worker. grammars / grammar_dir: see Worker."""
+    if loaded is None:
+        device = resolve_device(config.device)
+        dtype = resolve_dtype(config.dtype, device)
+        loaded = load_model(
+            config.model,
+            dtype=dtype,
+            device=device,
+            load_format=config.load_format,
+            attention_backend=resolve_attention_backend(config.attention_backend, device),
+        )
+    param = next(loaded.model.parameters())
+    device, dtype = param.device, param.dtype
+    num_pages = pool_pages(config, KVCache.bytes_per_token_for(loaded.config, dtype), device)
+    worker = Worker(
+        loaded,
+        num_pages * config.page_size,
+        seed=config.seed,
+        cuda_graph_max_bs=config.cuda_graph_max_bs,
+        grammars=grammars,
+        jump_forward=not config.disable_jump_forward,
+        grammar_dir=grammar_dir,
+    )
+    ready = WorkerReady(
+        num_pages=num_pages,
+        page_size=config.page_size,
+        context_length=config.context_length or loaded.config.max_position_embeddings,
+        vocab_size=loaded.config.vocab_size,
+        eos_token_ids=list(loaded.config.eos_token_ids),
+        device=str(device),
+        dtype=str(dtype).removeprefix("torch."),
+    )
+    return worker, ready
