@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from radixrt.runtime.models.model_config import ModelConfig
+
+class KVShape(Protocol):
+    """What the KV tensors need of a model's configuration (models.ModelConfig has it)."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
 
 
 class KVCache:
@@ -42,13 +47,13 @@ class KVCache:
 
     @classmethod
     def from_config(
-        cls, config: ModelConfig, num_slots: int, dtype: torch.dtype, device: torch.device | str
+        cls, config: KVShape, num_slots: int, dtype: torch.dtype, device: torch.device | str
     ) -> KVCache:
         layers, heads, dim = config.num_layers, config.num_kv_heads, config.head_dim
         return cls(layers, num_slots, heads, dim, dtype, device)
 
     @staticmethod
-    def bytes_per_token_for(config: ModelConfig, dtype: torch.dtype) -> int:
+    def bytes_per_token_for(config: KVShape, dtype: torch.dtype) -> int:
         """K and V bytes of one slot across all layers, before any cache exists (pool sizing)."""
         elem = torch.empty((), dtype=dtype).element_size()
         return 2 * config.num_layers * config.num_kv_heads * config.head_dim * elem
