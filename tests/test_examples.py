@@ -17,6 +17,8 @@ import pytest
 
 import radixrt as rx
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
 
 

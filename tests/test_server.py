@@ -21,6 +21,8 @@ import pytest
 
 from radixrt import SamplingParams
 
+pytestmark = pytest.mark.slow  # starts real processes
+
 API_KEY = "test-key-123"
 STARTUP_S = 240
 
