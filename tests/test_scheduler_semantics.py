@@ -190,13 +190,12 @@ def test_dfs_weight_keeps_a_subtree_together() -> None:
     assert order == sorted(order[:3]) + sorted(order[3:])
 
 
-@pytest.mark.xfail(strict=True, reason="scheduler bug: dfs-weight is LIFO on an empty namespace")
 @pytest.mark.parametrize("extra_key", [None, "user"])
 def test_dfs_weight_serves_uncached_requests_in_arrival_order(extra_key: str | None) -> None:
     """Nothing cached in the requests' namespace: dfs-weight has no subtree to prefer and must
-    keep arrival order (as it does once the namespace has a root). Today the tree hands back a
-    fresh detached root per request, each becomes a subtree of weight 1, and the stack pops them
-    newest first: the last request to arrive starts first."""
+    keep arrival order (as it does once the namespace has a root). The tree hands back a fresh
+    detached root per request; each used to become a subtree of weight 1, popped newest first,
+    so the last request to arrive started first."""
     sim = make_sim(256, schedule_policy="dfs-weight", max_num_batched_tokens=16)
     reqs = [sim.sched.add_request(tokens(7 + i, 10), ONCE, extra_key=extra_key)
             for i in range(3)]

@@ -38,7 +38,8 @@ class LongestPrefixMatch:
 
 class DFSWeight:
     """Walk the radix tree depth first, heaviest subtree (most waiting requests) first, so that
-    requests sharing a prefix run next to each other while that prefix is cached."""
+    requests sharing a prefix run next to each other while that prefix is cached. Subtrees of
+    equal weight go in the order of their earliest request (so an uncached queue is fcfs)."""
 
     def order(self, waiting: list[Request], kv: KVManager) -> list[Request]:
         if kv.disable_radix_cache or len(waiting) <= 1:
@@ -46,22 +47,31 @@ class DFSWeight:
         tree = kv.tree
         at_node: dict[int, list[Request]] = defaultdict(list)
         weight: dict[int, int] = defaultdict(int)
+        first: dict[int, int] = {}  # earliest arrival in the subtree
         nodes: dict[int, RadixNode] = {}
+        empty_roots: dict[str | None, RadixNode] = {}
         for req in sorted(waiting, key=lambda r: r.arrival):
             node = tree.match_prefix(kv.match_key(req), req.extra_key).node
+            if node.parent is None:  # a namespace with nothing cached answers a fresh root
+                node = empty_roots.setdefault(node.extra_key, node)
             at_node[id(node)].append(req)
             while node is not None:
                 nodes[id(node)] = node
                 weight[id(node)] += 1
+                first.setdefault(id(node), req.arrival)
                 node = node.parent
+
+        def rank(n: RadixNode) -> tuple[int, int]:  # popped last = heaviest, then earliest
+            return weight[id(n)], -first[id(n)]
+
         roots = [n for n in nodes.values() if n.parent is None]
         ordered: list[Request] = []
-        stack = sorted(roots, key=lambda n: weight[id(n)])
+        stack = sorted(roots, key=rank)
         while stack:
             node = stack.pop()
             ordered.extend(at_node.get(id(node), ()))
             children = [c for c in node.children.values() if weight.get(id(c), 0) > 0]
-            stack.extend(sorted(children, key=lambda c: weight[id(c)]))
+            stack.extend(sorted(children, key=rank))
         return ordered
 
 
