@@ -393,6 +393,26 @@ def test_two_requests_with_one_long_prompt_compute_it_once(page_size: int) -> No
     check_oracle(a, b)
 
 
+@pytest.mark.parametrize("page_size", [1, 4])
+def test_with_overlap_a_prompt_in_flight_is_still_computed_once(page_size: int) -> None:
+    """Overlap: the plan after A's prefill is made while that prefill is in flight, so A's
+    prompt is not in the tree yet and A no longer counts as prefilling (its chunk is planned).
+    B must still wait for it rather than compute the same 64 tokens again (it did not: the
+    server, which always overlaps, lost in-batch prefix sharing)."""
+    sim = make_sim(512, overlap=True, page_size=page_size)
+    planned = watch(sim)
+    prompt = tokens(0, 64)
+    a = sim.sched.add_request(prompt, long(4))
+    b = sim.sched.add_request(prompt, long(4))
+    finish_all(sim)
+    cached = 60 if page_size == 4 else 63
+    assert planned[0].runs == [(a.rid, 64)]
+    assert (b.rid, 64) not in [run for p in planned for run in p.runs]
+    assert sim.sched.stats.cached_tokens == cached
+    assert sim.sched.stats.computed_tokens == 64 + (64 - cached) + 2 * 3
+    check_oracle(a, b)
+
+
 def test_prompts_sharing_less_than_the_threshold_are_not_held_back() -> None:
     """Sharing fewer than IN_BATCH_PREFIX_MIN uncached tokens is not worth a step's wait: both
     start at once. Sharing that many, the second waits."""

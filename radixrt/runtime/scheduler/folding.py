@@ -39,6 +39,7 @@ class ResultFolder:
         by_rid: dict[int, RunResult] = {r.rid: r for r in result.results}
         touched = table.take_finished_outside_step()
         epochs = table.run_epochs.pop(plan.step_id, {})
+        table.prefills_in_flight.pop(plan.step_id, None)
         if plan.step_id == self.stats.steps:
             table.needs_sync = False  # nothing is in flight any more
         for run in plan.runs:

@@ -77,6 +77,7 @@ class Planner:
         table.run_epochs[self.stats.steps] = {
             run.rid: table.requests[run.rid].epoch for run in draft.runs
         }
+        table.prefills_in_flight[self.stats.steps] = draft.prefilling
         return StepPlan(
             step_id=self.stats.steps,
             swap_out=draft.swap_out,
@@ -148,15 +149,17 @@ class Planner:
             self._add_run(req, chunk, slots, draft)
 
     def _shares_prefill_in_progress(self, req: Request, draft: _StepDraft) -> bool:
-        """True when a request prefilling now will put this one's next tokens in the tree."""
+        """True when a request prefilling now (in this plan, in a step still in flight, or in
+        chunks still to come) will put this one's next tokens in the tree."""
         if self.kv.disable_radix_cache:
             return False
         end = self.kv.match_len(req) + IN_BATCH_PREFIX_MIN
         if end >= len(req.prompt_ids):
             return False
         head = req.prompt_ids[:end]
+        prefilling = draft.prefilling.union(*self.table.prefills_in_flight.values())
         return any(
-            (other.remaining > 1 or other.rid in draft.prefilling)
+            (other.remaining > 1 or other.rid in prefilling)
             and other.extra_key == req.extra_key
             and other.prompt_ids[:end] == head
             for other in self.table.running

@@ -14,8 +14,8 @@ children), goes through `end`, which undoes exactly what the request's phase hol
   "forked" parent excepted: the worker dropped it itself when it forked).
 
 The table also carries the bookkeeping that planning and result folding share: the frees the next
-plan carries, the epoch of each run of each plan in flight, the pages to de-duplicate, and
-`needs_sync` (overlap: fold the step in flight in before planning again).
+plan carries, the epoch of each run and the prompt chunks of each plan in flight, the pages to
+de-duplicate, and `needs_sync` (overlap: fold the step in flight in before planning again).
 """
 
 from __future__ import annotations
@@ -46,6 +46,8 @@ class RequestTable:
         self.finished_outside_step: list[Request] = []  # ended with no step to report them
         self.dedupe: dict[int, int] = {}  # rid -> pages that may duplicate the tree's
         self.run_epochs: dict[int, dict[int, int]] = {}  # step id -> epoch of each run's rid
+        # step id -> requests whose prompt chunk that step computes (until it is folded in)
+        self.prefills_in_flight: dict[int, set[int]] = {}
         self.needs_sync = False
         self._rids = itertools.count()
         self._child_rids = itertools.count(-1, -1)  # n > 1 samples: never clash with clients'
