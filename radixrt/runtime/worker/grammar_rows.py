@@ -17,8 +17,9 @@ def allowed_tokens(grammars: Sequence[GrammarState | None], vocab_size: int,
     """Masks for the rows with a grammar; unconstrained rows are not touched (None: no row is).
 
     Where the grammar forces a continuation, only its first token is allowed, so decoding token
-    by token picks the same tokens jump-forward appends."""
-    rows = [i for i, g in enumerate(grammars) if g is not None]
+    by token picks the same tokens jump-forward appends. A grammar that has ended constrains
+    nothing: its row belongs to a step planned past the request's end (overlap), sampled in vain."""
+    rows = [i for i, g in enumerate(grammars) if g is not None and not g.ended]
     if not rows:
         return None
     words = torch.zeros(len(rows), mask_words(vocab_size), dtype=torch.int32)  # [n, words]
@@ -50,8 +51,10 @@ def _bit(position: int) -> int:
 def after_sample(grammar: GrammarState | None, token_ids: list[int], prompt_len: int,
                  max_tokens: int, jump_forward: bool) -> list[int]:
     """Advance the grammar past the token just appended to token_ids; with jump_forward, append
-    the tokens it forces next (up to max_tokens outputs) and return them."""
-    if grammar is None:
+    the tokens it forces next (up to max_tokens outputs) and return them. Past the grammar's end
+    (a token sampled in vain by a step planned before the scheduler knew of the end) nothing
+    moves."""
+    if grammar is None or grammar.ended:
         return []
     grammar.advance(token_ids[-1])
     if not jump_forward or grammar.ended:
