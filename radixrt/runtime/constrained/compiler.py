@@ -37,8 +37,10 @@ def to_regex(constraint: Constraint) -> str:
     kind, pattern = constraint
     if kind == "regex":
         return str(pattern)
-    if kind == "choices":
-        return "(" + "|".join(escape_literal(c) for c in pattern) + ")"
+    if kind == "choices":  # longest first: outlines-core's automaton takes the first alternative
+        # that matches, so a choice listed after one it extends ("no", "no way") was unreachable
+        ordered = sorted(pattern, key=len, reverse=True)
+        return "(" + "|".join(escape_literal(c) for c in ordered) + ")"
     if kind == "json_schema":
         try:
             return schema_to_regex(str(pattern), JSON_WHITESPACE_PATTERN)
