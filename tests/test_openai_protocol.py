@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from toy_tokenizers import byte_level_bpe
 from transformers import PreTrainedTokenizerFast
 
 from radixrt.runtime.config import DEFAULT_MAX_TOKENS, MAX_TOP_LOGPROBS
@@ -66,13 +66,7 @@ def params_of(fields: Any, max_tokens: int | None = 8, **kwargs: Any) -> Samplin
 @pytest.fixture(scope="module")
 def tok() -> PreTrainedTokenizerFast:
     """A small byte-level BPE trained in memory (an emoji it never saw is four byte tokens)."""
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<eos>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    backend.train_from_iterator(["Hello world, hello there.", "café au lait"] * 4, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    return byte_level_bpe(["Hello world, hello there.", "café au lait"] * 4, vocab_size=300)
 
 
 def ids_of(tok: Any, text: str) -> list[int]:

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from toy_tokenizers import byte_level_bpe
 from transformers import PreTrainedTokenizerFast
 
 from radixrt.runtime.messages import OutputDelta, TokenLogprob
@@ -30,13 +30,7 @@ RID = 7
 
 @pytest.fixture(scope="module")
 def tok() -> PreTrainedTokenizerFast:
-    backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    backend.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=320, special_tokens=["<eos>"], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    backend.train_from_iterator(CORPUS, trainer)
-    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    return byte_level_bpe(CORPUS, vocab_size=320)
 
 
 def encode(tok: Any, text: str) -> list[int]:
