@@ -407,9 +407,27 @@ def test_api_key_is_required(served: Served) -> None:
 # --- disconnects -------------------------------------------------------------------------------
 
 
-def test_streaming_client_disconnect_frees_kv(served: Served) -> None:
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 300, "stream": True,
-            "ignore_eos": True}
+DISCONNECT_MAX_TOKENS = 2000  # a request that is never aborted runs for a long while
+
+
+def spy_aborts(monkeypatch: pytest.MonkeyPatch, engine: Any) -> list[str | None]:
+    """Record the finish reason of every request the engine is asked to abort."""
+    reasons: list[str | None] = []
+    real = engine.abort
+
+    def abort(rid: int) -> None:
+        real(rid)
+        reasons.append(engine._trackers[rid].output.finish_reason)
+
+    monkeypatch.setattr(engine, "abort", abort)
+    return reasons
+
+
+def test_streaming_client_disconnect_frees_kv(served: Served, monkeypatch) -> None:
+    aborted = spy_aborts(monkeypatch, served.engine)
+    before = served.engine.stats()["generated_tokens"]
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": DISCONNECT_MAX_TOKENS,
+            "stream": True, "ignore_eos": True}
     with httpx.Client(base_url=served.url, timeout=60) as http, \
             http.stream("POST", "/v1/completions", json=body) as response:
         events = sse_events(response)
@@ -417,14 +435,22 @@ def test_streaming_client_disconnect_frees_kv(served: Served) -> None:
         assert served.http.get("/server_info").json()["running"] == 1
     info = wait_idle(served)
     assert info["waiting"] == 0
+    assert aborted == ["abort"]
+    # aborted soon after the disconnect, not run to max_tokens
+    assert info["generated_tokens"] - before < DISCONNECT_MAX_TOKENS // 10
 
 
-def test_non_streaming_client_disconnect_frees_kv(served: Served) -> None:
-    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": 300, "ignore_eos": True}
+def test_non_streaming_client_disconnect_frees_kv(served: Served, monkeypatch) -> None:
+    aborted = spy_aborts(monkeypatch, served.engine)
+    before = served.engine.stats()["generated_tokens"]
+    body = {"model": MODEL, "prompt": PROMPT, "max_tokens": DISCONNECT_MAX_TOKENS,
+            "ignore_eos": True}
     with httpx.Client(base_url=served.url, timeout=1.5) as http, \
             pytest.raises(httpx.ReadTimeout):
         http.post("/v1/completions", json=body)
-    wait_idle(served)
+    info = wait_idle(served)
+    assert aborted == ["abort"]
+    assert info["generated_tokens"] - before < DISCONNECT_MAX_TOKENS // 4
 
 
 def test_engine_integrity_at_the_end(served: Served) -> None:

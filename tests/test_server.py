@@ -170,6 +170,7 @@ def test_client_killed_mid_stream_frees_its_kv(server):
         "        if i == 6:\n"
         "            print('streaming', flush=True)\n"
     )
+    before = server.wait_idle()["generated_tokens"]
     proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "streaming"
     assert server.info()["running"] == 1
@@ -177,6 +178,8 @@ def test_client_killed_mid_stream_frees_its_kv(server):
     proc.wait()
     info = server.wait_idle()
     assert info["kv_free"] + info["kv_evictable"] == info["kv_total"]
+    # aborted soon after the kill: far fewer than the 2000 tokens it would run to otherwise
+    assert info["generated_tokens"] - before < 200
     check = httpx.post(f"{server.url}/generate", headers=server.headers(), timeout=60,
                        json={"text": "ok", "sampling_params": {"max_tokens": 2}})
     assert check.status_code == 200
