@@ -86,12 +86,49 @@ def test_cache_and_page_size_do_not_change_outputs(make_engine, reference, page_
     assert (cached == 0) if disable_radix_cache else (cached > 0)
 
 
+def record_plans(engine) -> list:
+    """Every step plan the engine hands its worker, in order."""
+    plans = []
+    execute = engine.worker.execute
+
+    def spy(plan):
+        plans.append(plan)
+        return execute(plan)
+
+    engine.worker.execute = spy
+    return plans
+
+
 def test_chunked_prefill_at_small_budget(make_engine, reference):
-    engine = make_engine(max_num_batched_tokens=16, page_size=16)
+    budget = 16
+    engine = make_engine(max_num_batched_tokens=budget, page_size=16)
+    plans = record_plans(engine)
+    # alone on an empty cache: a prompt of P tokens is prefilled in ceil(P / budget) steps of
+    # `budget` tokens (the last one shorter), then one decode step per further token
+    prompt = SHARED_PROMPTS[0]
+    out = engine.generate(prompt, GREEDY)[0]
+    assert out.token_ids == reference[prompt]
+    n = out.prompt_tokens
+    assert n > 2 * budget
+    chunks = [(run.start, run.num_new) for plan in plans for run in plan.runs]
+    full, rest = divmod(n, budget)
+    want = [(i * budget, budget) for i in range(full)] + ([(full * budget, rest)] if rest else [])
+    assert chunks[: len(want)] == want
+    assert chunks[len(want):] == [(n + i, 1) for i in range(GREEDY.max_tokens - 1)]
+    stats = engine.stats()
+    assert stats["steps"] == -(-n // budget) + GREEDY.max_tokens - 1
+    assert stats["computed_tokens"] == n + GREEDY.max_tokens - 1
+    # all together (the second shared prompt partly a cache hit): no forward pass over the
+    # budget, and the same tokens as the unchunked engine and HF
+    plans.clear()
     prompts = SHARED_PROMPTS + PROMPTS
-    for prompt, out in zip(prompts, engine.generate(prompts, GREEDY)):
+    outs = engine.generate(prompts, GREEDY)
+    sizes = [sum(run.num_new for run in plan.runs) for plan in plans]
+    assert max(sizes) == budget and all(size <= budget for size in sizes)
+    unchunked = make_engine(page_size=16).generate(prompts, GREEDY)
+    assert [o.token_ids for o in outs] == [o.token_ids for o in unchunked]
+    for prompt, out in zip(prompts, outs):
         assert out.token_ids == reference[prompt], prompt
-    assert engine.stats()["steps"] > len(SHARED) // 16
 
 
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
