@@ -44,15 +44,30 @@ def test_next_turn_of_a_conversation_hits_the_cache(make_engine):
     assert out2.cached_tokens >= out1.prompt_tokens
 
 
+def hf_token_logprobs(hf_model, prompt_ids: list[int], token_ids: list[int]) -> list[float]:
+    """HF's log-probability of each generated token given everything before it."""
+    full = torch.tensor([prompt_ids + token_ids])
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model(full).logits[0].float(), -1)
+    n = len(prompt_ids)
+    return [ref[n - 1 + i, t].item() for i, t in enumerate(token_ids)]
+
+
 @pytest.mark.parametrize("page_size", [1, 16])
-def test_n_samples_share_prompt_pages_and_copy_on_write(make_engine, page_size):
+def test_n_samples_share_prompt_pages_and_copy_on_write(make_engine, hf_model, page_size):
     engine = make_engine(page_size=page_size)
-    prompt = SYSTEM * 2 + "What is the largest ocean?"
-    greedy = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
-    single = engine.generate(prompt, greedy)[0]
-    engine.flush_cache()
-    rid = engine.submit(prompt, greedy.with_(n=3))
-    prompt_len = len(engine._trackers[rid].output.prompt_token_ids)
+    prompt = SYSTEM * 2 + "Write a list of random words:"
+    # sampled children diverge from their first token, so each writes K/V of its own into the
+    # slots after the prompt: sharing the prompt's partial last page without copying it first
+    # would let one child's K/V overwrite another's
+    params = SamplingParams(max_tokens=10, temperature=1.0, seed=1, ignore_eos=True,
+                            logprobs=True, n=3)
+    rid = engine.submit(prompt, params)
+    prompt_ids = list(engine._trackers[rid].output.prompt_token_ids)
+    prompt_len = len(prompt_ids)
+    if page_size > 1:
+        assert prompt_len % page_size, "the prompt must end mid-page"
+        assert prompt_len % page_size + params.max_tokens <= page_size  # decodes in that page
     forked_seen = False
     while not engine._trackers[rid].output.finished:
         engine.step()
@@ -66,10 +81,13 @@ def test_n_samples_share_prompt_pages_and_copy_on_write(make_engine, page_size):
             assert st["kv_locked"] + st["kv_private"] < 3 * prompt_len
     out = engine._trackers.pop(rid).output
     assert forked_seen
-    assert len(out.samples) == 3
-    for s in out.samples:  # greedy: every child equals the single run; parent KV intact
-        assert s.token_ids == single.token_ids
-    assert out.cached_tokens == 0
+    assert len(out.samples) == 3 and out.cached_tokens == 0
+    assert len({s.token_ids[0] for s in out.samples}) == 3  # they part at once
+    for s in out.samples:  # each child's logprobs are HF's on its own sequence
+        assert len(s.token_ids) == params.max_tokens
+        want = hf_token_logprobs(hf_model, prompt_ids, s.token_ids)
+        got = [lp.logprob for lp in s.logprobs]
+        assert got == pytest.approx(want, abs=1e-3), s.index
 
 
 def test_n_samples_with_seed_are_reproducible_and_differ(make_engine):
