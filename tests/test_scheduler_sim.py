@@ -43,10 +43,10 @@ prompt_tokens = st.integers(1, 8)
 
 
 @st.composite
-def request_sets(draw: st.DrawFn, max_requests: int = 10) -> list[Arrival]:
+def request_sets(draw: st.DrawFn, max_requests: int = 10, min_requests: int = 2) -> list[Arrival]:
     bases = draw(st.lists(st.lists(prompt_tokens, min_size=8, max_size=48), min_size=1, max_size=3))
     arrivals = []
-    for _ in range(draw(st.integers(2, max_requests))):
+    for _ in range(draw(st.integers(min_requests, max_requests))):
         base = bases[draw(st.integers(0, len(bases) - 1))]
         prompt = tuple(base) + tuple(draw(st.lists(prompt_tokens, min_size=1, max_size=12)))
         max_tokens = draw(st.integers(1, 24))
@@ -88,7 +88,7 @@ SIM_SETTINGS = settings(
 aborts_at = st.tuples(st.integers(0, 40), st.integers(0, 99), st.booleans())
 
 
-def check_scenario(arrivals: list[Arrival], config: dict, pool_tokens: int, aborts: list) -> None:
+def check_scenario(arrivals: list[Arrival], config: dict, pool_tokens: int, aborts: list) -> Sim:
     sim = make_sim(max(pool_tokens, 2 * config["page_size"]), **config)
     try:
         top = run(sim, arrivals, aborts)
@@ -99,6 +99,7 @@ def check_scenario(arrivals: list[Arrival], config: dict, pool_tokens: int, abor
     check_idle(sim)
     check_outputs(sim, arrivals, top)
     record_coverage(sim)
+    return sim
 
 
 @SIM_SETTINGS
@@ -138,19 +139,50 @@ def record_coverage(sim: Sim) -> None:
     event("forced stop" if forced_stop else "no forced stop")
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(
-    arrivals=request_sets(),
-    config=configs(),
-    pool_tokens=st.integers(48, 128),
-    aborts=st.lists(aborts_at, max_size=2),
-)
-def test_tight_pools_with_swapping_keep_every_invariant(
-    arrivals: list[Arrival], config: dict, pool_tokens: int, aborts: list
-) -> None:
-    """The same checks where memory is short: preemption by swap on almost every example."""
-    check_scenario(arrivals, dict(config, preemption="swap", swap_space_tokens=1 << 16),
-                   pool_tokens, aborts)
+def test_tight_pools_with_swapping_keep_every_invariant(monkeypatch) -> None:
+    """The same checks where memory is short: 8 to 16 requests arrive within a few steps into
+    the least pool that refuses none of them (plus a few slots), so preemption by swap happens
+    on most examples; the test checks that it does."""
+    # a known scheduler bug (test_fork_of_a_prompt_computed_again_fits) makes a few examples
+    # end a fitting fork's child as "too small"; remove this when that test passes
+    monkeypatch.setattr(sim_worker, "TOLERATE_POOL_TOO_SMALL", True)
+    swapped: list[bool] = []
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(
+        arrivals=request_sets(max_requests=16, min_requests=8),
+        config=configs(),
+        spare=st.integers(0, 32),
+        aborts=st.lists(aborts_at, max_size=2),
+    )
+    def example(arrivals: list[Arrival], config: dict, spare: int, aborts: list) -> None:
+        ps = config["page_size"]
+        arrivals = [Arrival(a.step // 4, a.prompt, a.params) for a in arrivals]
+        # Scheduler.add_request refuses a request whose prompt + n * (max_tokens + page_size)
+        # exceeds the pool: the largest such need, in whole pages, is the least pool
+        least = max(len(a.prompt) + a.params.n * (a.params.max_tokens + ps) for a in arrivals)
+        pool_tokens = -(-(least + spare) // ps) * ps
+        sim = check_scenario(arrivals, dict(config, preemption="swap", swap_space_tokens=1 << 16),
+                             pool_tokens, aborts)
+        swapped.append(sim.sched.stats.swaps > 0)
+
+    example()
+    # about 70% swap; a pool or scheduler change that takes the pressure away fails here
+    assert sum(swapped) >= 0.4 * len(swapped), f"{sum(swapped)} of {len(swapped)} swapped"
+
+
+@pytest.mark.xfail(strict=True, reason="scheduler bug: a fork keeps pages the tree already holds")
+def test_fork_of_a_prompt_computed_again_fits() -> None:
+    """An n = 2 request that needs the whole pool computes a prompt the tree already holds again
+    (prompt logprobs bypass the cache). At its fork, Scheduler.process_results drops the count
+    of duplicate pages KVManager.cache_prefix returns (a chunk's is kept for dedupe), so both
+    children stay on the duplicates while the tree's copy is locked: the pool is full, and one
+    child ends with "the KV pool is too small" although the request fits."""
+    prompt = tuple(range(1, 9)) * 4
+    again = SamplingParams(max_tokens=15, n=2, ignore_eos=True, prompt_logprobs_start=0)
+    assert len(prompt) + again.n * (again.max_tokens + 1) == 64  # fits a pool of 64 exactly
+    check_run(make_sim(64, page_size=1, max_num_batched_tokens=64),
+              [Arrival(0, prompt, SamplingParams(max_tokens=1)), Arrival(2, prompt, again)])
 
 
 # --- output equivalence ------------------------------------------------------------------------
