@@ -336,21 +336,37 @@ def test_duplicate_prefix_does_not_double_a_requests_footprint(prompt_logprobs: 
     assert (req.output_ids, req.finish_reason) == oracle([1] * 31, params, 0)
 
 
-def test_request_swapped_in_is_not_preempted_in_the_same_step() -> None:
-    sim = make_sim(64, page_size=1, max_num_batched_tokens=16, preemption="swap")
+@pytest.mark.parametrize("case", ["prompt logprobs", "jump-forward"])
+def test_request_swapped_in_is_not_preempted_in_the_same_step(case: str) -> None:
+    """A plan that swaps a request back in must not pick it as the victim of a preemption too
+    (the sim worker raises SwapInPreempted). The first set of requests found that bug; the
+    scheduler has changed since and it no longer reaches the case (it only swaps once), so the
+    second (jump-forward decodes outgrow the pages kept free for decodes) does."""
     once = SamplingParams(max_tokens=1)
-    logprobs = once.with_(prompt_logprobs_start=0)
-    arrivals = [
-        Arrival(0, (1,) * 42, SamplingParams(max_tokens=9)),
-        Arrival(0, (1,) * 32, logprobs),
-        Arrival(0, (2,) + (1,) * 12 + (6,), once),
-        Arrival(0, (2,) + (1,) * 13, once),
-        Arrival(1, (1,) * 18, logprobs),
-        Arrival(7, (2,) + (1,) * 15, once),
-    ]
-    top = run(sim, arrivals)  # step 12 swaps requests 1, 4, 5 in, then 5 out again
+    if case == "prompt logprobs":
+        sim = make_sim(64, page_size=1, max_num_batched_tokens=16, preemption="swap")
+        logprobs = once.with_(prompt_logprobs_start=0)
+        arrivals = [
+            Arrival(0, (1,) * 42, SamplingParams(max_tokens=9)),
+            Arrival(0, (1,) * 32, logprobs),
+            Arrival(0, (2,) + (1,) * 12 + (6,), once),
+            Arrival(0, (2,) + (1,) * 13, once),
+            Arrival(1, (1,) * 18, logprobs),
+            Arrival(7, (2,) + (1,) * 15, once),
+        ]
+    else:
+        sim = make_sim(64, page_size=1, max_num_batched_tokens=32, preemption="swap")
+        arrivals = [
+            Arrival(0, (1,) * 5 + (3, 1, 2) + (1,) * 5, SamplingParams(max_tokens=12, n=2,
+                                                                     regex=f"{JUMP}3")),
+            Arrival(0, (1,) * 5 + (2,) + (1,) * 7 + (3, 2, 1, 1),
+                    SamplingParams(max_tokens=11, regex=f"{JUMP}3")),
+            Arrival(2, (1, 1, 2) + (1,) * 20, once.with_(ignore_eos=True)),
+        ]
+    top = run(sim, arrivals)
     check_idle(sim)
     check_outputs(sim, arrivals, top)
+    assert sim.sched.stats.swaps >= (1 if case == "prompt logprobs" else 2)
 
 
 # --- jump-forward ------------------------------------------------------------------------------
@@ -387,6 +403,7 @@ def test_jump_forward_under_preemption(overlap: bool, preemption: str, page_size
     check_idle(sim)
     check_outputs(sim, arrivals, top)
     assert sim.sched.stats.preemptions > 0 and sim.worker.forced > 0
+    assert (sim.sched.stats.swaps > 0) == (preemption == "swap")
     assert (sim.worker.known > 0) == overlap  # the presolved case happens with overlap only
     reasons = [(r.finish_reason, r.output_logprobs[-1].logprob)
                for r in sim.sched.requests.values() if r.output_logprobs]
@@ -458,6 +475,9 @@ def test_parent_forking_in_flight_is_left_alone(case: str, overlap: bool, monkey
         arrivals = [Arrival(0, (2,) * 4, SamplingParams(max_tokens=8, ignore_eos=True)),
                     Arrival(4, (1,) * 8, SamplingParams(max_tokens=2, n=2, ignore_eos=True))]
     check_run(sim, arrivals, aborts)
+    if case in ("recompute", "swap"):  # the pool of 16 forces a preemption of that kind
+        stats = sim.sched.stats
+        assert stats.preemptions > 0 and (stats.swaps > 0) == (case == "swap")
 
 
 @pytest.mark.parametrize("overlap", [False, True])
