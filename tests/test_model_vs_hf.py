@@ -148,6 +148,64 @@ def test_mixed_extend_and_decode_batch(
     torch.testing.assert_close(alone_b[0], expected_b, atol=1e-3, rtol=0)
 
 
+# --- the engine's output logprobs vs HF, in each configuration the README lists -----------------
+
+SHARED = "You are a helpful assistant. Answer every question in one short sentence. Question: "
+ENGINE_PROMPTS = [SHARED + q for q in ("What is the capital of France?", "Why is the sky blue?",
+                                       "What do bees make?", "How many legs has a spider?")]
+TIGHT_POOL = 64  # every request fits alone, not all four at once
+ENGINE_CONFIGS: dict[str, dict[str, Any]] = {
+    "lpm-radix-cache": {},  # the defaults
+    "no-radix-cache": dict(disable_radix_cache=True),
+    "page-16": dict(page_size=16),
+    "chunked-prefill": dict(max_num_batched_tokens=16),
+    "preempt-recompute": dict(max_total_tokens=TIGHT_POOL, preemption="recompute"),
+    "preempt-swap": dict(max_total_tokens=TIGHT_POOL, preemption="swap"),
+    "fcfs": dict(schedule_policy="fcfs"),
+    "dfs-weight": dict(schedule_policy="dfs-weight"),
+}
+
+
+@pytest.fixture(scope="module")
+def hf_scores(hf_model: Any) -> Callable[[list[int]], Tensor]:
+    """HF log-probabilities of a whole sequence, computed once per sequence."""
+    cache: dict[tuple[int, ...], Tensor] = {}
+
+    def score(ids: list[int]) -> Tensor:
+        if tuple(ids) not in cache:
+            cache[tuple(ids)] = hf_logprobs(hf_model, ids)
+        return cache[tuple(ids)]
+
+    return score
+
+
+@pytest.mark.parametrize("name", list(ENGINE_CONFIGS))
+def test_engine_logprobs_match_hf_in_every_configuration(
+    make_engine: Callable[..., Any], hf_scores: Callable[[list[int]], Tensor], name: str
+) -> None:
+    """All four prompts at once, then again (reversed: cache hits with the radix cache), greedy
+    with logprobs: each token is HF's argmax and its logprob HF's, whatever the configuration."""
+    from radixrt import SamplingParams
+
+    options = ENGINE_CONFIGS[name]
+    engine = make_engine(**options)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=True)
+    outs = engine.generate(ENGINE_PROMPTS, params) + engine.generate(ENGINE_PROMPTS[::-1], params)
+    for out in outs:
+        n = out.prompt_tokens
+        ref = hf_scores(out.prompt_token_ids + out.token_ids)
+        assert len(out.logprobs) == len(out.token_ids) == params.max_tokens
+        for i, (token, lp) in enumerate(zip(out.token_ids, out.logprobs)):
+            row = ref[n - 1 + i]
+            assert lp.token_id == token and int(row.argmax()) == token, (name, i)
+            assert abs(lp.logprob - row[token].item()) < 1e-3, (name, i)
+    stats = engine.stats()
+    assert (stats["cached_tokens"] > 0) == (not options.get("disable_radix_cache", False))
+    if "preemption" in options:
+        assert stats["preemptions"] > 0
+        assert (stats["swaps"] > 0) == (options["preemption"] == "swap")
+
+
 # --- tiny random checkpoints built with transformers' own classes --------------------------------
 
 TINY = dict(
