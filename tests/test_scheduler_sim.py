@@ -139,13 +139,10 @@ def record_coverage(sim: Sim) -> None:
     event("forced stop" if forced_stop else "no forced stop")
 
 
-def test_tight_pools_with_swapping_keep_every_invariant(monkeypatch) -> None:
+def test_tight_pools_with_swapping_keep_every_invariant() -> None:
     """The same checks where memory is short: 8 to 16 requests arrive within a few steps into
     the least pool that refuses none of them (plus a few slots), so preemption by swap happens
     on most examples; the test checks that it does."""
-    # a known scheduler bug (test_fork_of_a_prompt_computed_again_fits) makes a few examples
-    # end a fitting fork's child as "too small"; remove this when that test passes
-    monkeypatch.setattr(sim_worker, "TOLERATE_POOL_TOO_SMALL", True)
     swapped: list[bool] = []
 
     @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -171,13 +168,12 @@ def test_tight_pools_with_swapping_keep_every_invariant(monkeypatch) -> None:
     assert sum(swapped) >= 0.4 * len(swapped), f"{sum(swapped)} of {len(swapped)} swapped"
 
 
-@pytest.mark.xfail(strict=True, reason="scheduler bug: a fork keeps pages the tree already holds")
 def test_fork_of_a_prompt_computed_again_fits() -> None:
     """An n = 2 request that needs the whole pool computes a prompt the tree already holds again
-    (prompt logprobs bypass the cache). At its fork, Scheduler.process_results drops the count
-    of duplicate pages KVManager.cache_prefix returns (a chunk's is kept for dedupe), so both
-    children stay on the duplicates while the tree's copy is locked: the pool is full, and one
-    child ends with "the KV pool is too small" although the request fits."""
+    (prompt logprobs bypass the cache). At its fork, result folding used to drop the count of
+    duplicate pages KVManager.cache_prefix returns (a chunk's was kept for dedupe), so both
+    children stayed on the duplicates while the tree's copy was locked: the pool was full, and
+    one child ended with "the KV pool is too small" although the request fits."""
     prompt = tuple(range(1, 9)) * 4
     again = SamplingParams(max_tokens=15, n=2, ignore_eos=True, prompt_logprobs_start=0)
     assert len(prompt) + again.n * (again.max_tokens + 1) == 64  # fits a pool of 64 exactly

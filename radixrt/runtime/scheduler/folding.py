@@ -57,8 +57,13 @@ class ResultFolder:
                 req.prompt_logprobs.extend(res.prompt_logprobs)
                 req.prompt_logprobs_done = run.sample
             if run.fork_into:
-                self.kv.cache_prefix(req)
+                shared = self.kv.cache_prefix(req)
                 touched += self._fork(req, run.fork_into, by_rid)
+                if shared:  # the children start on the parent's pages: dedupe them too
+                    for rid in run.fork_into:
+                        child = table.requests.get(rid)
+                        if child is not None and child.phase is Phase.RUNNING:
+                            table.dedupe[rid] = shared
                 continue
             if run.sample and req.presolved_step == plan.step_id:
                 req.presolved_step = -1  # jump-forward already put this token in place
