@@ -177,6 +177,15 @@ def greedy_continuation(worker: Worker, slots: Slots, rid: int, prompt: list[int
     return results
 
 
+def check_same_tokens(loaded: LoadedModel, prompt: list[int], got: list[RunResult],
+                      expected: list[RunResult]) -> None:
+    """The same tokens and logprobs as `expected`, each the reference's argmax."""
+    assert [r.token.token_id for r in got] == [r.token.token_id for r in expected]
+    for mine, theirs in zip(got, expected, strict=True):
+        assert mine.token.logprob == pytest.approx(theirs.token.logprob, abs=ATOL)
+    check_greedy_sequence(loaded, prompt, got)
+
+
 def check_greedy_sequence(loaded: LoadedModel, prompt: list[int], results: list[RunResult]) -> None:
     """Each sampled token is the reference argmax after prompt + the tokens before it."""
     seq = prompt + [r.token.token_id for r in results if r.token is not None]
@@ -225,10 +234,7 @@ def test_chunked_prefill_equals_one_run(worker: Worker, loaded: LoadedModel, cut
     assert tail.num_tokens == 40 - cut
     got = [tail.results[0]] + [decode(worker, slots, {1: 40 + i})[1] for i in range(3)]
 
-    assert [r.token.token_id for r in got] == [r.token.token_id for r in expected]
-    for mine, theirs in zip(got, expected, strict=True):
-        assert mine.token.logprob == pytest.approx(theirs.token.logprob, abs=ATOL)
-    check_greedy_sequence(loaded, prompt, got)
+    check_same_tokens(loaded, prompt, got, expected)
 
 
 def test_run_must_start_where_the_slot_table_ends(worker: Worker) -> None:
@@ -373,10 +379,7 @@ def test_swap_out_and_in_elsewhere_restores_kv(worker: Worker, loaded: LoadedMod
     got.append(by_rid(result)[1])
     got.append(decode(worker, slots, {1: 26})[1])
 
-    assert [r.token.token_id for r in got] == [r.token.token_id for r in expected]
-    for mine, theirs in zip(got, expected, strict=True):
-        assert mine.token.logprob == pytest.approx(theirs.token.logprob, abs=ATOL)
-    check_greedy_sequence(loaded, prompt, got)
+    check_same_tokens(loaded, prompt, got, expected)
 
 
 def test_free_forgets_the_request_and_its_swapped_kv(worker: Worker) -> None:
