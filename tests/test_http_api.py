@@ -360,6 +360,21 @@ BAD_REQUESTS: list[tuple[str, Any, str]] = [
     ("/generate", {"text": "x", "sampling_params": {"temprature": 0}}, "unknown sampling_params"),
     ("/generate", {"input_ids": [-1]}, "outside the vocabulary"),
     ("/abort", {"rid": "seven"}, "rid"),
+    # bounds: checked before anything is allocated (n = 2**70 once grew the process by GBs), and
+    # integers past 64 bits are refused instead of overflowing msgpack (an HTTP 500)
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 2**70}, "n=1180591620717411303424"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                              "n": 129}, "[1, 128]"),
+    ("/generate", {"text": "x", "sampling_params": {"n": 2**70}}, "64 bits"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "seed": 2**70}, "64 bits"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                              "seed": -(2**70)}, "64 bits"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "top_k": 2**70}, "64 bits"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 2**70}, "64 bits"),
+    ("/generate", {"text": "x", "sampling_params": {"stop_token_ids": [2**70]}}, "64 bits"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": {str(2**70): 1}},
+     "64 bits"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "stop": ["x"] * 17}, "at most 16"),
 ]
 
 
@@ -375,6 +390,20 @@ def test_bad_input_is_a_helpful_400(served: Served, path: str, body: Any, expect
     error = response.json()["error"]
     assert error["type"] == "invalid_request_error"
     assert expect in error["message"], error["message"]
+
+
+def test_a_refused_huge_integer_leaves_the_connection_usable(served: Served) -> None:
+    """A 2**70 seed used to end in an HTTP 500 (msgpack overflow) that also dropped the
+    keep-alive connection: the next request on it failed too."""
+    with httpx.Client(base_url=served.url, timeout=60) as http:
+        bad = http.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT,
+                                                  "seed": 2**70, "max_tokens": 2})
+        assert bad.status_code == 400 and "64 bits" in bad.json()["error"]["message"]
+        good = http.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT,
+                                                   "max_tokens": 2, "temperature": 0})
+        assert good.status_code == 200 and good.json()["choices"][0]["text"]
+        assert good.headers.get("connection", "keep-alive") != "close"
+    wait_idle(served)
 
 
 def test_server_keeps_serving_after_refusals(served: Served) -> None:

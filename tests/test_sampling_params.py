@@ -53,7 +53,16 @@ def test_defaults_are_valid() -> None:
         ("stop_token_ids", [-1], "int >= 0"),
         ("stop_token_ids", 5, "sequence of token ids"),
         ("seed", 1.5, "int or None"),
-        ("n", 0, "must be >= 1"),
+        ("n", 0, "[1, 128]"),
+        ("n", 129, "[1, 128]"),
+        ("n", 2**70, "64 bits"),
+        ("seed", 2**70, "64 bits"),
+        ("seed", -(2**63) - 1, "64 bits"),
+        ("top_k", 2**64, "64 bits"),
+        ("max_tokens", 2**63, "64 bits"),
+        ("prompt_logprobs_start", 2**70, "64 bits"),
+        ("stop_token_ids", [2**70], "within 64 bits"),
+        ("logit_bias", {2**70: 1.0}, "within 64 bits"),
         ("logprobs", 1, "must be a bool"),
         ("top_logprobs", MAX_TOP_LOGPROBS + 1, f"[0, {MAX_TOP_LOGPROBS}]"),
         ("top_logprobs", -1, f"[0, {MAX_TOP_LOGPROBS}]"),
@@ -81,7 +90,8 @@ def test_error_message_example() -> None:
     [
         {"top_k": 0}, {"top_k": 1}, {"top_p": 1e-9}, {"min_p": 1.0}, {"min_tokens": 16},
         {"frequency_penalty": -2}, {"presence_penalty": 2}, {"repetition_penalty": 0.5},
-        {"logit_bias": {0: -100, 5: 100}}, {"seed": -3}, {"seed": 2**70}, {"top_logprobs": 20},
+        {"logit_bias": {0: -100, 5: 100}}, {"seed": -3}, {"seed": 2**63 - 1},
+        {"seed": -(2**63)}, {"n": 128}, {"top_logprobs": 20},
         {"prompt_logprobs_start": 0}, {"temperature": 0}, {"max_tokens": 1},
     ],
 )
@@ -154,3 +164,30 @@ def test_frozen() -> None:
     p = SamplingParams()
     with pytest.raises(AttributeError):
         p.temperature = 0.5  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "fragment"),
+    [
+        ({"stop": ["x"] * 17}, "at most 16"),
+        ({"stop": ["x" * 257]}, "at most 256"),
+        ({"stop_token_ids": [1] * 257}, "at most 256"),
+        ({"logit_bias": {i: 1.0 for i in range(1025)}}, "at most 1024"),
+        ({"choices": ["a"] * 257}, "at most 256"),
+        ({"regex": "a" * (1 << 16 | 1)}, "at most 65536"),
+        ({"json_schema": "{" + " " * (1 << 16) + "}"}, "at most 65536"),
+        ({"choices": ["x" * 40000, "y" * 40000]}, "at most 65536"),
+    ],
+)
+def test_lists_and_strings_are_bounded(kwargs: dict[str, Any], fragment: str) -> None:
+    """Sizes are checked when the params are built, before anything is allocated for them."""
+    with pytest.raises(ValueError, match=fragment) as info:
+        SamplingParams(**kwargs)
+    assert next(iter(kwargs)) in str(info.value)
+
+
+def test_the_largest_allowed_lists_and_strings_are_accepted() -> None:
+    params = SamplingParams(stop=["x" * 256] * 16, stop_token_ids=[1] * 256,
+                            logit_bias={i: 1.0 for i in range(1024)})
+    assert len(params.stop) == 16 and len(params.stop_token_ids) == 256
+    assert len(SamplingParams(choices=[str(i) for i in range(256)]).choices) == 256

@@ -195,6 +195,11 @@ def test_client_killed_mid_stream_frees_its_kv(server):
         ({"model": "default", "prompt": "hi", "max_tokens": 100000}, "max_tokens"),
         ({"model": "nope", "prompt": "hi", "max_tokens": 2}, "model"),
         ({"model": "default", "prompt": "hi", "top_p": "high"}, "top_p"),
+        # past 64 bits: msgpack between the processes overflowed, an HTTP 500
+        ({"model": "default", "prompt": "hi", "max_tokens": 2, "seed": 2**70}, "64 bits"),
+        ({"model": "default", "prompt": "hi", "max_tokens": 2, "n": 2**70}, "64 bits"),
+        ({"model": "default", "prompt": "hi", "max_tokens": 2, "logit_bias": {str(2**64): 1}},
+         "64 bits"),
     ],
 )
 def test_bad_input_gets_400_and_the_server_keeps_serving(server, body, fragment):

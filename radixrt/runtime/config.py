@@ -45,6 +45,17 @@ LOG_INTERVAL_S = 10.0  # the scheduler's periodic status line
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 # --- sampling ----------------------------------------------------------------------------------
+# Bounds of every SamplingParams field, checked before anything is allocated (every entry point
+# builds one SamplingParams): an int must fit in 64 bits (what crosses a process boundary is
+# msgpack), n is capped as OpenAI caps it, lists and strings have sane maximum lengths.
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
+MAX_N = 128  # samples per request
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 256
+MAX_LOGIT_BIAS_ENTRIES = 1024
+MAX_CHOICES = 256
+MAX_GRAMMAR_CHARS = 1 << 16  # a regex, a JSON schema's text, or all choices together
 MAX_TOP_LOGPROBS = 20
 LOGIT_BIAS_LIMIT = 100.0  # |logit_bias value| allowed (OpenAI's range)
 PENALTY_LIMIT = 2.0  # |frequency_penalty| and |presence_penalty| allowed (OpenAI's range)

@@ -16,7 +16,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from radixrt.runtime.config import LOGIT_BIAS_LIMIT, MAX_TOP_LOGPROBS, PENALTY_LIMIT
+from radixrt.runtime.config import (
+    INT64_MAX,
+    INT64_MIN,
+    LOGIT_BIAS_LIMIT,
+    MAX_CHOICES,
+    MAX_GRAMMAR_CHARS,
+    MAX_LOGIT_BIAS_ENTRIES,
+    MAX_N,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    MAX_STOP_TOKEN_IDS,
+    MAX_TOP_LOGPROBS,
+    PENALTY_LIMIT,
+)
 
 
 class LogitBias(dict[int, float]):
@@ -41,6 +54,10 @@ def _bad(field: str, value: Any, allowed: str) -> ValueError:
 
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_int64(value: Any) -> bool:
+    return _is_int(value) and INT64_MIN <= value <= INT64_MAX
 
 
 def _is_real(value: Any) -> bool:
@@ -93,10 +110,14 @@ class SamplingParams:
             value = getattr(self, name)
             if not _is_int(value):
                 raise _bad(name, value, "must be an int")
+            if not _is_int64(value):
+                raise _bad(name, value, "must fit in 64 bits")
         for name in ("seed", "prompt_logprobs_start"):
             value = getattr(self, name)
             if value is not None and not _is_int(value):
                 raise _bad(name, value, "must be an int or None")
+            if value is not None and not _is_int64(value):
+                raise _bad(name, value, "must fit in 64 bits")
         if self.max_tokens < 1:
             raise _bad("max_tokens", self.max_tokens, "must be >= 1")
         if not 0 <= self.min_tokens <= self.max_tokens:
@@ -104,8 +125,8 @@ class SamplingParams:
             raise _bad("min_tokens", self.min_tokens, allowed)
         if self.top_k < -1:
             raise _bad("top_k", self.top_k, "must be -1 or 0 (off) or >= 1")
-        if self.n < 1:
-            raise _bad("n", self.n, "must be >= 1")
+        if not 1 <= self.n <= MAX_N:
+            raise _bad("n", self.n, f"must be in [1, {MAX_N}]")
         if not 0 <= self.top_logprobs <= MAX_TOP_LOGPROBS:
             raise _bad("top_logprobs", self.top_logprobs, f"must be in [0, {MAX_TOP_LOGPROBS}]")
         if self.prompt_logprobs_start is not None and self.prompt_logprobs_start < 0:
@@ -143,9 +164,13 @@ class SamplingParams:
             return
         if not isinstance(bias, Mapping):
             raise _bad("logit_bias", bias, "must be a mapping {token_id: bias} or None")
+        if len(bias) > MAX_LOGIT_BIAS_ENTRIES:
+            raise ValueError(f"logit_bias has {len(bias)} entries: at most "
+                             f"{MAX_LOGIT_BIAS_ENTRIES} are allowed")
         for token_id, value in bias.items():
-            if not _is_int(token_id) or token_id < 0:
-                raise _bad("logit_bias", bias, f"key {token_id!r} must be a token id (int >= 0)")
+            if not _is_int64(token_id) or token_id < 0:
+                raise _bad("logit_bias", bias, f"key {token_id!r} must be a token id "
+                           "(int >= 0, within 64 bits)")
             if not _is_real(value) or not -LOGIT_BIAS_LIMIT <= value <= LOGIT_BIAS_LIMIT:
                 raise _bad("logit_bias", bias, f"value {value!r} for token {token_id} must be a "
                            f"finite number in [-{LOGIT_BIAS_LIMIT}, {LOGIT_BIAS_LIMIT}]")
@@ -158,18 +183,28 @@ class SamplingParams:
             stop = (stop,)
         if not isinstance(stop, Sequence) or isinstance(stop, (bytes, bytearray)):
             raise _bad("stop", self.stop, "must be a str or a sequence of non-empty str")
+        if len(stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop has {len(stop)} strings: at most {MAX_STOP_STRINGS} are "
+                             "allowed")
         for item in stop:
             if not isinstance(item, str) or not item:
                 raise _bad("stop", self.stop, f"entry {item!r} must be a non-empty str")
+            if len(item) > MAX_STOP_STRING_CHARS:
+                raise ValueError(f"a stop string has {len(item)} characters: at most "
+                                 f"{MAX_STOP_STRING_CHARS} are allowed")
         self._set("stop", tuple(stop))
 
     def _normalise_stop_token_ids(self) -> None:
         ids = self.stop_token_ids
         if not isinstance(ids, Sequence) or isinstance(ids, (str, bytes, bytearray)):
             raise _bad("stop_token_ids", ids, "must be a sequence of token ids (int >= 0)")
+        if len(ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(f"stop_token_ids has {len(ids)} entries: at most "
+                             f"{MAX_STOP_TOKEN_IDS} are allowed")
         for token_id in ids:
-            if not _is_int(token_id) or token_id < 0:
-                raise _bad("stop_token_ids", ids, f"entry {token_id!r} must be an int >= 0")
+            if not _is_int64(token_id) or token_id < 0:
+                raise _bad("stop_token_ids", ids, f"entry {token_id!r} must be an int >= 0 "
+                           "within 64 bits")
         self._set("stop_token_ids", tuple(ids))
 
     def _normalise_constraint(self) -> None:
@@ -186,7 +221,16 @@ class SamplingParams:
                 raise _bad("choices", choices, "must be a non-empty list of non-empty str")
             if any(not isinstance(c, str) or not c for c in choices):
                 raise _bad("choices", choices, "must be a non-empty list of non-empty str")
+            if len(choices) > MAX_CHOICES:
+                raise ValueError(f"choices has {len(choices)} entries: at most {MAX_CHOICES} "
+                                 "are allowed")
             self._set("choices", tuple(choices))
+        for name in ("regex", "json_schema", "choices"):
+            value = getattr(self, name)
+            size = sum(map(len, value)) if name == "choices" and value else len(value or "")
+            if size > MAX_GRAMMAR_CHARS:
+                raise ValueError(f"{name} has {size} characters: at most {MAX_GRAMMAR_CHARS} "
+                                 "are allowed")
         given = [n for n in ("regex", "json_schema", "choices") if getattr(self, n) is not None]
         if len(given) > 1:
             raise ValueError(f"give at most one of regex, json_schema and choices (got {given})")
