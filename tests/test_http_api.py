@@ -487,3 +487,60 @@ def test_engine_integrity_at_the_end(served: Served) -> None:
     served.engine.check_integrity()
     stats = served.engine.stats()
     assert stats["kv_free"] + stats["kv_evictable"] == stats["kv_total"]
+
+
+# --- streaming n > 1 ---------------------------------------------------------------------------
+
+
+def _joined(events: list[Any], text_of: Any) -> dict[int, tuple[str, str | None]]:
+    out: dict[int, list] = {}
+    for event in events:
+        if event == "[DONE]":
+            continue
+        for choice in event["choices"]:
+            text, reason = out.setdefault(choice["index"], ["", None])
+            out[choice["index"]] = [text + text_of(choice), choice["finish_reason"] or reason]
+    return {i: (t, r) for i, (t, r) in out.items()}
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_streaming_n_samples_each_stream_to_their_own_end(served: Served, path: str) -> None:
+    """n = 3 seeded samples of different lengths (a stop string ends some early): the joined
+    stream of every sample equals its non-streamed result, finish reason included. The stream
+    used to end with sample 0, cutting the others short without a finish_reason."""
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 24, "temperature": 1.0, "seed": 4,
+                            "n": 3, "stop": [" the", "."], "logprobs": True}
+    if path == "/v1/completions":
+        body["prompt"] = "Once upon a time"
+        text_of = lambda c: c.get("text", "")  # noqa: E731
+        whole_of = lambda c: c["text"]  # noqa: E731
+    else:
+        body["messages"] = [{"role": "user", "content": "Tell me a story."}]
+        text_of = lambda c: c["delta"].get("content") or ""  # noqa: E731
+        whole_of = lambda c: c["message"]["content"]  # noqa: E731
+    whole = served.http.post(path, json=body).json()
+    expected = {c["index"]: (whole_of(c), c["finish_reason"]) for c in whole["choices"]}
+    assert len(expected) == 3
+    assert len({len(text) for text, _ in expected.values()}) > 1  # samples end apart
+    with served.http.stream("POST", path, json={**body, "stream": True}) as response:
+        events = list(sse_events(response))
+    assert events[-1] == "[DONE]"
+    assert _joined(events, text_of) == expected
+    wait_idle(served)
+
+
+def test_generate_streams_every_sample_to_its_end(served: Served) -> None:
+    body = {"text": "Once upon a time", "stream": True,
+            "sampling_params": {"max_tokens": 24, "temperature": 1.0, "seed": 4, "n": 3,
+                                "stop": [" the", "."]}}
+    whole = served.http.post("/generate", json={**body, "stream": False}).json()
+    expected = {i: (out["text"], out["meta_info"]["finish_reason"]) for i, out in enumerate(whole)}
+    assert len(expected[0][0]) < max(len(text) for text, _ in expected.values())  # 0 ends first
+    with served.http.stream("POST", "/generate", json=body) as response:
+        events = [e for e in sse_events(response) if e != "[DONE]"]
+    got: dict[int, tuple[str, Any]] = {}
+    for event in events:
+        text, reason = got.get(event["index"], ("", None))
+        got[event["index"]] = (text + event["text"], event["meta_info"]["finish_reason"] or reason)
+    assert got == expected
+    wait_idle(served)

@@ -325,3 +325,45 @@ def test_killing_the_worker_stops_everything(server):
     assert "worker process died" in output
     gone, alive = psutil.wait_procs(server.children, timeout=10)
     assert not alive, f"left behind: {alive}"
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/generate"])
+def test_streaming_n_samples_each_stream_to_their_own_end(server, path):
+    """Through the process trio, n = 3 seeded samples of different lengths: every sample's
+    joined stream equals its non-streamed result, finish reason included (the stream used to
+    end when sample 0 did, cutting the others short without a finish_reason)."""
+    sampling = {"max_tokens": 24, "temperature": 1.0, "seed": 4, "n": 3, "stop": [" the", "."]}
+    if path == "/generate":
+        body = {"text": "Once upon a time", "sampling_params": sampling}
+    elif path == "/v1/completions":
+        body = {"model": "default", "prompt": "Once upon a time", **sampling}
+    else:
+        body = {"model": "default", "messages": [{"role": "user", "content": "A story."}],
+                **sampling}
+    whole = httpx.post(f"{server.url}{path}", headers=server.headers(), json=body,
+                       timeout=120).json()
+    if path == "/generate":
+        expected = {i: (o["text"], o["meta_info"]["finish_reason"]) for i, o in enumerate(whole)}
+    else:
+        key = "text" if path == "/v1/completions" else "message"
+        expected = {c["index"]: (c[key] if key == "text" else c[key]["content"],
+                                 c["finish_reason"]) for c in whole["choices"]}
+    assert len(expected) == 3
+    assert len({len(text) for text, _ in expected.values()}) > 1  # samples end apart
+    got: dict = {}
+    with httpx.stream("POST", f"{server.url}{path}", headers=server.headers(),
+                      json={**body, "stream": True}, timeout=120) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[len("data: "):])
+            if path == "/generate":
+                pieces = [(event["index"], event["text"], event["meta_info"]["finish_reason"])]
+            else:
+                pieces = [(c["index"], c.get("text") or (c.get("delta") or {}).get("content")
+                           or "", c["finish_reason"]) for c in event["choices"]]
+            for index, text, reason in pieces:
+                old_text, old_reason = got.get(index, ("", None))
+                got[index] = (old_text + text, reason or old_reason)
+    assert got == expected
+    server.wait_idle()
