@@ -312,3 +312,26 @@ def test_frontend_over_a_remote_endpoint_does_not_import_torch(rt):
                          timeout=120, env=dict(os.environ))
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip()
+
+
+def test_a_gen_the_runtime_ends_with_an_error_raises(rt):
+    """A prompt that fits the context but whose max_tokens can never fit the KV pool (8192
+    slots): the runtime ends the request with "error: ... KV slots ..."; the program raises with
+    that message instead of setting the variable to "" and going on."""
+    @rx.function
+    def probe(s):
+        s += "Hi"
+        s += rx.gen("x", max_tokens=1, temperature=0)
+
+    prompt_tokens = probe.run(backend=rt).get_meta_info("x")["prompt_tokens"]
+    fits_context = rt.info()["context_length"] - prompt_tokens
+
+    @rx.function
+    def too_big(s):
+        s += "Hi"
+        s += rx.gen("x", max_tokens=fits_context, temperature=0)
+        s += "never reached"
+
+    with pytest.raises(rx.BackendError, match="gen 'x' failed in the runtime: .*KV"):
+        too_big.run(backend=rt)
+    assert probe.run(backend=rt)["x"]  # the runtime keeps serving

@@ -29,6 +29,8 @@ class EchoBackend:
                  on_piece: Any) -> rx.GenResult:
         if params.get("max_tokens") == 7:
             raise rx.BackendError("the runtime refused max_tokens=7")
+        if params.get("max_tokens") == 9:  # accepted, then ended by the runtime with an error
+            return rx.GenResult("", "error: the KV pool is too small for this request")
         self.calls += 1
         return rx.GenResult(f"<{self.calls}>", "length")
 
@@ -106,6 +108,8 @@ def test_failures_surface_from_run_and_from_run_batch():
         bad.run_batch([{"tokens": 3}, {"tokens": 7}], backend=backend)
     with pytest.raises(TypeError, match="bad"):
         bad.run(backend=backend)  # missing argument
+    with pytest.raises(rx.BackendError, match="gen 'y' failed in the runtime: the KV pool"):
+        bad.run(tokens=9, backend=backend)  # an error ending is raised, not an empty answer
 
 
 def test_run_batch_pins_the_traced_prefix_once():

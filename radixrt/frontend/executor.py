@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from radixrt.frontend.backend import Backend
+from radixrt.frontend.backend import Backend, BackendError
 from radixrt.frontend.ir import Gen, RoleBegin, RoleEnd, Select, Text, as_expr, flatten
 from radixrt.frontend.select_methods import pick
 from radixrt.frontend.transcript import Transcript
@@ -152,6 +152,10 @@ class StreamExecutor:
 
         result = self.backend.generate(self.transcript.text, leaf.params, leaf.constraint,
                                        on_piece if self.stream else None)
+        reason = result.finish_reason or ""
+        if reason.startswith("error"):  # the runtime ended it: never a silent empty answer
+            what = f"gen {leaf.name!r}" if leaf.name else "gen"
+            raise BackendError(f"{what} failed in the runtime: {reason.removeprefix('error: ')}")
         self.transcript.text += result.text
         already = "".join(streamed)
         if result.text.startswith(already) and len(result.text) > len(already):
