@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--check-integrity", action="store_true",
         help="check the KV invariants after every step; a violation stops the server (debug)")
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add("--exit-with-parent", action="store_true",
+        help="stop when the process that started this server exits, however it exits "
+        "(rx.Runtime() sets it, so a program's runtime never outlives the program)")
     return parser
 
 
@@ -96,6 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             served_model_name=args.served_model_name,
             log_level=args.log_level,
             dsl_port=args.dsl_port,
+            exit_with_parent=args.exit_with_parent,
         )
         return serve(config, options)
     return 2

@@ -4,6 +4,7 @@ same programs through RuntimeEndpoint and OpenAICompatible."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -335,3 +336,41 @@ def test_a_gen_the_runtime_ends_with_an_error_raises(rt):
     with pytest.raises(rx.BackendError, match="gen 'x' failed in the runtime: .*KV"):
         too_big.run(backend=rt)
     assert probe.run(backend=rt)["x"]  # the runtime keeps serving
+
+
+def test_a_runtime_dies_with_the_program_that_started_it(tmp_path):
+    """A program that started rx.Runtime() is SIGKILLed (no chance to clean up): the runtime's
+    three processes are gone within seconds instead of living on, re-parented to init."""
+    import signal
+    import time
+
+    import psutil
+
+    script = tmp_path / "owner.py"
+    script.write_text(textwrap.dedent("""
+        import sys, time
+        import radixrt as rx
+        rt = rx.Runtime(max_total_tokens=1024, log_level="warning")
+        print(rt.proc.pid, flush=True)
+        time.sleep(600)
+    """))
+    owner = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        line = owner.stdout.readline()
+        assert line.strip().isdigit(), f"the owner did not start its runtime: {line!r}"
+        launcher = psutil.Process(int(line))
+        runtime = [launcher, *launcher.children(recursive=True)]
+        assert len(runtime) >= 3  # tokenizer (the launcher), scheduler, worker
+        owner.send_signal(signal.SIGKILL)
+        owner.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in runtime):
+            assert time.monotonic() < deadline, [p.pid for p in runtime if p.is_running()]
+            time.sleep(0.2)
+    finally:
+        if owner.poll() is None:
+            owner.kill()
+        for p in psutil.process_iter():  # never leave a runtime behind, even on failure
+            with contextlib.suppress(psutil.Error):
+                if line.strip().isdigit() and p.pid == int(line):
+                    p.kill()

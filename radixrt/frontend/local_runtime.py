@@ -32,7 +32,8 @@ class Runtime(RuntimeEndpoint):
         self.port, dsl_port = _free_port(), _free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "radixrt", "serve", "--model", model, "--host", "127.0.0.1",
-               "--port", str(self.port), "--dsl-port", str(dsl_port), *_flags(server_config)]
+               "--port", str(self.port), "--dsl-port", str(dsl_port), "--exit-with-parent",
+               *_flags(server_config)]
         self.log_path = tempfile.mkstemp(prefix="radixrt-runtime-", suffix=".log")[1]
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,

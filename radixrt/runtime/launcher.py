@@ -25,7 +25,7 @@ from radixrt.runtime.config import (
     STARTUP_TIMEOUT_S,
     EngineConfig,
 )
-from radixrt.runtime.ipc import Addresses
+from radixrt.runtime.ipc import Addresses, parent_alive
 
 log = logging.getLogger("radixrt.serve")
 
@@ -38,6 +38,7 @@ class ServerOptions:
     served_model_name: str | None = None
     log_level: str = "info"
     dsl_port: int | None = None  # also serve DSL clients on tcp://host:dsl_port
+    exit_with_parent: bool = False  # stop when the process that started the server is gone
 
 
 def served_name(config: EngineConfig, options: ServerOptions) -> str:
@@ -59,6 +60,7 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
 
     logging.basicConfig(level=options.log_level.upper(), format=LOG_FORMAT)
     setproctitle.setproctitle("radixrt::tokenizer")
+    owner = os.getppid() if options.exit_with_parent else None
     addrs, ipc_dir = Addresses.in_private_dir()
     try:
         tokenizer = load_tokenizer(config.model)
@@ -78,7 +80,8 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
                 dsl.append(f"tcp://{options.host}:{options.dsl_port}")
             return asyncio.run(
                 _serve_http(
-                    lambda: ZmqTokenizerManager(tokenizer, name, addrs), procs, options, dsl
+                    lambda: ZmqTokenizerManager(tokenizer, name, addrs), procs, options, dsl,
+                    owner,
                 )
             )
         finally:
@@ -92,12 +95,14 @@ async def _serve_http(
     procs: dict[str, BaseProcess],
     options: ServerOptions,
     dsl_addresses: list[str],
+    owner: int | None,
 ) -> int:
     from radixrt.runtime.server.dsl_endpoint import DslEndpoint
     from radixrt.runtime.server.http_server import create_app
 
     def alive() -> bool:
-        return all(p.is_alive() for p in procs.values())
+        owner_alive = owner is None or parent_alive(owner)
+        return owner_alive and all(p.is_alive() for p in procs.values())
 
     manager = make_manager()
     try:
@@ -127,6 +132,10 @@ async def _serve_http(
             if dead:
                 log.error("%s; shutting the server down", dead)
                 exit_code = 1
+                server.should_exit = server.force_exit = True
+            elif owner is not None and not parent_alive(owner):
+                log.warning("the process that started the server (pid %d) is gone; stopping",
+                            owner)
                 server.should_exit = server.force_exit = True
 
     watcher = asyncio.create_task(watch())
