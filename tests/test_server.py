@@ -275,7 +275,8 @@ def test_dsl_endpoint_over_zeromq(server, client):
     sock.connect(f"tcp://127.0.0.1:{server.dsl_port}")
     enc, dec = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(DslReply)
     params = {"max_tokens": 12, "temperature": 0}
-    sock.send(enc.encode(DslRequest(call_id=1, text=PROMPT, params=params, stream=True)))
+    sock.send(enc.encode(DslRequest(call_id=1, text=PROMPT, params=params, stream=True,
+                                    api_key=API_KEY)))
     pieces = []
     while True:
         assert sock.poll(120_000), "no reply from the DSL endpoint"
@@ -287,11 +288,48 @@ def test_dsl_endpoint_over_zeromq(server, client):
     http = client.completions.create(model="default", prompt=PROMPT, max_tokens=12,
                                      temperature=0)
     assert reply.text == http.choices[0].text
-    sock.send(enc.encode(DslRequest(call_id=2, text=PROMPT, params={"temperature": -1})))
+    sock.send(enc.encode(DslRequest(call_id=2, text=PROMPT, params={"temperature": -1},
+                                    api_key=API_KEY)))
     assert sock.poll(60_000)
     bad = dec.decode(sock.recv())
     assert bad.done and "temperature" in bad.error
     sock.close()
+
+
+def test_the_dsl_endpoint_needs_the_api_key(server):
+    """With --api-key, the DSL port is no open door: a request without the key, or with a
+    wrong one, is refused and nothing runs; rx.RuntimeEndpoint with the key is served."""
+    import radixrt as rx
+
+    before = server.info()["prompt_tokens"]
+    for key in (None, "wrong-key"):
+        with pytest.raises(rx.BackendError, match="needs its API key"):
+            rx.RuntimeEndpoint(f"tcp://127.0.0.1:{server.dsl_port}", api_key=key,
+                               connect_timeout=30)
+    import msgspec
+    import zmq
+
+    from radixrt.runtime.messages import DslReply, DslRequest
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(f"tcp://127.0.0.1:{server.dsl_port}")
+    sock.send(msgspec.msgpack.encode(DslRequest(call_id=1, text=PROMPT, api_key="nope")))
+    assert sock.poll(60_000)
+    reply = msgspec.msgpack.decode(sock.recv(), type=DslReply)
+    assert reply.done and "API key" in reply.error and not reply.text
+    sock.close()
+    assert server.info()["prompt_tokens"] == before  # nothing ran
+
+    @rx.function
+    def hello(s):
+        s += PROMPT + rx.gen("x", max_tokens=4, temperature=0)
+
+    endpoint = rx.RuntimeEndpoint(f"tcp://127.0.0.1:{server.dsl_port}", api_key=API_KEY)
+    try:
+        assert hello.run(backend=endpoint)["x"]
+    finally:
+        endpoint.close()
 
 
 def test_response_format_json_schema_and_a_broken_regex(server, client):

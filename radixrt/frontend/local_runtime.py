@@ -41,7 +41,8 @@ class Runtime(RuntimeEndpoint):
         self._stop = weakref.finalize(self, _stop_process, self.proc)
         try:
             super().__init__(f"tcp://127.0.0.1:{dsl_port}", connect_timeout=startup_timeout,
-                             alive=lambda: self.proc.poll() is None)
+                             alive=lambda: self.proc.poll() is None,
+                             api_key=server_config.get("api_key"))
         except BackendError:
             self._stop()
             raise BackendError(

@@ -25,14 +25,14 @@ _PREFILL_ONLY = {"max_tokens": 1, "temperature": 0.0}
 
 class RuntimeEndpoint:
     """`RuntimeEndpoint("tcp://127.0.0.1:PORT")` for `radixrt serve --dsl-port PORT`, or the
-    ipc:// address its log names."""
+    ipc:// address its log names; `api_key`: the server's `--api-key`, if it has one."""
 
     def __init__(self, address: str, connect_timeout: float = DSL_CONNECT_TIMEOUT_S,
-                 alive: Callable[[], bool] | None = None) -> None:
+                 alive: Callable[[], bool] | None = None, api_key: str | None = None) -> None:
         if not address.startswith(("tcp://", "ipc://")):
             raise ValueError(f"address {address!r} must be tcp://HOST:PORT or ipc://PATH")
         self.address = address
-        self._client = DslClient(address, alive)
+        self._client = DslClient(address, alive, api_key)
         try:
             reply = self._client.call(op="info", timeout=connect_timeout)
         except BackendError as exc:

@@ -26,8 +26,10 @@ from radixrt.runtime.messages import DslReply, DslRequest
 
 
 class DslClient:
-    def __init__(self, address: str, alive: Callable[[], bool] | None = None) -> None:
+    def __init__(self, address: str, alive: Callable[[], bool] | None = None,
+                 api_key: str | None = None) -> None:
         self.address = address
+        self._api_key = api_key  # sent with every request
         self._alive = alive
         self._calls: dict[int, queue.SimpleQueue] = {}
         self._ids = itertools.count(1)
@@ -73,11 +75,11 @@ class DslClient:
         replies: queue.SimpleQueue = queue.SimpleQueue()
         self._calls[call_id] = replies
         try:
-            self._submit(DslRequest(call_id=call_id, **fields))
+            self._submit(DslRequest(call_id=call_id, api_key=self._api_key, **fields))
             return self._wait(call_id, replies, on_piece, timeout, fields.get("op") != "info")
         except BaseException:
             if not self._closed:  # interrupted or failed here: the runtime can stop working
-                self._submit(DslRequest(call_id=call_id, op="abort"))
+                self._submit(DslRequest(call_id=call_id, op="abort", api_key=self._api_key))
             raise
         finally:
             self._calls.pop(call_id, None)

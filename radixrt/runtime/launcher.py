@@ -111,7 +111,7 @@ async def _serve_http(
         log.error("%s: %s", exc, _dead(procs) or "start-up timed out")
         return 1
     app = create_app(manager, api_key=options.api_key)
-    dsl = DslEndpoint(manager, dsl_addresses)
+    dsl = DslEndpoint(manager, dsl_addresses, options.api_key)
     dsl.start()
     server = _Server(
         uvicorn.Config(

@@ -168,6 +168,7 @@ class DslRequest(msgspec.Struct, frozen=True, tag=True):
     pin_id: int = -1
     choices: list[str] = []
     unconditional: bool = False
+    api_key: str | None = None  # required (compared in constant time) when the server has one
 
 
 class DslReply(msgspec.Struct, frozen=True, tag=True):

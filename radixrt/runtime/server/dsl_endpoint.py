@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import logging
 from typing import Any
 
@@ -26,8 +27,11 @@ log = logging.getLogger("radixrt.dsl")
 
 
 class DslEndpoint:
-    def __init__(self, manager: TokenizerManager, addresses: list[str]) -> None:
+    def __init__(self, manager: TokenizerManager, addresses: list[str],
+                 api_key: str | None = None) -> None:
+        """api_key: every request must carry it (the server's --api-key), or nothing runs."""
         self.manager = manager
+        self._api_key = api_key.encode() if api_key is not None else None
         self._ctx = zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -59,6 +63,12 @@ class DslEndpoint:
                 await self._reply(identity, DslReply(call_id=-1, done=True,
                                                      error=f"malformed request: {exc}"))
                 continue
+            if not self._authorized(req):
+                await self._reply(identity, DslReply(
+                    call_id=req.call_id, done=True,
+                    error="this runtime needs its API key: pass api_key=... to "
+                          "rx.RuntimeEndpoint (the server's --api-key)"))
+                continue
             key = (identity, req.call_id)
             if req.op == "abort":
                 task = self._calls.get(key)
@@ -73,6 +83,12 @@ class DslEndpoint:
                 await self._reply(identity, DslReply(
                     call_id=req.call_id, done=True,
                     error=f"unknown op {req.op!r}: use generate, score, unpin, abort or info"))
+
+    def _authorized(self, req: DslRequest) -> bool:
+        if self._api_key is None:
+            return True
+        given = (req.api_key or "").encode()
+        return hmac.compare_digest(given, self._api_key)
 
     async def _run(self, handler: Any, identity: bytes, req: DslRequest) -> None:
         """Run one op; a refusal (ValueError) or a cancel becomes the call's final reply."""
