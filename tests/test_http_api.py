@@ -292,6 +292,32 @@ def test_abort_endpoint_ends_a_stream(served: Served) -> None:
     wait_idle(served)
 
 
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_abort_takes_the_id_the_openai_client_sees(served: Served, path: str) -> None:
+    """/abort with the `cmpl-...` / `chatcmpl-...` id of a running stream (a prompt list of two
+    is two runtime requests) ends all of it; only the runtime's integer id used to work."""
+    body: dict[str, Any] = {"model": MODEL, "max_tokens": 2000, "ignore_eos": True,
+                            "stream": True}
+    if path == "/v1/completions":
+        body["prompt"] = [PROMPT, PROMPT + " and"]
+    else:
+        body["messages"] = [{"role": "user", "content": PROMPT}]
+    before = served.http.get("/server_info").json()["generated_tokens"]
+    with served.http.stream("POST", path, json=body) as response:
+        events = sse_events(response)
+        client_id = next(events)["id"]
+        with httpx.Client(base_url=served.url, timeout=60) as other:
+            answer = other.post("/abort", json={"rid": client_id}).json()
+        assert answer["aborted"] == (2 if path == "/v1/completions" else 1), answer
+        rest = list(events)
+    reasons = [c["finish_reason"] for e in rest if e != "[DONE]" for c in e["choices"]]
+    assert rest[-1] == "[DONE]" and reasons.count("abort") == answer["aborted"]
+    info = wait_idle(served)
+    assert info["generated_tokens"] - before < 500  # far below 2 x 2000
+    with httpx.Client(base_url=served.url, timeout=60) as other:  # gone: nothing to abort
+        assert other.post("/abort", json={"rid": client_id}).json()["aborted"] == 0
+
+
 def test_operations_endpoints(served: Served) -> None:
     assert served.http.get("/health").status_code == 200
     assert served.http.get("/health_generate").json() == {"status": "ok"}
@@ -359,7 +385,9 @@ BAD_REQUESTS: list[tuple[str, Any, str]] = [
     ("/generate", {"sampling_params": {}}, "exactly one of"),
     ("/generate", {"text": "x", "sampling_params": {"temprature": 0}}, "unknown sampling_params"),
     ("/generate", {"input_ids": [-1]}, "outside the vocabulary"),
-    ("/abort", {"rid": "seven"}, "rid"),
+    ("/abort", {"rid": [7]}, "rid"),
+    ("/abort", {"rid": 2**70}, "rid"),
+    ("/abort", {"rid": "x" * 129}, "rid"),
     # bounds: checked before anything is allocated (n = 2**70 once grew the process by GBs), and
     # integers past 64 bits are refused instead of overflowing msgpack (an HTTP 500)
     ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 2**70}, "n=1180591620717411303424"),

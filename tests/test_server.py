@@ -405,3 +405,20 @@ def test_streaming_n_samples_each_stream_to_their_own_end(server, path):
                 got[index] = (old_text + text, reason or old_reason)
     assert got == expected
     server.wait_idle()
+
+
+def test_abort_takes_the_id_the_openai_client_sees(server):
+    """Through the process trio: /abort with a running stream's `cmpl-...` id ends it."""
+    body = {"model": "default", "prompt": PROMPT, "max_tokens": 2000, "ignore_eos": True,
+            "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", headers=server.headers(),
+                      json=body, timeout=120) as response:
+        lines = (line for line in response.iter_lines() if line.startswith("data: "))
+        client_id = json.loads(next(lines)[len("data: "):])["id"]
+        answer = httpx.post(f"{server.url}/abort", headers=server.headers(),
+                            json={"rid": client_id}, timeout=30).json()
+        assert answer["aborted"] == 1, answer
+        rest = [line[len("data: "):] for line in lines]
+    assert rest[-1] == "[DONE]"
+    assert json.loads(rest[-2])["choices"][0]["finish_reason"] == "abort"
+    server.wait_idle()

@@ -11,7 +11,7 @@ from typing import Any
 from radixrt.runtime.engine import Engine
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.tokenizer.manager_base import RequestMetrics
+from radixrt.runtime.tokenizer.manager_base import ClientIds, RequestMetrics
 from radixrt.runtime.tokenizer.prompts import Prompt, encode_checked
 
 
@@ -23,6 +23,7 @@ class EngineManager:
         self.vocab_size = engine.model_config.vocab_size
         self.tokenizer = engine.tokenizer
         self._callbacks: list[Callable[[RequestMetrics], None]] = []
+        self._client_ids = ClientIds()
 
     def encode(self, prompt: Prompt) -> list[int]:
         return encode_checked(self.tokenizer, prompt, self.vocab_size)
@@ -36,22 +37,31 @@ class EngineManager:
     ) -> AsyncIterator[StreamChunk]:
         metrics = RequestMetrics(arrival=time.monotonic(), prompt_tokens=len(prompt_ids))
         submitted = False
+        rid: int | None = None
         try:
             async with contextlib.aclosing(
                 self.engine.generate_stream(prompt_ids, params, pin=pin)
             ) as stream:
                 async for chunk in stream:
+                    if not submitted:
+                        rid = chunk.rid
+                        self._client_ids.add(rid_hint, rid)
                     submitted = True
                     metrics.record(chunk, time.monotonic())
                     yield chunk
         finally:
+            if rid is not None:
+                self._client_ids.remove(rid_hint, rid)
             metrics.finished = time.monotonic()
             if submitted:  # refused requests are not in the latency figures
                 for callback in self._callbacks:
                     callback(metrics)
 
-    async def abort(self, rid: int) -> None:
-        self.engine.abort(rid)
+    async def abort(self, rid: int | str) -> int:
+        rids = self._client_ids.resolve(rid)
+        for one in rids:
+            self.engine.abort(one)
+        return len(rids)
 
     async def unpin(self, rid: int) -> None:
         self.engine.unpin(rid)

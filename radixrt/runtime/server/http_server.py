@@ -15,17 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from radixrt.runtime.config import HEALTH_GENERATE_TIMEOUT_S
+from radixrt.runtime.config import HEALTH_GENERATE_TIMEOUT_S, INT64_MAX, INT64_MIN
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.server.http_metrics import HTTPMetrics
 from radixrt.runtime.server.http_native import GenerateRequest, NativeServing
@@ -53,7 +53,8 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"
 
 
 class AbortRequest(BaseModel):
-    rid: int
+    # the runtime's id (meta_info.rid) or the id the client saw (cmpl-..., chatcmpl-..., gen-...)
+    rid: Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)] | Annotated[str, Field(max_length=128)]
 
 
 def create_app(manager: TokenizerManager, api_key: str | None = None) -> FastAPI:
@@ -91,8 +92,8 @@ def add_native_routes(app: FastAPI, serving: NativeServing, manager: TokenizerMa
 
     @app.post("/abort")
     async def abort(body: AbortRequest) -> dict[str, Any]:
-        await manager.abort(body.rid)
-        return {"status": "ok", "rid": body.rid}
+        aborted = await manager.abort(body.rid)
+        return {"status": "ok", "rid": body.rid, "aborted": aborted}
 
     @app.post("/flush_cache")
     async def flush_cache() -> dict[str, Any]:

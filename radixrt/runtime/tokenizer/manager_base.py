@@ -42,6 +42,32 @@ class RequestMetrics:
         self.completion_tokens += len(chunk.token_ids)
 
 
+class ClientIds:
+    """The ids clients see (`cmpl-...`, `chatcmpl-...`, `gen-...`, given to `generate` as
+    rid_hint) -> the runtime ids of their running requests (one per prompt of a request), so
+    that /abort takes either."""
+
+    def __init__(self) -> None:
+        self._rids: dict[str, set[int]] = {}
+
+    def add(self, hint: str | None, rid: int) -> None:
+        if hint is not None:
+            self._rids.setdefault(hint, set()).add(rid)
+
+    def remove(self, hint: str | None, rid: int) -> None:
+        rids = self._rids.get(hint) if hint is not None else None
+        if rids is not None:
+            rids.discard(rid)
+            if not rids:
+                del self._rids[hint]  # type: ignore[arg-type]
+
+    def resolve(self, rid: int | str) -> list[int]:
+        """The runtime ids a client's id stands for (an int is one already)."""
+        if isinstance(rid, int):
+            return [rid]
+        return sorted(self._rids.get(rid, ()))
+
+
 class TokenizerManager(Protocol):
     model_name: str  # the name clients must send as `model`
     context_length: int
@@ -66,7 +92,10 @@ class TokenizerManager(Protocol):
         KV. Every sample ends with a chunk whose finish_reason is set."""
         ...
 
-    async def abort(self, rid: int) -> None: ...
+    async def abort(self, rid: int | str) -> int:
+        """Abort by the runtime's id or by the id the client saw (`cmpl-...`); returns how many
+        running requests that id named."""
+        ...
 
     async def unpin(self, rid: int) -> None:
         """Release the prefix of a request generated with pin=True."""

@@ -28,7 +28,7 @@ from radixrt.runtime.messages import (
 )
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.tokenizer.manager_base import RequestMetrics
+from radixrt.runtime.tokenizer.manager_base import ClientIds, RequestMetrics
 from radixrt.runtime.tokenizer.output_tracker import OutputTracker
 from radixrt.runtime.tokenizer.prompts import Prompt, encode_checked
 
@@ -51,6 +51,7 @@ class ZmqTokenizerManager:
         self._streams: dict[int, tuple[OutputTracker, asyncio.Queue]] = {}
         self._calls: dict[int, asyncio.Future] = {}
         self._rids = itertools.count()
+        self._client_ids = ClientIds()
         self._call_ids = itertools.count()
         self._callbacks: list[Callable[[RequestMetrics], None]] = []
         self._receiver: asyncio.Task | None = None
@@ -93,6 +94,7 @@ class ZmqTokenizerManager:
         if params.constraint is not None:  # refused here if broken; compiled off the loop
             await asyncio.wrap_future(self.grammars().compile_async(params.constraint))
         rid = next(self._rids)
+        self._client_ids.add(rid_hint, rid)
         tracker = OutputTracker(self.tokenizer, rid, list(prompt_ids), params)
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = (tracker, queue)
@@ -110,6 +112,7 @@ class ZmqTokenizerManager:
                 yield item
         finally:
             self._streams.pop(rid, None)
+            self._client_ids.remove(rid_hint, rid)
             if not tracker.finished and not refused:
                 await self._send(AbortRequest(rid=rid))  # the client went away: free its KV
             metrics.finished = time.monotonic()
@@ -126,8 +129,11 @@ class ZmqTokenizerManager:
             self._grammars = GrammarCompiler(table, self._grammar_dir)
         return self._grammars
 
-    async def abort(self, rid: int) -> None:
-        await self._send(AbortRequest(rid=rid))
+    async def abort(self, rid: int | str) -> int:
+        rids = self._client_ids.resolve(rid)
+        for one in rids:
+            await self._send(AbortRequest(rid=one))
+        return len(rids)
 
     async def unpin(self, rid: int) -> None:
         await self._send(UnpinRequest(rid=rid))
