@@ -13,6 +13,7 @@ from radixrt.runtime.config import (
     DEFAULT_MODEL,
     DTYPES,
     LOAD_FORMATS,
+    PIN_LEASE_TTL_S,
     PREEMPTION_MODES,
     SCHEDULE_POLICIES,
     EngineConfig,
@@ -70,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--check-integrity", action="store_true",
         help="check the KV invariants after every step; a violation stops the server (debug)")
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add("--pin-lease-ttl", type=float, default=PIN_LEASE_TTL_S,
+        help="seconds a pinned prefix (a DSL fork's) outlives its client's last renewal; "
+        "a client that dies loses its pins this long after")
     add("--exit-with-parent", action="store_true",
         help="stop when the process that started this server exits, however it exits "
         "(rx.Runtime() sets it, so a program's runtime never outlives the program)")
@@ -88,6 +92,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as exc:
             print(f"radixrt serve: {exc}", file=sys.stderr)
             return 2
+        if not 0 < args.pin_lease_ttl <= 86400:
+            print(f"radixrt serve: --pin-lease-ttl={args.pin_lease_ttl} is invalid: use "
+                  "(0, 86400] seconds", file=sys.stderr)
+            return 2
         for flag, port in (("--port", args.port), ("--dsl-port", args.dsl_port)):
             if port is not None and not 0 < port < 65536:
                 print(f"radixrt serve: {flag}={port} is invalid: use 1..65535", file=sys.stderr)
@@ -100,6 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log_level=args.log_level,
             dsl_port=args.dsl_port,
             exit_with_parent=args.exit_with_parent,
+            pin_lease_ttl_s=args.pin_lease_ttl,
         )
         return serve(config, options)
     return 2

@@ -374,3 +374,81 @@ def test_a_runtime_dies_with_the_program_that_started_it(tmp_path):
             with contextlib.suppress(psutil.Error):
                 if line.strip().isdigit() and p.pid == int(line):
                     p.kill()
+
+
+# --- pins are leases ---------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def short_leases() -> Iterator[rx.Runtime]:
+    """A runtime whose pins outlive their client's last renewal by 2 s only."""
+    runtime = rx.Runtime(max_total_tokens=2048, check_integrity=True, log_level="warning",
+                         pin_lease_ttl=2)
+    yield runtime
+    runtime.close()
+
+
+def _wait_for(predicate, timeout: float) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return predicate()
+
+
+def test_a_client_killed_after_fork_loses_its_pins_within_the_ttl(short_leases, tmp_path):
+    """A DSL client process SIGKILLed between fork() and join(): its pinned prefix and the KV
+    it locks are released within the lease TTL (they used to stay locked forever)."""
+    import signal
+
+    script = tmp_path / "forker.py"
+    script.write_text(textwrap.dedent(f"""
+        import time
+        import radixrt as rx
+
+        @rx.function
+        def forked(s):
+            s += {FACTS!r} + "Question: which city is the capital of France?"
+            forks = s.fork(2)
+            print("forked", flush=True)
+            time.sleep(600)
+
+        forked.run(backend=rx.RuntimeEndpoint({short_leases.address!r}))
+    """))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "forked"
+        assert short_leases.info()["pinned"] == 1 and short_leases.info()["kv_locked"] > 0
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+        released = _wait_for(lambda: short_leases.info()["pinned"] == 0, timeout=2 + 3)
+        info = short_leases.info()
+        assert released and info["kv_locked"] == 0, info
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_a_live_program_keeps_its_pin_past_the_ttl(short_leases):
+    """The client renews in the background: a fork that lasts three TTLs keeps its prefix
+    pinned (and the children find it cached); join releases it."""
+    import time
+
+    seen = {}
+
+    @rx.function
+    def slow_fork(s):
+        s += FACTS + "Name a capital:"
+        forks = s.fork(2)
+        time.sleep(6)  # three leases' worth
+        seen["pinned"] = short_leases.info()["pinned"]
+        forks += rx.gen("city", max_tokens=4, temperature=0)
+        forks.join()
+
+    before = short_leases.info()
+    slow_fork.run(backend=short_leases)
+    assert seen["pinned"] == 1
+    after = short_leases.info()
+    assert after["pinned"] == 0 and after["kv_locked"] == 0
+    assert after["cached_tokens"] - before["cached_tokens"] > 0  # the children hit the prefix

@@ -352,19 +352,6 @@ def test_response_format_json_schema_and_a_broken_regex(server, client):
     assert again.choices[0].text.isdigit()
 
 
-def test_killing_the_worker_stops_everything(server):
-    """Last in this module: the server must exit non-zero within seconds, leaving nothing."""
-    worker = next(p for p in server.children if "worker" in " ".join(p.cmdline()) or
-                  p.name().startswith("radixrt::w"))
-    worker.kill()
-    code = server.proc.wait(timeout=30)
-    assert code != 0
-    output = server.proc.stdout.read()
-    assert "worker process died" in output
-    gone, alive = psutil.wait_procs(server.children, timeout=10)
-    assert not alive, f"left behind: {alive}"
-
-
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/generate"])
 def test_streaming_n_samples_each_stream_to_their_own_end(server, path):
     """Through the process trio, n = 3 seeded samples of different lengths: every sample's
@@ -422,3 +409,16 @@ def test_abort_takes_the_id_the_openai_client_sees(server):
     assert rest[-1] == "[DONE]"
     assert json.loads(rest[-2])["choices"][0]["finish_reason"] == "abort"
     server.wait_idle()
+
+
+def test_killing_the_worker_stops_everything(server):
+    """Last in this module: the server must exit non-zero within seconds, leaving nothing."""
+    worker = next(p for p in server.children if "worker" in " ".join(p.cmdline()) or
+                  p.name().startswith("radixrt::w"))
+    worker.kill()
+    code = server.proc.wait(timeout=30)
+    assert code != 0
+    output = server.proc.stdout.read()
+    assert "worker process died" in output
+    gone, alive = psutil.wait_procs(server.children, timeout=10)
+    assert not alive, f"left behind: {alive}"

@@ -17,8 +17,9 @@ from radixrt.frontend.backend import (
     GenResult,
     PieceCallback,
 )
+from radixrt.frontend.lease_keeper import LeaseKeeper
 from radixrt.frontend.zmq_client import DslClient
-from radixrt.runtime.config import DSL_CONNECT_TIMEOUT_S
+from radixrt.runtime.config import DSL_CONNECT_TIMEOUT_S, PIN_LEASE_TTL_S, PIN_RENEWALS_PER_TTL
 
 _PREFILL_ONLY = {"max_tokens": 1, "temperature": 0.0}
 
@@ -44,6 +45,9 @@ class RuntimeEndpoint:
         self._chat = ChatFormat.from_info(reply.info.get("chat", {}))
         self._cache_on = not reply.info.get("disable_radix_cache", False)
         self.model = reply.info.get("model")
+        ttl = float(reply.info.get("pin_lease_ttl_s", PIN_LEASE_TTL_S))
+        self._leases = LeaseKeeper(lambda ids: self._client.call(op="renew", pin_ids=ids),
+                                   ttl / PIN_RENEWALS_PER_TTL)
 
     # --- Backend ------------------------------------------------------------------------------
     def chat_format(self) -> ChatFormat:
@@ -70,9 +74,13 @@ class RuntimeEndpoint:
         if not self._cache_on:  # nothing to keep: computing the prefix first would be waste
             return None
         reply = self._client.call(op="generate", text=text, params=_PREFILL_ONLY, pin=True)
-        return reply.pin_id if reply.pin_id >= 0 else None
+        if reply.pin_id < 0:
+            return None
+        self._leases.hold(reply.pin_id)  # renewed in the background until unpinned
+        return reply.pin_id
 
     def unpin(self, handle: Any) -> None:
+        self._leases.drop(int(handle))
         self._client.call(op="unpin", pin_id=int(handle))
 
     def info(self) -> dict[str, Any]:
@@ -81,6 +89,7 @@ class RuntimeEndpoint:
 
     # --- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:
+        self._leases.stop()
         self._client.close()
 
     def __enter__(self) -> RuntimeEndpoint:

@@ -143,6 +143,9 @@ class EngineConfig:
 
 # --- DSL frontend ------------------------------------------------------------------------------
 DSL_POLL_S = 0.5  # a waiting DSL call wakes this often to check the runtime is still there
+PIN_LEASE_TTL_S = 60.0  # a pin its client stops renewing is released this long after
+PIN_RENEWALS_PER_TTL = 4  # clients renew this often per TTL; the server sweeps as often
+MAX_PINS_PER_RENEWAL = 4096
 DSL_PING_AFTER_S = 20.0  # a call with no reply this long pings the runtime ...
 DSL_PING_TIMEOUT_S = 30.0  # ... and fails if the ping gets no answer this long
 DSL_CONNECT_TIMEOUT_S = 30.0  # RuntimeEndpoint: a runtime must answer this soon

@@ -22,6 +22,7 @@ from radixrt.runtime.config import (
     DEFAULT_MODEL,
     DRAIN_TIMEOUT_S,
     LOG_FORMAT,
+    PIN_LEASE_TTL_S,
     STARTUP_TIMEOUT_S,
     EngineConfig,
 )
@@ -39,6 +40,7 @@ class ServerOptions:
     log_level: str = "info"
     dsl_port: int | None = None  # also serve DSL clients on tcp://host:dsl_port
     exit_with_parent: bool = False  # stop when the process that started the server is gone
+    pin_lease_ttl_s: float = PIN_LEASE_TTL_S  # a pin its client stops renewing is released
 
 
 def served_name(config: EngineConfig, options: ServerOptions) -> str:
@@ -111,7 +113,7 @@ async def _serve_http(
         log.error("%s: %s", exc, _dead(procs) or "start-up timed out")
         return 1
     app = create_app(manager, api_key=options.api_key)
-    dsl = DslEndpoint(manager, dsl_addresses, options.api_key)
+    dsl = DslEndpoint(manager, dsl_addresses, options.api_key, options.pin_lease_ttl_s)
     dsl.start()
     server = _Server(
         uvicorn.Config(

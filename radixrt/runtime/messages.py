@@ -154,8 +154,10 @@ class SchedulerReady(msgspec.Struct, frozen=True, tag=True):
 class DslRequest(msgspec.Struct, frozen=True, tag=True):
     """op "generate": run `text` (or `input_ids`) with `params` (SamplingParams fields); with
     `pin`, the finished prefix stays locked in the radix cache until op "unpin" with the reply's
-    pin_id. op "score": the log-probability of each of `choices` as a continuation of `text`
-    (and, with `unconditional`, of each choice alone) in one batch. op "abort": cancel the call
+    pin_id, for as long as the client renews its lease (op "renew" with `pin_ids`, more often
+    than the `pin_lease_ttl_s` that op "info" reports). op "score": the log-probability of each
+    of `choices` as a continuation of `text` (and, with `unconditional`, of each choice alone)
+    in one batch. op "abort": cancel the call
     `call_id`; op "info": server_info plus the chat template's role markers."""
 
     call_id: int
@@ -169,6 +171,7 @@ class DslRequest(msgspec.Struct, frozen=True, tag=True):
     choices: list[str] = []
     unconditional: bool = False
     api_key: str | None = None  # required (compared in constant time) when the server has one
+    pin_ids: list[int] = []  # op "renew": the pins whose leases to extend
 
 
 class DslReply(msgspec.Struct, frozen=True, tag=True):

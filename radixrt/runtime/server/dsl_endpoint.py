@@ -17,20 +17,25 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from radixrt.runtime.config import MAX_PINS_PER_RENEWAL, PIN_LEASE_TTL_S, PIN_RENEWALS_PER_TTL
 from radixrt.runtime.messages import DslReply, DslRequest, DslSample
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.server.dsl_scoring import score_choices
 from radixrt.runtime.tokenizer.chat_roles import chat_roles
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
+from radixrt.runtime.tokenizer.pin_leases import PinLeases
 
 log = logging.getLogger("radixrt.dsl")
 
 
 class DslEndpoint:
     def __init__(self, manager: TokenizerManager, addresses: list[str],
-                 api_key: str | None = None) -> None:
-        """api_key: every request must carry it (the server's --api-key), or nothing runs."""
+                 api_key: str | None = None, pin_lease_ttl_s: float = PIN_LEASE_TTL_S) -> None:
+        """api_key: every request must carry it (the server's --api-key), or nothing runs.
+        pin_lease_ttl_s: a pin its client stops renewing is released this long after."""
         self.manager = manager
+        self.leases = PinLeases(pin_lease_ttl_s)
+        self._sweeper: asyncio.Task | None = None
         self._api_key = api_key.encode() if api_key is not None else None
         self._ctx = zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -47,9 +52,19 @@ class DslEndpoint:
 
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._serve())
+        self._sweeper = asyncio.create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Release the pins whose leases ran out (their clients died or went silent)."""
+        while True:
+            await asyncio.sleep(self.leases.ttl_s / PIN_RENEWALS_PER_TTL)
+            for pin_id in self.leases.take_expired():
+                log.warning("pin %d: its lease expired (the client stopped renewing); released",
+                            pin_id)
+                await self.manager.unpin(pin_id)
 
     async def close(self) -> None:
-        for task in [self._loop_task, *self._calls.values()]:
+        for task in [self._loop_task, self._sweeper, *self._calls.values()]:
             if task is not None:
                 task.cancel()
         self._sock.close(linger=0)
@@ -74,7 +89,7 @@ class DslEndpoint:
                 task = self._calls.get(key)
                 if task is not None:
                     task.cancel()
-            elif req.op in ("info", "generate", "score", "unpin"):
+            elif req.op in ("info", "generate", "score", "unpin", "renew"):
                 handler = getattr(self, f"_{req.op}")
                 task = asyncio.create_task(self._run(handler, identity, req))
                 self._calls[key] = task
@@ -82,7 +97,8 @@ class DslEndpoint:
             else:
                 await self._reply(identity, DslReply(
                     call_id=req.call_id, done=True,
-                    error=f"unknown op {req.op!r}: use generate, score, unpin, abort or info"))
+                    error=f"unknown op {req.op!r}: use generate, score, unpin, renew, abort or "
+                          "info"))
 
     def _authorized(self, req: DslRequest) -> bool:
         if self._api_key is None:
@@ -107,11 +123,20 @@ class DslEndpoint:
     async def _info(self, identity: bytes, req: DslRequest) -> None:
         info = await self.manager.server_info()
         info["chat"] = self._chat
+        info["pin_lease_ttl_s"] = self.leases.ttl_s
         await self._reply(identity, DslReply(call_id=req.call_id, done=True, info=info))
 
     async def _unpin(self, identity: bytes, req: DslRequest) -> None:
-        await self.manager.unpin(req.pin_id)
+        if self.leases.release(req.pin_id):  # else its lease ran out: released already
+            await self.manager.unpin(req.pin_id)
         await self._reply(identity, DslReply(call_id=req.call_id, done=True))
+
+    async def _renew(self, identity: bytes, req: DslRequest) -> None:
+        if len(req.pin_ids) > MAX_PINS_PER_RENEWAL:
+            raise ValueError(f"renew at most {MAX_PINS_PER_RENEWAL} pins per call")
+        lost = self.leases.renew(req.pin_ids)
+        await self._reply(identity, DslReply(call_id=req.call_id, done=True,
+                                             info={"lost": lost}))
 
     async def _score(self, identity: bytes, req: DslRequest) -> None:
         if self._cache_on is None:
@@ -151,7 +176,13 @@ class DslEndpoint:
             call_id=req.call_id, done=True, text=final[0].text,
             token_ids=final[0].token_ids, finish_reason=final[0].finish_reason,
             logprobs=final[0].logprobs, prompt_tokens=len(ids), cached_tokens=cached,
-            samples=final, pin_id=rid if req.pin else -1))
+            samples=final, pin_id=self._granted(rid) if req.pin else -1))
+
+    def _granted(self, rid: int) -> int:
+        """A finished pinned request's pin, now under a lease (-1: nothing was pinned)."""
+        if rid >= 0:
+            self.leases.grant(rid)
+        return rid
 
     async def _reply(self, identity: bytes, reply: DslReply) -> None:
         await self._sock.send_multipart([identity, self._encoder.encode(reply)])
