@@ -318,6 +318,33 @@ def test_abort_takes_the_id_the_openai_client_sees(served: Served, path: str) ->
         assert other.post("/abort", json={"rid": client_id}).json()["aborted"] == 0
 
 
+def _metric(text: str, name: str) -> float:
+    """The value of one sample line `name value` of a Prometheus scrape (0 when absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_metrics_count_finish_reasons_rejections_and_preemptions(served: Served) -> None:
+    """What an operator needs on /metrics: finished samples by reason, refused requests by
+    status, preemptions by mode and pinned prefixes, each moving with what really happened."""
+    before = served.http.get("/metrics").text
+    complete(served, max_tokens=2, n=2)  # two samples ending with "length"
+    bad = served.http.post("/v1/completions", json={"model": MODEL, "prompt": "x", "n": 0})
+    assert bad.status_code == 400
+    assert served.http.post("/v1/completions", json={"prompt": 5}).status_code == 400
+    after = served.http.get("/metrics").text
+    length = 'radixrt_request_finish_total{reason="length"}'
+    rejected = 'radixrt_rejected_requests_total{status="400"}'
+    assert _metric(after, length) - _metric(before, length) == 2
+    assert _metric(after, rejected) - _metric(before, rejected) == 2
+    for name in ('radixrt_preemptions{mode="recompute"}', 'radixrt_preemptions{mode="swap"}',
+                 "radixrt_pinned_prefixes"):
+        assert name in after, name
+    wait_idle(served)
+
+
 def test_operations_endpoints(served: Served) -> None:
     assert served.http.get("/health").status_code == 200
     assert served.http.get("/health_generate").json() == {"status": "ok"}

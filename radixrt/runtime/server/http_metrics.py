@@ -1,8 +1,9 @@
 """Prometheus metrics of one HTTP app, in a registry of its own (never the global one).
 
-Gauges (running and waiting requests, KV usage, cache hit rate) are read from
-manager.server_info() at scrape time; latency histograms and token counters are fed by the
-manager's on_finish callback, once per finished request.
+Gauges (running and waiting requests, KV usage, cache hit rate, preemptions by mode, pinned
+prefixes) are read from manager.server_info() at scrape time; latency histograms, token counters
+and finish reasons are fed by the manager's on_finish callback, once per finished request;
+refused requests are counted by the app's error handlers, by status code.
 """
 
 from __future__ import annotations
@@ -45,12 +46,24 @@ class HTTPMetrics:
         self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Generated tokens",
                                          registry=r)
         self.requests = Counter(f"{PREFIX}_requests", "Finished requests", registry=r)
+        self.finished = Counter(f"{PREFIX}_request_finish", "Finished samples by reason",
+                                ["reason"], registry=r)
+        self.rejected = Counter(f"{PREFIX}_rejected_requests",
+                                "Requests refused before they ran, by HTTP status", ["status"],
+                                registry=r)
+        self.preemptions = Gauge(f"{PREFIX}_preemptions",
+                                 "Requests preempted for KV so far, by mode", ["mode"],
+                                 registry=r)
+        self.pinned = Gauge(f"{PREFIX}_pinned_prefixes",
+                            "Prefixes pinned in the radix cache (DSL forks)", registry=r)
         manager.on_finish(self.record)
 
     def record(self, m: RequestMetrics) -> None:
         """on_finish callback. A request the runtime refused (no first token and nothing
         generated) is left out of the latency figures."""
         self.requests.inc()
+        for reason in m.finish_reasons:
+            self.finished.labels(reason="error" if reason.startswith("error") else reason).inc()
         if m.first_token is None:
             return
         self.ttft.observe(m.first_token - m.arrival)
@@ -75,3 +88,11 @@ class HTTPMetrics:
             self.kv_usage.set(in_use / total)
             self.kv_cached.set(info.get("kv_evictable", 0) / total)
         self.hit_rate.set(info.get("cache_hit_rate", 0.0))
+        swaps = info.get("swaps", 0)
+        self.preemptions.labels(mode="swap").set(swaps)
+        self.preemptions.labels(mode="recompute").set(info.get("preemptions", 0) - swaps)
+        self.pinned.set(info.get("pinned", 0))
+
+    def reject(self, status: int) -> None:
+        """An error handler refused a request with this status."""
+        self.rejected.labels(status=str(status)).inc()

@@ -59,12 +59,13 @@ class AbortRequest(BaseModel):
 
 def create_app(manager: TokenizerManager, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="radixrt", docs_url=None, redoc_url=None, openapi_url=None)
-    install_error_handlers(app)
+    metrics = HTTPMetrics(manager)
+    install_error_handlers(app, metrics)
     if api_key:
         app.add_middleware(BearerAuth, api_key=api_key)
     add_openai_routes(app, OpenAIServing(manager), manager)
     add_native_routes(app, NativeServing(manager), manager)
-    add_operations_routes(app, manager, HTTPMetrics(manager))
+    add_operations_routes(app, manager, metrics)
     return app
 
 
@@ -142,18 +143,22 @@ async def generate_one_token(manager: TokenizerManager) -> None:
 # --- errors ------------------------------------------------------------------------------------
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, metrics: HTTPMetrics) -> None:
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, APIError)
+        metrics.reject(exc.status)
         return JSONResponse(exc.body(), status_code=exc.status)
 
     async def on_validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
+        metrics.reject(400)
         message, param = describe_validation_errors(exc.errors())
         return JSONResponse(error_body(message, param=param), status_code=400)
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code < 500:
+            metrics.reject(exc.status_code)
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code,
                             headers=exc.headers)

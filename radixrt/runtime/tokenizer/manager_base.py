@@ -28,10 +28,13 @@ class RequestMetrics:
     cached_tokens: int = 0
     completion_tokens: int = 0
     inter_token: list[float] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)  # one per sample, as they end
 
     def record(self, chunk: StreamChunk, now: float) -> None:
         """Account for one streamed chunk."""
         self.cached_tokens = chunk.cached_tokens
+        if chunk.finish_reason is not None:
+            self.finish_reasons.append(chunk.finish_reason)
         if not chunk.token_ids:
             return
         if self.first_token is None:
