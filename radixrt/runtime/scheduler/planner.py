@@ -36,6 +36,7 @@ class _StepDraft:
     planned: set[int] = field(default_factory=set)
     swapped_in: set[int] = field(default_factory=set)  # never preempted in the same plan
     prefilling: set[int] = field(default_factory=set)  # computing more than one token
+    prefilling_in_flight: set[int] = field(default_factory=set)  # ... in steps not folded in
 
 
 class Planner:
@@ -58,7 +59,8 @@ class Planner:
     def schedule(self) -> StepPlan | None:
         """The next step's plan, or None when there is nothing to do."""
         table = self.table
-        draft = _StepDraft(budget=self.config.max_num_batched_tokens)
+        draft = _StepDraft(budget=self.config.max_num_batched_tokens,
+                           prefilling_in_flight=set().union(*table.prefills_in_flight.values()))
         self._swap_back(draft)
         for req in [r for r in table.running if r.is_decoding and not self._awaits_end(r)]:
             if req.phase is Phase.RUNNING and req.rid not in draft.planned:
@@ -157,9 +159,9 @@ class Planner:
         if end >= len(req.prompt_ids):
             return False
         head = req.prompt_ids[:end]
-        prefilling = draft.prefilling.union(*self.table.prefills_in_flight.values())
         return any(
-            (other.remaining > 1 or other.rid in prefilling)
+            (other.remaining > 1 or other.rid in draft.prefilling
+             or other.rid in draft.prefilling_in_flight)
             and other.extra_key == req.extra_key
             and other.prompt_ids[:end] == head
             for other in self.table.running
