@@ -10,6 +10,7 @@ from dataclasses import fields
 from radixrt.runtime.config import (
     ATTENTION_BACKENDS,
     DEFAULT_CUDA_GRAPH_MAX_BS,
+    DEFAULT_MAX_PINNED_FRACTION,
     DEFAULT_MODEL,
     DTYPES,
     LOAD_FORMATS,
@@ -72,8 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="check the KV invariants after every step; a violation stops the server (debug)")
     add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     add("--pin-lease-ttl", type=float, default=PIN_LEASE_TTL_S,
-        help="seconds a pinned prefix (a DSL fork's) outlives its client's last renewal; "
-        "a client that dies loses its pins this long after")
+        help="seconds a pinned prefix (a DSL fork's, an HTTP pin) outlives its client's last "
+        "renewal; a client that dies loses its pins this long after")
+    add("--max-pinned-fraction", type=float, default=DEFAULT_MAX_PINNED_FRACTION,
+        help="share of the KV pool that pinned prefixes (DSL forks, HTTP pin: true) may keep "
+        "locked; a pin past it is refused with a message and the request runs unpinned")
     add("--exit-with-parent", action="store_true",
         help="stop when the process that started this server exits, however it exits "
         "(rx.Runtime() sets it, so a program's runtime never outlives the program)")

@@ -379,9 +379,10 @@ def test_a_runtime_dies_with_the_program_that_started_it(tmp_path):
 # --- pins are leases ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def short_leases() -> Iterator[rx.Runtime]:
-    """A runtime whose pins outlive their client's last renewal by 2 s only."""
+    """A runtime whose pins outlive their client's last renewal by 2 s only, and may lock a
+    quarter of its 2048-token pool (512 tokens)."""
     runtime = rx.Runtime(max_total_tokens=2048, check_integrity=True, log_level="warning",
-                         pin_lease_ttl=2)
+                         pin_lease_ttl=2, max_pinned_fraction=0.25)
     yield runtime
     runtime.close()
 
@@ -452,3 +453,26 @@ def test_a_live_program_keeps_its_pin_past_the_ttl(short_leases):
     after = short_leases.info()
     assert after["pinned"] == 0 and after["kv_locked"] == 0
     assert after["cached_tokens"] - before["cached_tokens"] > 0  # the children hit the prefix
+
+
+def test_a_fork_past_the_pin_budget_runs_unpinned_with_a_warning(short_leases):
+    """The pin budget refuses a prefix of ~800 tokens (past 512): the program is warned, runs
+    on and answers as a pinned run would; nothing stays locked."""
+    long_facts = FACTS * 20
+
+    @rx.function
+    def wide_fork(s):
+        s += long_facts + "Name a capital:"
+        forks = s.fork(2)
+        forks += rx.gen("city", max_tokens=4, temperature=0)
+        forks.join()
+        s += rx.gen("after", max_tokens=4, temperature=0)
+
+    before = short_leases.info()
+    with pytest.warns(RuntimeWarning, match="not pinned.*past the pin budget of 512"):
+        state = wide_fork.run(backend=short_leases)
+    after = short_leases.info()
+    assert after["pins_refused"] == before["pins_refused"] + 1
+    assert after["pinned"] == 0 and after["kv_locked"] == 0
+    assert state["city"] and state["after"]
+    assert after["cached_tokens"] - before["cached_tokens"] > 700  # still cached, just evictable

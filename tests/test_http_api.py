@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -18,6 +19,7 @@ import uvicorn
 API_KEY = "sk-test-key"
 MODEL = "default"
 PROMPT = "The capital of France is"
+PIN_TTL_S = 2.0
 LONG_PREFIX = " ".join(f"Fact {i}: the number {i} is written as {i}." for i in range(20))
 
 
@@ -63,10 +65,13 @@ def served(loaded_model: Any) -> Iterator[Served]:
     from radixrt import Engine
     from radixrt.runtime.engine_manager import EngineManager
     from radixrt.runtime.server.http_server import create_app
+    from radixrt.runtime.tokenizer.pin_leases import PinService
 
     engine = Engine(model=loaded_model, max_total_tokens=4096, check_integrity=True)
     manager = EngineManager(engine, model_name="smollm2")
-    ports, stop = serve_in_thread([create_app(manager), create_app(manager, api_key=API_KEY)])
+    pins = PinService(manager, ttl_s=PIN_TTL_S)  # both apps: one set of leases
+    ports, stop = serve_in_thread([create_app(manager, pins=pins),
+                                   create_app(manager, api_key=API_KEY, pins=pins)])
     srv = Served(engine, ports)
     yield srv
     srv.http.close()
@@ -339,8 +344,13 @@ def test_metrics_count_finish_reasons_rejections_and_preemptions(served: Served)
     rejected = 'radixrt_rejected_requests_total{status="400"}'
     assert _metric(after, length) - _metric(before, length) == 2
     assert _metric(after, rejected) - _metric(before, rejected) == 2
+    for timing in ("radixrt_queue_time_seconds_count", "radixrt_prefill_time_seconds_count"):
+        assert _metric(after, timing) - _metric(before, timing) == 1, timing  # one request
+    assert _metric(after, "radixrt_prefill_time_seconds_sum") > _metric(
+        before, "radixrt_prefill_time_seconds_sum")
     for name in ('radixrt_preemptions{mode="recompute"}', 'radixrt_preemptions{mode="swap"}',
-                 "radixrt_pinned_prefixes"):
+                 "radixrt_pinned_prefixes", "radixrt_pinned_tokens", "radixrt_pins_refused",
+                 "radixrt_pin_leases"):
         assert name in after, name
     wait_idle(served)
 
@@ -364,10 +374,89 @@ def test_operations_endpoints(served: Served) -> None:
     assert served.http.get("/server_info").json()["kv_evictable"] == 0
 
 
+# --- pins over HTTP ----------------------------------------------------------------------------
+
+
+def pin(srv: Served, text: str, **extra: Any) -> dict[str, Any]:
+    response = srv.http.post("/generate", json={"text": text, "pin": True, **extra,
+                                                "sampling_params": {"max_tokens": 1,
+                                                                    "temperature": 0}})
+    assert response.status_code == 200, response.text
+    return response.json()["meta_info"]
+
+
+def test_generate_with_pin_keeps_the_prefix_until_unpin(served: Served) -> None:
+    """pin: true returns a pin id; the prefix stays locked (a flush cannot drop it) and later
+    requests starting with it find it cached; /unpin releases it, once."""
+    wait_idle(served)
+    meta = pin(served, LONG_PREFIX)
+    pin_id = meta["pin_id"]
+    assert isinstance(pin_id, int) and "pin_error" not in meta
+    info = served.http.get("/server_info").json()
+    assert info["pinned"] == 1 and info["kv_locked"] >= meta["prompt_tokens"] - 1
+    assert info["pinned_tokens"] == info["kv_locked"] and info["pin_leases"] == 1
+    served.http.post("/flush_cache")
+    again = served.http.post("/generate", json={
+        "text": LONG_PREFIX + " Fact 20:", "sampling_params": {"max_tokens": 2}}).json()
+    assert again["meta_info"]["cached_tokens"] >= meta["prompt_tokens"] - 1
+    released = served.http.post("/unpin", json={"pin_id": pin_id}).json()
+    assert released == {"status": "ok", "pin_id": pin_id, "released": True}
+    assert served.http.post("/unpin", json={"pin_id": pin_id}).json()["released"] is False
+    info = wait_idle(served)
+    assert info["pinned"] == 0 and info["pin_leases"] == 0
+
+
+def test_streamed_pin_reports_its_id_on_the_final_event(served: Served) -> None:
+    with served.http.stream("POST", "/generate", json={
+            "text": LONG_PREFIX, "pin": True, "stream": True,
+            "sampling_params": {"max_tokens": 2, "temperature": 0}}) as response:
+        events = [e for e in sse_events(response) if e != "[DONE]"]
+    final = events[-1]["meta_info"]
+    assert final["finish_reason"] == "length" and isinstance(final["pin_id"], int)
+    assert all("pin_id" not in e["meta_info"] for e in events[:-1])
+    assert served.http.post("/unpin", json={"pin_id": final["pin_id"]}).json()["released"]
+    wait_idle(served)
+
+
+def test_an_http_pin_is_a_lease_renewed_or_lost(served: Served) -> None:
+    """A pin whose client renews (POST /renew_pins) outlives the TTL; one left alone is released
+    by the server within a TTL or so, and renewing it then reports it lost."""
+    wait_idle(served)
+    kept = pin(served, LONG_PREFIX)["pin_id"]
+    left = pin(served, "Another prefix, pinned and then forgotten by its client.")["pin_id"]
+    assert served.http.get("/server_info").json()["pinned"] == 2
+    deadline = time.monotonic() + 2.5 * PIN_TTL_S
+    while time.monotonic() < deadline:
+        renewed = served.http.post("/renew_pins", json={"pin_ids": [kept]}).json()
+        assert renewed["lost"] == [] and renewed["ttl_s"] == PIN_TTL_S
+        time.sleep(PIN_TTL_S / 4)
+    info = served.http.get("/server_info").json()
+    assert info["pinned"] == 1 and info["pin_leases"] == 1 and info["pin_leases_expired"] >= 1
+    assert served.http.post("/renew_pins", json={"pin_ids": [kept, left]}).json()["lost"] == [
+        left]
+    metrics = served.http.get("/metrics").text
+    assert _metric(metrics, "radixrt_pin_leases_expired") >= 1
+    assert _metric(metrics, "radixrt_pinned_tokens") > 0
+    served.http.post("/unpin", json={"pin_id": kept})
+    assert wait_idle(served)["pinned"] == 0
+
+
 # --- refusals ----------------------------------------------------------------------------------
 
 TOO_LONG = [1] * 9000
-BAD_REQUESTS: list[tuple[str, Any, str]] = [
+USER_X = [{"role": "user", "content": "x"}]
+BIG = 4 << 20  # MAX_REQUEST_BODY_BYTES
+
+
+@dataclass(frozen=True)
+class Bad:
+    path: str
+    body: Any  # JSON, or bytes sent as they are
+    expect: str  # in the error message
+    status: int = 400
+
+
+BAD_REQUESTS: list[Bad] = [Bad(*case) for case in [
     ("/v1/completions", b'{"model": "default", "prompt": ', "not valid JSON"),
     ("/v1/completions", b'["not", "an", "object"]', "must be a JSON object"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "temperature": "hot"}, "temperature"),
@@ -430,23 +519,139 @@ BAD_REQUESTS: list[tuple[str, Any, str]] = [
     ("/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": {str(2**70): 1}},
      "64 bits"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "stop": ["x"] * 17}, "at most 16"),
-]
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "stop": ["x" * 257]}, "256"),
+    ("/generate", {"text": "x", "sampling_params": {"stop_token_ids": [1] * 257}}, "256"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "choices": ["a"] * 257}, "256"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "regex": "a" * 70000}, "65536"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "frequency_penalty": 3},
+     "frequency_penalty"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "presence_penalty": -3},
+     "presence_penalty"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": {"5": 500}}, "logit_bias"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 4, "min_tokens": 5},
+     "min_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": -1}, "max_tokens"),
+    ("/v1/completions", {"model": MODEL, "prompt": [[1, 2], [3, -5]]}, "outside the vocabulary"),
+    ("/v1/completions", {"model": MODEL, "prompt": [2**70]}, "prompt"),
+    ("/v1/completions", b"", "must be a JSON object"),
+    # whole-request bounds: prompts per batch, samples, messages, content parts, names, bytes
+    ("/v1/completions", {"model": MODEL, "prompt": ["x"] * 129}, "at most 128"),
+    ("/v1/completions", {"model": MODEL, "prompt": ["x"] * 100, "n": 3}, "at most 256"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER_X * 1025}, "at most 1024"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [
+        {"role": "user", "content": [{"type": "text", "text": "x"}] * 257}]}, "256"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"content": "x"}]},
+     "messages.0.role"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER_X, "logprobs": True,
+                              "top_logprobs": 21}, "top_logprobs"),
+    ("/v1/completions", {"model": "m" * 300, "prompt": "x"}, "model"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER_X, "user": "u" * 300}, "user"),
+    ("/v1/completions", b'{"model": "default", "prompt": "' + b"a" * BIG + b'"}',
+     "larger than", 413),
+    ("/generate", b'{"input_ids": [' + b"1, " * (BIG // 3) + b'1]}', "larger than", 413),
+    ("/generate", {"text": "x", "input_ids": [1]}, "exactly one of"),
+    ("/generate", {"input_ids": ["a"]}, "input_ids"),
+    ("/generate", {"text": "x", "stream": "maybe"}, "stream"),
+    ("/generate", {"text": 5}, "text"),
+    ("/abort", {}, "rid: Field required"),
+    # pins over HTTP
+    ("/generate", {"text": "x", "pin": True, "sampling_params": {"n": 2}}, "pin needs n=1"),
+    ("/generate", {"text": "x", "pin": True, "sampling_params": {"stop": ["."]}},
+     "stop strings"),
+    ("/unpin", {"pin_id": -1}, "pin_id"),
+    ("/unpin", {"pin_id": "seven"}, "pin_id"),
+    ("/unpin", {}, "pin_id: Field required"),
+    ("/renew_pins", {"pin_ids": 5}, "pin_ids"),
+    ("/renew_pins", {"pin_ids": [0] * 4097}, "pin_ids"),
+    ("/renew_pins", {"pin_ids": [2**70]}, "pin_ids"),
+]]
 
 
-@pytest.mark.parametrize(("path", "body", "expect"), BAD_REQUESTS,
-                         ids=[f"{p}-{e}" for p, _, e in BAD_REQUESTS])
-def test_bad_input_is_a_helpful_400(served: Served, path: str, body: Any, expect: str) -> None:
-    if isinstance(body, bytes):
-        response = served.http.post(path, content=body,
-                                    headers={"Content-Type": "application/json"})
-    else:
-        response = served.http.post(path, json=body)
-    assert response.status_code == 400, response.text
-    error = response.json()["error"]
-    assert error["type"] == "invalid_request_error"
-    assert expect in error["message"], error["message"]
+@pytest.fixture(scope="module")
+def good_answer(served: Served) -> str:
+    """What the good request answers on a fresh server."""
+    return good_request(served.http)
 
 
+def good_request(http: httpx.Client) -> str:
+    response = http.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT,
+                                                  "max_tokens": 3, "temperature": 0})
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["text"]
+
+
+def connection_of(response: httpx.Response) -> Any:
+    return response.extensions["network_stream"].get_extra_info("client_addr")
+
+
+@pytest.mark.parametrize("bad", BAD_REQUESTS, ids=[f"{b.path}-{b.expect}" for b in BAD_REQUESTS])
+def test_bad_input_is_a_helpful_4xx_and_changes_nothing(served: Served, good_answer: str,
+                                                        bad: Bad) -> None:
+    """Each bad request gets its 4xx with a message that says what to fix; the next good
+    request on the same connection is answered exactly as before; nothing is left running."""
+    with httpx.Client(base_url=served.url, timeout=120) as http:
+        before = http.get("/health")
+        if isinstance(bad.body, bytes):
+            response = http.post(bad.path, content=bad.body,
+                                 headers={"Content-Type": "application/json"})
+        else:
+            response = http.post(bad.path, json=bad.body)
+        assert response.status_code == bad.status, response.text
+        error = response.json()["error"]
+        assert error["type"] == "invalid_request_error"
+        assert bad.expect in error["message"], error["message"]
+        after = http.post("/v1/completions", json={"model": MODEL, "prompt": PROMPT,
+                                                   "max_tokens": 3, "temperature": 0})
+        assert after.status_code == 200 and after.json()["choices"][0]["text"] == good_answer
+        assert connection_of(before) == connection_of(response) == connection_of(after)
+    wait_idle(served)
+
+
+def test_the_bad_input_corpus_covers_every_endpoint() -> None:
+    paths = {b.path for b in BAD_REQUESTS}
+    assert len(BAD_REQUESTS) >= 60
+    assert paths >= {"/v1/completions", "/v1/chat/completions", "/generate", "/abort", "/unpin",
+                     "/renew_pins"}
+
+
+def test_a_body_past_the_limit_is_refused_while_it_streams_in(served: Served,
+                                                              good_answer: str) -> None:
+    """Without a Content-Length (chunked upload), the limit is enforced as the bytes arrive."""
+    def chunks() -> Iterator[bytes]:
+        yield b'{"model": "default", "prompt": "'
+        for _ in range(5):
+            yield b"a" * (1 << 20)
+        yield b'"}'
+
+    with httpx.Client(base_url=served.url, timeout=120) as http:
+        response = http.post("/v1/completions", content=chunks(),
+                             headers={"Content-Type": "application/json"})
+        assert response.status_code == 413, response.text
+        assert "larger than 4194304 bytes" in response.json()["error"]["message"]
+        assert good_request(http) == good_answer
+    wait_idle(served)
+
+
+def test_an_internal_error_is_a_500_with_a_body_and_the_connection_stays_usable(
+        served: Served, good_answer: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug (here: server_info made to raise) answers 500 in OpenAI's error format; the
+    server keeps the connection (it used to close it after the app raised)."""
+    engine = served.engine  # the manager's server_info reads the engine's stats
+
+    def broken() -> dict:
+        raise RuntimeError("injected fault")
+
+    with httpx.Client(base_url=served.url, timeout=120) as http:
+        first = http.get("/health")
+        monkeypatch.setattr(engine, "stats", broken)
+        response = http.get("/server_info")
+        monkeypatch.undo()
+        assert response.status_code == 500
+        error = response.json()["error"]
+        assert error["type"] == "server_error" and "injected fault" in error["message"]
+        assert good_request(http) == good_answer
+        assert connection_of(first) == connection_of(response)
+    wait_idle(served)
 def test_a_refused_huge_integer_leaves_the_connection_usable(served: Served) -> None:
     """A 2**70 seed used to end in an HTTP 500 (msgpack overflow) that also dropped the
     keep-alive connection: the next request on it failed too."""

@@ -20,6 +20,7 @@ from radixrt.runtime.scheduler.kv_manager import KVManager, PoolCounters
 from radixrt.runtime.scheduler.request import Request
 
 P = PLACEHOLDER_TOKEN
+NO_LIMIT = 1 << 30  # a pin budget nothing reaches
 
 
 def make_req(rid: int, prompt: list[int], extra_key: str | None = None,
@@ -423,7 +424,7 @@ def test_pin_keeps_the_prefix_locked_after_release_until_unpin() -> None:
     kv = KVManager(num_pages=6, page_size=2)
     req = make_req(0, [1, 2, 3, 4, 5])
     prefill(kv, req)
-    node = kv.pin(req)
+    node = kv.pin(req, [], NO_LIMIT)
     assert node is not None
     kv.release(req)
     assert kv.counters([]) == PoolCounters(total=12, free=8, evictable=0, locked=4, private=0)
@@ -443,13 +444,43 @@ def test_pin_of_nothing_cached_is_none() -> None:
     kv = KVManager(num_pages=4, page_size=4)
     req = make_req(0, [1, 2, 3])
     prefill(kv, req)  # less than one page
-    assert kv.pin(req) is None
+    assert kv.pin(req, [], NO_LIMIT) is None
     off = KVManager(num_pages=4, page_size=1, disable_radix_cache=True)
     req = make_req(1, [1, 2, 3])
     prefill(off, req)
-    assert off.pin(req) is None
+    assert off.pin(req, [], NO_LIMIT) is None
     off.release(req)
     assert off.tree.total_pages == 0 and off.pool.num_free == 4
+
+
+def test_pinned_tokens_count_a_shared_prefix_once() -> None:
+    kv = KVManager(num_pages=16, page_size=2)
+    a, b = make_req(0, [1, 2, 3, 4, 5, 6, 7]), make_req(1, [1, 2, 3, 4, 9, 9, 9])
+    prefill(kv, a)
+    node_a = kv.pin(a, [], NO_LIMIT)
+    kv.release(a)
+    prefill(kv, b)
+    node_b = kv.pin(b, [node_a], NO_LIMIT)
+    assert node_a is not None and node_b is not None
+    # a's 6 cached tokens, b's 6 of which 4 are a's: 8 distinct tokens locked
+    assert kv.pinned_tokens([node_a]) == 6 and kv.pinned_tokens([node_a, node_b]) == 8
+    kv.release(b)
+    assert kv.counters([]).locked == 8
+    kv.check_integrity([])
+
+
+def test_a_pin_past_the_budget_is_refused_and_its_prefix_stays_evictable() -> None:
+    kv = KVManager(num_pages=16, page_size=2)
+    a, b = make_req(0, [1, 2, 3, 4, 5]), make_req(1, [7, 8, 9, 10, 11])
+    prefill(kv, a)
+    node_a = kv.pin(a, [], 6)
+    assert node_a is not None  # 4 tokens <= 6
+    kv.release(a)
+    prefill(kv, b)
+    assert kv.pin(b, [node_a], 6) is None  # 4 + 4 > 6
+    kv.release(b)
+    assert kv.counters([]) == PoolCounters(total=32, free=24, evictable=4, locked=4, private=0)
+    kv.check_integrity([])
 
 
 def test_share_gives_the_child_every_page_and_a_lock() -> None:
@@ -571,6 +602,7 @@ class KVManagerMachine(RuleBasedStateMachine):
         self.kv = KVManager(num_pages, page_size, disable_radix_cache=disable)
         self.live: list[Request] = []
         self.pins: list[object] = []
+        self.pin_budget = num_pages * page_size // 2
         # slot -> (extra_key, the tokens up to and including its position): what its K/V is of
         self.content: dict[int, tuple] = {}
         self.seen_prompts: list[list[int]] = []
@@ -724,7 +756,7 @@ class KVManagerMachine(RuleBasedStateMachine):
             req.pending = 0
         cache = data.draw(st.booleans())
         if not cache and data.draw(st.booleans()) and req.pending == 0:
-            node = self.kv.pin(req)
+            node = self.kv.pin(req, self.pins, self.pin_budget)
             if node is not None:
                 self.pins.append(node)
             cache = True
@@ -773,6 +805,7 @@ class KVManagerMachine(RuleBasedStateMachine):
         c = kv.counters(self.live)
         assert counters_sum(c) == c.total == kv.capacity_tokens
         assert c.evictable == kv.tree.evictable_pages * self.ps
+        assert kv.pinned_tokens(self.pins) <= self.pin_budget
         for req in self.live:
             node = req.tree_node
             assert node is None or (not node.removed and (node.is_root or node.lock_count > 0))

@@ -668,3 +668,52 @@ def test_min_tokens_lets_a_stop_token_end_the_request_from_the_min_tokens_th_out
     before = scripted(early, params)
     assert (len(before.output_ids), before.finish_reason) == (8, "length")
     assert before.output_ids == early[:8]
+
+
+# --- pins and their budget --------------------------------------------------------------------
+def finish_pinned(sim: Sim, prompt: list[int]) -> tuple[Request, object]:
+    """A pin=True request run to its end; returns it and its final output delta."""
+    req = sim.sched.add_request(prompt, ONCE, pin=True)
+    while not req.finished:
+        step(sim)
+    deltas = sim.sched.take_deltas([req])
+    assert len(deltas) == 1 and deltas[0].finish_reason == "length"
+    return req, deltas[0]
+
+
+def settle(sim: Sim) -> None:
+    """Step until the worker was told of every finished request."""
+    while sim.sched.has_work:
+        step(sim)
+
+
+def test_pins_are_refused_past_the_pin_budget_and_shared_tokens_count_once() -> None:
+    """max_pinned_fraction 0.3 of a 100-token pool: pins may lock 30 tokens. A 20-token pin
+    fits; a second, unrelated 20-token pin would make 40 and is refused (with a message, its
+    prefix left cached and evictable); one that extends the first by 5 tokens shares its 20
+    and fits (25). Each final delta says which; unpinning leaves nothing locked."""
+    sim = make_sim(100, max_pinned_fraction=0.3)
+    sched = sim.sched
+    first, d1 = finish_pinned(sim, tokens(0, 20))
+    assert d1.pinned and d1.pin_error is None
+    assert sched.stats_dict()["pinned_tokens"] == 20
+    other, d2 = finish_pinned(sim, tokens(7, 20))
+    assert not d2.pinned and "past the pin budget of 30" in d2.pin_error
+    assert other.rid not in sched.table.pins
+    longer, d3 = finish_pinned(sim, tokens(0, 20) + tokens(9, 5))
+    assert d3.pinned
+    s = sched.stats_dict()
+    assert (s["pinned"], s["pinned_tokens"], s["pins_refused"]) == (2, 25, 1)
+    assert sched.kv.counters([]).locked == 25
+    assert sched.unpin(first.rid) and sched.unpin(longer.rid) and not sched.unpin(other.rid)
+    settle(sim)
+    check_idle(sim)
+
+
+def test_a_zero_pin_budget_refuses_every_pin_and_the_request_still_finishes() -> None:
+    sim = make_sim(100, max_pinned_fraction=0.0)
+    req, delta = finish_pinned(sim, tokens(0, 10))
+    assert not delta.pinned and "not pinned" in delta.pin_error
+    assert req.output_ids and sim.sched.stats_dict()["pinned"] == 0
+    settle(sim)
+    check_idle(sim)

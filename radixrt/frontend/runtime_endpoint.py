@@ -7,6 +7,7 @@ computed once and pinned in the radix cache until the fork is joined.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -75,6 +76,8 @@ class RuntimeEndpoint:
             return None
         reply = self._client.call(op="generate", text=text, params=_PREFILL_ONLY, pin=True)
         if reply.pin_id < 0:
+            if reply.pin_error:  # the pin budget: the program runs on, its forks uncached
+                warnings.warn(f"radixrt: {reply.pin_error}", RuntimeWarning, stacklevel=2)
             return None
         self._leases.hold(reply.pin_id)  # renewed in the background until unpinned
         return reply.pin_id

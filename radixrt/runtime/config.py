@@ -25,6 +25,7 @@ LPM_FALLBACK_QUEUE_LEN = 128
 IN_BATCH_PREFIX_MIN = 32
 # Decode batches up to this size replay CUDA graphs (triton backend on CUDA); 0 disables them.
 DEFAULT_CUDA_GRAPH_MAX_BS = 128
+DEFAULT_MAX_PINNED_FRACTION = 0.5  # of the KV pool that pins (leases) may keep locked
 # Stands for a token a step in flight will sample (overlap scheduling); never reaches the worker.
 PLACEHOLDER_TOKEN = -1
 
@@ -67,6 +68,14 @@ DETOKENIZE_PROMPT_CONTEXT = 5
 # --- HTTP server (helper F) ----------------------------------------------------------------------
 # max_tokens when a request leaves it out: the rest of the context, capped here.
 DEFAULT_MAX_TOKENS = 256
+# Bounds of a request as a whole, checked before it runs: a larger body is refused with 413 while
+# it is read; a completion may batch this many prompts, n samples each, up to this many samples.
+MAX_REQUEST_BODY_BYTES = 4 << 20
+MAX_PROMPTS_PER_REQUEST = 128
+MAX_SAMPLES_PER_REQUEST = 256
+MAX_CHAT_MESSAGES = 1024
+MAX_CONTENT_PARTS = 256  # per chat message
+MAX_NAME_CHARS = 256  # model, user, a message's name
 MODEL_ALIAS = "default"  # clients may send this as `model` instead of the served model's name
 HEALTH_GENERATE_TIMEOUT_S = 60.0  # /health_generate answers 503 past this
 DISCONNECT_POLL_S = 0.05  # how often a non-streaming request checks that its client is still there
@@ -97,6 +106,9 @@ class EngineConfig:
     seed: int = 0  # seed of unseeded sampling
     swap_space_tokens: int = 1 << 16  # host slots for preemption by swap
     cuda_graph_max_bs: int = DEFAULT_CUDA_GRAPH_MAX_BS  # 0 = no CUDA graphs
+    # pins (DSL forks, HTTP pin: true) may keep at most this fraction of the KV pool locked;
+    # a pin past it is refused (the request still runs; its prefix is just not kept)
+    max_pinned_fraction: float = DEFAULT_MAX_PINNED_FRACTION
 
     def __post_init__(self) -> None:
         def bad(field: str, value: Any, allowed: str) -> ValueError:
@@ -127,6 +139,9 @@ class EngineConfig:
             raise bad("max_num_batched_tokens", self.max_num_batched_tokens, "must be >= 16")
         if self.swap_space_tokens < 0:
             raise bad("swap_space_tokens", self.swap_space_tokens, "must be >= 0")
+        if not 0.0 <= self.max_pinned_fraction <= 1.0:
+            raise bad("max_pinned_fraction", self.max_pinned_fraction,
+                      "must be in [0, 1] (0 refuses every pin)")
         if self.cuda_graph_max_bs < 0:
             raise bad("cuda_graph_max_bs", self.cuda_graph_max_bs, "must be >= 0 (0 disables)")
 

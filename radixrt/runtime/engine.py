@@ -207,23 +207,29 @@ class Engine:
         self, prompt: Prompt, params: SamplingParams | None = None, pin: bool = False
     ) -> AsyncIterator[StreamChunk]:
         """Yield text as it is generated. Several streams may run at once in one event loop:
-        whichever is waiting drives the engine's steps."""
+        whichever is waiting drives the engine's steps. With pin, the final chunk says whether
+        the prefix was pinned; a stream closed before that chunk was taken unpins it."""
         rid = self.submit(prompt, params, pin=pin)
         tracker = self._trackers[rid]
         queue: asyncio.Queue[StreamChunk] = asyncio.Queue()
         self._queues[rid] = queue
+        handed = False  # the chunk that hands the pin over was taken
         try:
             while True:
                 while queue.empty() and not tracker.finished:
                     self.step()
                     await asyncio.sleep(0)
                 while not queue.empty():
-                    yield queue.get_nowait()
+                    chunk = queue.get_nowait()
+                    handed = handed or chunk.pinned
+                    yield chunk
                 if tracker.finished:
                     return
         finally:
             if not tracker.finished:
                 self.abort(rid)
+            if pin and not handed:
+                self.unpin(rid)  # nobody took the pin over (a no-op when nothing was pinned)
             self._trackers.pop(rid, None)
             self._queues.pop(rid, None)
 

@@ -24,6 +24,7 @@ class EngineManager:
         self.tokenizer = engine.tokenizer
         self._callbacks: list[Callable[[RequestMetrics], None]] = []
         self._client_ids = ClientIds()
+        self._pin_callbacks: list[Callable[[int], None]] = []
 
     def encode(self, prompt: Prompt) -> list[int]:
         return encode_checked(self.tokenizer, prompt, self.vocab_size)
@@ -48,6 +49,9 @@ class EngineManager:
                         self._client_ids.add(rid_hint, rid)
                     submitted = True
                     metrics.record(chunk, time.monotonic())
+                    if chunk.pinned:
+                        for on_pinned in self._pin_callbacks:
+                            on_pinned(chunk.rid)
                     yield chunk
         finally:
             if rid is not None:
@@ -77,3 +81,6 @@ class EngineManager:
 
     def on_finish(self, callback: Callable[[RequestMetrics], None]) -> None:
         self._callbacks.append(callback)
+
+    def on_pinned(self, callback: Callable[[int], None]) -> None:
+        self._pin_callbacks.append(callback)

@@ -101,6 +101,7 @@ async def _serve_http(
 ) -> int:
     from radixrt.runtime.server.dsl_endpoint import DslEndpoint
     from radixrt.runtime.server.http_server import create_app
+    from radixrt.runtime.tokenizer.pin_leases import PinService
 
     def alive() -> bool:
         owner_alive = owner is None or parent_alive(owner)
@@ -112,8 +113,9 @@ async def _serve_http(
     except (RuntimeError, TimeoutError) as exc:
         log.error("%s: %s", exc, _dead(procs) or "start-up timed out")
         return 1
-    app = create_app(manager, api_key=options.api_key)
-    dsl = DslEndpoint(manager, dsl_addresses, options.api_key, options.pin_lease_ttl_s)
+    pins = PinService(manager, options.pin_lease_ttl_s)  # HTTP and DSL pins: the same leases
+    app = create_app(manager, api_key=options.api_key, pins=pins)
+    dsl = DslEndpoint(manager, dsl_addresses, options.api_key, pins)
     dsl.start()
     server = _Server(
         uvicorn.Config(
@@ -146,6 +148,7 @@ async def _serve_http(
     await server.serve()
     watcher.cancel()
     await dsl.close()
+    pins.close()
     await manager.close()
     if exit_code == 0 and _dead(procs):
         exit_code = 1

@@ -96,6 +96,12 @@ class OutputDelta(msgspec.Struct, frozen=True):
     finish_reason: str | None = None
     cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprob] = []
+    # the first delta of a sample: seconds from submission to first admission, and from then to
+    # the first token (-1 otherwise)
+    queue_s: float = -1.0
+    prefill_s: float = -1.0
+    pinned: bool = False  # the final delta of a pin request: its prefix is pinned (rid = pin id)
+    pin_error: str | None = None  # ... or why the pin was refused
 
 
 # --- worker -> scheduler at start-up ------------------------------------------------------------
@@ -190,7 +196,8 @@ class DslReply(msgspec.Struct, frozen=True, tag=True):
     error: str | None = None
     info: dict = {}
     samples: list[DslSample] = []
-    pin_id: int = -1  # generate with pin: what to send back in op "unpin"
+    pin_id: int = -1  # generate with pin: what to send back in op "unpin" (-1: not pinned)
+    pin_error: str | None = None  # generate with pin: why it was not pinned (the pin budget)
     choices: list[DslChoice] = []  # op "score"
 
 

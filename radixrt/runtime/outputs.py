@@ -25,6 +25,8 @@ class RequestOutput:
     samples: list[CompletionOutput]
     cached_tokens: int = 0  # prompt tokens served from the radix cache
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    pinned: bool = False  # submitted with pin=True and its prefix is now pinned (unpin(rid))
+    pin_error: str | None = None  # submitted with pin=True and the pin was refused: why
 
     @property
     def text(self) -> str:
@@ -67,3 +69,7 @@ class StreamChunk:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     cached_tokens: int = 0  # prompt tokens served from the radix cache
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # on the first chunk
+    queue_s: float = -1.0  # the first chunk: seconds queued before admission, ...
+    prefill_s: float = -1.0  # ... and from admission to the first token (-1 on other chunks)
+    pinned: bool = False  # the final chunk of a pin=True request: its prefix is pinned
+    pin_error: str | None = None  # ... or why the pin was refused

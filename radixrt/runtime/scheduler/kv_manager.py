@@ -133,18 +133,33 @@ class KVManager:
         req.pages = []
         req.kv_len = 0
 
-    def pin(self, req: Request) -> RadixNode | None:
-        """Cache the request's computed prefix and take one more lock on it, held until unpin.
-        Returns the locked node (None when the radix cache is off or nothing was cached)."""
+    def pin(self, req: Request, held: Iterable[RadixNode], budget_tokens: int) -> RadixNode | None:
+        """Cache the request's computed prefix and take one more lock on it, held until unpin,
+        if the pinned prefixes (`held` and this one, shared tokens counted once) stay within
+        `budget_tokens`. Returns the locked node; None when the radix cache is off, nothing
+        was cached or the budget refused it (the prefix then stays cached, evictable)."""
         self.cache_prefix(req)
         node = req.tree_node
-        if node is None:
+        if node is None or self.pinned_tokens([*held, node]) > budget_tokens:
             return None
         self.tree.lock(node)
         return node
 
     def unpin(self, node: RadixNode) -> None:
         self.tree.unlock(node)
+
+    @staticmethod
+    def pinned_tokens(nodes: Iterable[RadixNode]) -> int:
+        """Tokens on the tree paths of these nodes, a token shared by several counted once."""
+        seen: set[int] = set()
+        total = 0
+        for node in nodes:
+            at: RadixNode | None = node
+            while at is not None and not at.is_root and id(at) not in seen:
+                seen.add(id(at))
+                total += len(at.key)
+                at = at.parent
+        return total
 
     def share(self, parent: Request, child: Request) -> None:
         """n > 1: the child starts with all the parent's pages, the partial last one too."""

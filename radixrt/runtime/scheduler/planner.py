@@ -10,6 +10,7 @@ them. Pure bookkeeping: no tensors.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 from radixrt.runtime.config import IN_BATCH_PREFIX_MIN, PLACEHOLDER_TOKEN, EngineConfig
@@ -134,6 +135,7 @@ class Planner:
                 self.kv.release(req, cache=False)
                 break
             if req.admitted_at < 0:
+                req.admitted_s = time.monotonic()
                 self.stats.prompt_tokens += len(req.prompt_ids)
                 self.stats.cached_tokens += req.kv_len - chunk
                 req.cached_len = req.kv_len - chunk

@@ -181,12 +181,14 @@ class SchedulerService:
         s = self.scheduler.stats_dict()
         rate = (s["generated_tokens"] - self._last_generated) / (now - self._last_log)
         self._last_log, self._last_generated = now, s["generated_tokens"]
-        if s["running"] or s["waiting"] or rate:
+        if s["running"] or s["waiting"] or rate or s["pinned"]:
             used = 1.0 - (s["kv_free"] + s["kv_evictable"]) / s["kv_total"]
             log.info(
                 "running %d, waiting %d, swapped %d | KV used %.1f%% (cached %d tokens) | "
+                "pinned %d (%d tokens, %d refused) | preemptions %d (%d swaps) | "
                 "cache hit rate %.1f%% | %.1f tokens/s",
                 s["running"], s["waiting"], s["swapped"], 100 * used, s["kv_evictable"],
+                s["pinned"], s["pinned_tokens"], s["pins_refused"], s["preemptions"], s["swaps"],
                 100 * s["cache_hit_rate"], rate,
             )
 

@@ -30,6 +30,7 @@ class Request:
     seed_offset: int = 0  # which of the n samples of its prompt this request is
     parent_rid: int | None = None  # set on the n children of an n > 1 request
     pin: bool = False  # on a normal finish, keep its prefix locked in the tree until unpinned
+    pin_error: str | None = None  # why a pin was refused (the pin budget)
     output_ids: list[int] = field(default_factory=list)
     phase: Phase = Phase.WAITING
     # KV bookkeeping (owned by KVManager)
@@ -38,6 +39,9 @@ class Request:
     cached_len: int = 0  # prompt tokens served from the radix cache at (first) admission
     tree_node: RadixNode | None = None  # deepest radix node this request holds a lock on
     admitted_at: int = -1  # admission counter: preemption picks the most recent
+    # monotonic seconds: when it was queued and first admitted (for the queue / prefill times)
+    submitted_s: float = 0.0
+    admitted_s: float = -1.0
     num_preemptions: int = 0
     kv_len_swapped: int = 0  # positions whose K/V sits in host memory while SWAPPED
     prompt_logprobs_done: bool = False

@@ -21,6 +21,7 @@ de-duplicate, and `needs_sync` (overlap: fold the step in flight in before plann
 from __future__ import annotations
 
 import itertools
+import time
 from collections.abc import Sequence
 
 from radixrt.runtime.messages import OutputDelta
@@ -33,8 +34,10 @@ NORMAL_ENDINGS = ("stop", "length")  # endings that keep a pinned request's pref
 
 
 class RequestTable:
-    def __init__(self, kv: KVManager) -> None:
+    def __init__(self, kv: KVManager, pin_budget_tokens: int) -> None:
         self.kv = kv
+        self.pin_budget_tokens = pin_budget_tokens  # pins may keep at most this many locked
+        self.pins_refused = 0
         self.requests: dict[int, Request] = {}
         self.waiting: list[Request] = []
         self.running: list[Request] = []  # admission order
@@ -70,6 +73,7 @@ class RequestTable:
         if req.rid < 0 or req.rid in self.requests:
             raise ValueError(f"request id {req.rid} is negative or already in use")
         self.requests[req.rid] = req
+        req.submitted_s = time.monotonic()
         self.waiting.append(req)
 
     def start(self, req: Request) -> None:
@@ -94,14 +98,25 @@ class RequestTable:
         elif req.phase is Phase.RUNNING:
             self.running.remove(req)
             if req.pin and reason in NORMAL_ENDINGS:
-                node = self.kv.pin(req)
-                if node is not None:
-                    self.pins[req.rid] = node
+                self._pin(req)
             self.kv.release(req, cache=reason != FORKED)
             if reason != FORKED:
                 self.pending_free.append(req.rid)
         req.phase = Phase.FINISHED
         req.finish_reason = reason
+
+    def _pin(self, req: Request) -> None:
+        node = self.kv.pin(req, self.pins.values(), self.pin_budget_tokens)
+        if node is not None:
+            self.pins[req.rid] = node
+        elif req.tree_node is not None:  # cached, but past the budget
+            self.pins_refused += 1
+            req.pin_error = (
+                f"not pinned: the pinned prefixes would hold "
+                f"{self.kv.pinned_tokens([*self.pins.values(), req.tree_node])} KV tokens, past "
+                f"the pin budget of {self.pin_budget_tokens} (--max-pinned-fraction of the "
+                f"{self.kv.capacity_tokens}-token pool); the prefix stays cached but evictable. "
+                "Unpin (join) earlier pins, or raise --max-pinned-fraction")
 
     def fail(self, req: Request, message: str) -> None:
         """End with an error outside any step's results (reported by the next step)."""
@@ -169,6 +184,8 @@ class RequestTable:
             lps = req.output_logprobs[req.num_sent : known] if req.params.wants_logprobs else []
             req.num_sent = known
             parent = self.requests.get(owner) if req.parent_rid is not None else req
+            timed = parent if parent is not None else req
+            timings = first and new and timed.admitted_s >= 0
             index = req.seed_offset if req.parent_rid is not None or req.params.n == 1 else -1
             deltas.append(
                 OutputDelta(
@@ -180,6 +197,10 @@ class RequestTable:
                     finish_reason=req.finish_reason,
                     cached_tokens=parent.cached_len if parent is not None else req.cached_len,
                     prompt_logprobs=list(parent.prompt_logprobs) if first and parent else [],
+                    queue_s=timed.admitted_s - timed.submitted_s if timings else -1.0,
+                    prefill_s=time.monotonic() - timed.admitted_s if timings else -1.0,
+                    pinned=req.finished and req.rid in self.pins,
+                    pin_error=req.pin_error if req.finished else None,
                 )
             )
             if req.finished:

@@ -41,7 +41,8 @@ class Scheduler:
         self.kv = KVManager(num_pages, config.page_size, config.disable_radix_cache)
         self.policy = make_policy(config.schedule_policy)
         self.stats = SchedulerStats()
-        self.table = RequestTable(self.kv)
+        self.table = RequestTable(
+            self.kv, int(config.max_pinned_fraction * self.kv.capacity_tokens))
         self.planner = Planner(config, self.table, self.kv, self.policy, self.stats,
                                context_length)
         self.folder = ResultFolder(self.table, self.kv, self.stats, context_length,
@@ -205,5 +206,8 @@ class Scheduler:
             "preemptions": s.preemptions,
             "swaps": s.swaps,
             "pinned": len(self.table.pins),
+            "pinned_tokens": self.kv.pinned_tokens(self.table.pins.values()),
+            "pin_budget_tokens": self.table.pin_budget_tokens,
+            "pins_refused": self.table.pins_refused,
             "disable_radix_cache": self.kv.disable_radix_cache,
         }

@@ -17,25 +17,23 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from radixrt.runtime.config import MAX_PINS_PER_RENEWAL, PIN_LEASE_TTL_S, PIN_RENEWALS_PER_TTL
 from radixrt.runtime.messages import DslReply, DslRequest, DslSample
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.server.dsl_scoring import score_choices
 from radixrt.runtime.tokenizer.chat_roles import chat_roles
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
-from radixrt.runtime.tokenizer.pin_leases import PinLeases
+from radixrt.runtime.tokenizer.pin_leases import PinService
 
 log = logging.getLogger("radixrt.dsl")
 
 
 class DslEndpoint:
     def __init__(self, manager: TokenizerManager, addresses: list[str],
-                 api_key: str | None = None, pin_lease_ttl_s: float = PIN_LEASE_TTL_S) -> None:
+                 api_key: str | None = None, pins: PinService | None = None) -> None:
         """api_key: every request must carry it (the server's --api-key), or nothing runs.
-        pin_lease_ttl_s: a pin its client stops renewing is released this long after."""
+        pins: the process's pin leases (shared with the HTTP server)."""
         self.manager = manager
-        self.leases = PinLeases(pin_lease_ttl_s)
-        self._sweeper: asyncio.Task | None = None
+        self.pins = pins if pins is not None else PinService(manager)
         self._api_key = api_key.encode() if api_key is not None else None
         self._ctx = zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -52,19 +50,9 @@ class DslEndpoint:
 
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._serve())
-        self._sweeper = asyncio.create_task(self._sweep())
-
-    async def _sweep(self) -> None:
-        """Release the pins whose leases ran out (their clients died or went silent)."""
-        while True:
-            await asyncio.sleep(self.leases.ttl_s / PIN_RENEWALS_PER_TTL)
-            for pin_id in self.leases.take_expired():
-                log.warning("pin %d: its lease expired (the client stopped renewing); released",
-                            pin_id)
-                await self.manager.unpin(pin_id)
 
     async def close(self) -> None:
-        for task in [self._loop_task, self._sweeper, *self._calls.values()]:
+        for task in [self._loop_task, *self._calls.values()]:
             if task is not None:
                 task.cancel()
         self._sock.close(linger=0)
@@ -123,18 +111,15 @@ class DslEndpoint:
     async def _info(self, identity: bytes, req: DslRequest) -> None:
         info = await self.manager.server_info()
         info["chat"] = self._chat
-        info["pin_lease_ttl_s"] = self.leases.ttl_s
+        info.update(self.pins.info())
         await self._reply(identity, DslReply(call_id=req.call_id, done=True, info=info))
 
     async def _unpin(self, identity: bytes, req: DslRequest) -> None:
-        if self.leases.release(req.pin_id):  # else its lease ran out: released already
-            await self.manager.unpin(req.pin_id)
+        await self.pins.release(req.pin_id)  # unknown: its lease ran out, released already
         await self._reply(identity, DslReply(call_id=req.call_id, done=True))
 
     async def _renew(self, identity: bytes, req: DslRequest) -> None:
-        if len(req.pin_ids) > MAX_PINS_PER_RENEWAL:
-            raise ValueError(f"renew at most {MAX_PINS_PER_RENEWAL} pins per call")
-        lost = self.leases.renew(req.pin_ids)
+        lost = self.pins.renew(req.pin_ids)
         await self._reply(identity, DslReply(call_id=req.call_id, done=True,
                                              info={"lost": lost}))
 
@@ -154,7 +139,7 @@ class DslEndpoint:
         ids = self.manager.encode(prompt)
         samples = [[[], [], [], None] for _ in range(params.n)]  # text, ids, logprobs, reason
         cached = 0
-        rid = -1
+        pin_id, pin_error = -1, None
         stream = self.manager.generate(ids, params, pin=req.pin)
         async with contextlib.aclosing(stream):
             async for chunk in stream:
@@ -164,7 +149,9 @@ class DslEndpoint:
                 lps.extend(chunk.logprobs)
                 samples[chunk.index][3] = chunk.finish_reason
                 cached = chunk.cached_tokens
-                rid = chunk.rid
+                if chunk.pinned:  # under a lease already (the pin service heard of it)
+                    pin_id = chunk.rid
+                pin_error = pin_error or chunk.pin_error
                 if req.stream:
                     await self._reply(identity, DslReply(
                         call_id=req.call_id, done=False, index=chunk.index, text=chunk.text,
@@ -176,13 +163,7 @@ class DslEndpoint:
             call_id=req.call_id, done=True, text=final[0].text,
             token_ids=final[0].token_ids, finish_reason=final[0].finish_reason,
             logprobs=final[0].logprobs, prompt_tokens=len(ids), cached_tokens=cached,
-            samples=final, pin_id=self._granted(rid) if req.pin else -1))
-
-    def _granted(self, rid: int) -> int:
-        """A finished pinned request's pin, now under a lease (-1: nothing was pinned)."""
-        if rid >= 0:
-            self.leases.grant(rid)
-        return rid
+            samples=final, pin_id=pin_id, pin_error=pin_error))
 
     async def _reply(self, identity: bytes, reply: DslReply) -> None:
         await self._sock.send_multipart([identity, self._encoder.encode(reply)])

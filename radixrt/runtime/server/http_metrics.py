@@ -1,7 +1,8 @@
 """Prometheus metrics of one HTTP app, in a registry of its own (never the global one).
 
 Gauges (running and waiting requests, KV usage, cache hit rate, preemptions by mode, pinned
-prefixes) are read from manager.server_info() at scrape time; latency histograms, token counters
+prefixes and tokens, pins refused) are read from manager.server_info() at scrape time, lease
+counts from the pin service; latency histograms (queue, prefill, TTFT, ITL, e2e), token counters
 and finish reasons are fed by the manager's on_finish callback, once per finished request;
 refused requests are counted by the app's error handlers, by status code.
 """
@@ -14,13 +15,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from radixrt.runtime.config import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
 from radixrt.runtime.tokenizer.manager_base import RequestMetrics, TokenizerManager
+from radixrt.runtime.tokenizer.pin_leases import PinService
 
 PREFIX = "radixrt"
 
 
 class HTTPMetrics:
-    def __init__(self, manager: TokenizerManager) -> None:
+    def __init__(self, manager: TokenizerManager, pins: PinService) -> None:
         self.manager = manager
+        self.pins = pins
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.running = Gauge(f"{PREFIX}_num_running_requests", "Requests decoding now", registry=r)
@@ -32,6 +35,12 @@ class HTTPMetrics:
         self.hit_rate = Gauge(f"{PREFIX}_cache_hit_rate",
                               "Prompt tokens served from the radix cache / prompt tokens",
                               registry=r)
+        self.queue_time = Histogram(f"{PREFIX}_queue_time_seconds",
+                                    "Submission to first admission (the scheduler's clock)",
+                                    buckets=TTFT_BUCKETS, registry=r)
+        self.prefill_time = Histogram(f"{PREFIX}_prefill_time_seconds",
+                                      "First admission to first token (the scheduler's clock)",
+                                      buckets=TTFT_BUCKETS, registry=r)
         self.ttft = Histogram(f"{PREFIX}_time_to_first_token_seconds", "Time to first token",
                               buckets=TTFT_BUCKETS, registry=r)
         self.itl = Histogram(f"{PREFIX}_inter_token_latency_seconds",
@@ -55,7 +64,16 @@ class HTTPMetrics:
                                  "Requests preempted for KV so far, by mode", ["mode"],
                                  registry=r)
         self.pinned = Gauge(f"{PREFIX}_pinned_prefixes",
-                            "Prefixes pinned in the radix cache (DSL forks)", registry=r)
+                            "Prefixes pinned in the radix cache (DSL forks, HTTP pins)",
+                            registry=r)
+        self.pinned_tokens = Gauge(f"{PREFIX}_pinned_tokens",
+                                   "KV tokens the pins keep locked (shared ones once)", registry=r)
+        self.pins_refused = Gauge(f"{PREFIX}_pins_refused",
+                                  "Pins refused by the pin budget so far", registry=r)
+        self.leases = Gauge(f"{PREFIX}_pin_leases", "Pin leases held", registry=r)
+        self.leases_expired = Gauge(f"{PREFIX}_pin_leases_expired",
+                                    "Pin leases that ran out (their clients stopped renewing)",
+                                    registry=r)
         manager.on_finish(self.record)
 
     def record(self, m: RequestMetrics) -> None:
@@ -64,6 +82,9 @@ class HTTPMetrics:
         self.requests.inc()
         for reason in m.finish_reasons:
             self.finished.labels(reason="error" if reason.startswith("error") else reason).inc()
+        if m.queue is not None and m.prefill is not None:
+            self.queue_time.observe(m.queue)
+            self.prefill_time.observe(m.prefill)
         if m.first_token is None:
             return
         self.ttft.observe(m.first_token - m.arrival)
@@ -92,6 +113,10 @@ class HTTPMetrics:
         self.preemptions.labels(mode="swap").set(swaps)
         self.preemptions.labels(mode="recompute").set(info.get("preemptions", 0) - swaps)
         self.pinned.set(info.get("pinned", 0))
+        self.pinned_tokens.set(info.get("pinned_tokens", 0))
+        self.pins_refused.set(info.get("pins_refused", 0))
+        self.leases.set(len(self.pins))
+        self.leases_expired.set(self.pins.expired_total)
 
     def reject(self, status: int) -> None:
         """An error handler refused a request with this status."""

@@ -3,18 +3,21 @@
     app = create_app(manager, api_key=None)   # serve with uvicorn
 
 OpenAI API: POST /v1/completions, POST /v1/chat/completions, GET /v1/models.
-Native: POST /generate, POST /abort, POST /flush_cache, GET /server_info.
+Native: POST /generate, POST /abort, POST /unpin, POST /renew_pins, POST /flush_cache,
+GET /server_info.
 Operations: GET /health (no auth, no work), GET /health_generate (generates one token),
 GET /metrics (Prometheus text).
 
-Every refusal is an HTTP 4xx in OpenAI's error format; only pure ASGI middleware is used, so a
-client that disconnects is noticed and its request aborted.
+Every refusal is an HTTP 4xx in OpenAI's error format (a body past MAX_REQUEST_BODY_BYTES: 413);
+an internal error is a 500 in the same format that leaves the connection usable. Only pure ASGI
+middleware is used, so a client that disconnects is noticed and its request aborted.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import logging
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Request
@@ -23,12 +26,22 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from radixrt.runtime.config import HEALTH_GENERATE_TIMEOUT_S, INT64_MAX, INT64_MIN
+from radixrt.runtime.config import (
+    HEALTH_GENERATE_TIMEOUT_S,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_REQUEST_BODY_BYTES,
+)
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.server.http_metrics import HTTPMetrics
-from radixrt.runtime.server.http_native import GenerateRequest, NativeServing
+from radixrt.runtime.server.http_native import (
+    GenerateRequest,
+    NativeServing,
+    RenewPinsBody,
+    UnpinBody,
+)
 from radixrt.runtime.server.http_streaming import ClientGone
 from radixrt.runtime.server.openai_protocol import (
     APIError,
@@ -39,6 +52,7 @@ from radixrt.runtime.server.openai_protocol import (
 from radixrt.runtime.server.openai_serving import OpenAIServing, model_card
 from radixrt.runtime.tokenizer.chat_roles import chat_roles
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
+from radixrt.runtime.tokenizer.pin_leases import PinService
 
 UNAUTHENTICATED_PATHS = frozenset({"/health"})
 # What a field of a union type must be (pydantic reports one error per alternative).
@@ -50,6 +64,7 @@ FIELD_HINTS = {
                 "\"text\": ...}]} objects",
 }
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"
+log = logging.getLogger("radixrt.http")
 
 
 class AbortRequest(BaseModel):
@@ -57,14 +72,19 @@ class AbortRequest(BaseModel):
     rid: Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)] | Annotated[str, Field(max_length=128)]
 
 
-def create_app(manager: TokenizerManager, api_key: str | None = None) -> FastAPI:
+def create_app(manager: TokenizerManager, api_key: str | None = None,
+               pins: PinService | None = None) -> FastAPI:
+    """pins: the process's pin leases, shared with the DSL endpoint (made here if not given)."""
+    pins = pins if pins is not None else PinService(manager)
     app = FastAPI(title="radixrt", docs_url=None, redoc_url=None, openapi_url=None)
-    metrics = HTTPMetrics(manager)
+    metrics = HTTPMetrics(manager, pins)
     install_error_handlers(app, metrics)
+    app.add_middleware(BodyLimit, max_bytes=MAX_REQUEST_BODY_BYTES)
     if api_key:
         app.add_middleware(BearerAuth, api_key=api_key)
+    app.add_middleware(InternalErrors, metrics=metrics)  # the outermost: catches the others'
     add_openai_routes(app, OpenAIServing(manager), manager)
-    add_native_routes(app, NativeServing(manager), manager)
+    add_native_routes(app, NativeServing(manager), manager, pins)
     add_operations_routes(app, manager, metrics)
     return app
 
@@ -86,7 +106,8 @@ def add_openai_routes(app: FastAPI, serving: OpenAIServing, manager: TokenizerMa
         return {"object": "list", "data": [model_card(manager.model_name)]}
 
 
-def add_native_routes(app: FastAPI, serving: NativeServing, manager: TokenizerManager) -> None:
+def add_native_routes(app: FastAPI, serving: NativeServing, manager: TokenizerManager,
+                      pins: PinService) -> None:
     @app.post("/generate")
     async def generate(body: GenerateRequest, request: Request) -> Response:
         return await serving.generate(body, request)
@@ -96,6 +117,15 @@ def add_native_routes(app: FastAPI, serving: NativeServing, manager: TokenizerMa
         aborted = await manager.abort(body.rid)
         return {"status": "ok", "rid": body.rid, "aborted": aborted}
 
+    @app.post("/unpin")
+    async def unpin(body: UnpinBody) -> dict[str, Any]:
+        released = await pins.release(body.pin_id)  # False: its lease ran out already
+        return {"status": "ok", "pin_id": body.pin_id, "released": released}
+
+    @app.post("/renew_pins")
+    async def renew_pins(body: RenewPinsBody) -> dict[str, Any]:
+        return {"status": "ok", "lost": pins.renew(body.pin_ids), "ttl_s": pins.ttl_s}
+
     @app.post("/flush_cache")
     async def flush_cache() -> dict[str, Any]:
         return {"status": "ok", "freed_tokens": await manager.flush_cache()}
@@ -104,6 +134,7 @@ def add_native_routes(app: FastAPI, serving: NativeServing, manager: TokenizerMa
     async def server_info() -> dict[str, Any]:
         info = await manager.server_info()
         info["chat"] = chat_roles(manager.tokenizer)  # role markers, for DSL clients
+        info.update(pins.info())
         return info
 
 
@@ -157,6 +188,8 @@ def install_error_handlers(app: FastAPI, metrics: HTTPMetrics) -> None:
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
+        if isinstance(exc.__cause__, BodyTooLarge):  # FastAPI wraps errors of body reading
+            return await on_body_too_large(request, exc.__cause__)
         if exc.status_code < 500:
             metrics.reject(exc.status_code)
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
@@ -166,22 +199,22 @@ def install_error_handlers(app: FastAPI, metrics: HTTPMetrics) -> None:
     async def on_client_gone(request: Request, exc: Exception) -> Response:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
 
-    async def on_unexpected(request: Request, exc: Exception) -> Response:
-        message = f"internal error: {type(exc).__name__}: {exc}"
-        return JSONResponse(error_body(message, "server_error"), status_code=500)
+    async def on_body_too_large(request: Request, exc: Exception) -> Response:
+        metrics.reject(413)
+        return JSONResponse(error_body(str(exc), code="request_too_large"), status_code=413)
 
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(ClientGone, on_client_gone)
-    app.add_exception_handler(Exception, on_unexpected)
+    app.add_exception_handler(BodyTooLarge, on_body_too_large)
 
 
 def describe_validation_errors(errors: Any) -> tuple[str, str | None]:
     """pydantic's errors as one message that says what to fix, and the first bad field."""
     parts: list[str] = []
     fields: list[str] = []
-    for error in errors:
+    for error in prefer_value_errors(errors):
         loc = [str(p) for p in error.get("loc", ()) if p != "body" and not is_type_tag(p)]
         if error.get("type") == "json_invalid":
             return f"the request body is not valid JSON: {error.get('ctx', {}).get('error')}", None
@@ -198,6 +231,16 @@ def describe_validation_errors(errors: Any) -> tuple[str, str | None]:
         else:
             parts.append(f"{'.'.join(loc)}: {error.get('msg')}{got_text}")
     return "invalid request: " + "; ".join(parts), fields[0] if fields else None
+
+
+def prefer_value_errors(errors: Any) -> list[Any]:
+    """A union reports one error per alternative: where the value had the right type for one of
+    them (a list too long, say) that error says what to fix, so it goes before the others'
+    "should be a valid string"."""
+    def is_type_error(error: Any) -> bool:
+        return str(error.get("type", "")).endswith("_type")
+
+    return sorted(errors, key=is_type_error)
 
 
 def is_type_tag(part: Any) -> bool:
@@ -229,3 +272,87 @@ class BearerAuth:
         response = JSONResponse(body, status_code=401,
                                 headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)
+
+
+# --- body size and internal errors -------------------------------------------------------------
+
+
+class BodyTooLarge(Exception):
+    def __init__(self, max_bytes: int) -> None:
+        super().__init__(f"the request body is larger than {max_bytes} bytes: send less "
+                         "(split a batch of prompts, shorten the prompt)")
+
+
+class BodyLimit:
+    """Pure ASGI middleware: a request body past `max_bytes` is refused with 413, before the app
+    sees it when Content-Length says so, else as soon as the bytes read pass the limit. The rest
+    of the body is read and dropped (never kept), so the connection stays usable."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        if declared.isdigit() and int(declared) > self.max_bytes:
+            await self.drain(receive, {"more_body": True})
+            exc = BodyTooLarge(self.max_bytes)
+            response = JSONResponse(error_body(str(exc), code="request_too_large"),
+                                    status_code=413)
+            await response(scope, receive, send)
+            return
+        seen = 0
+
+        async def counted() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.max_bytes:
+                    await self.drain(receive, message)
+                    raise BodyTooLarge(self.max_bytes)
+            return message
+
+        await self.app(scope, counted, send)
+
+    @staticmethod
+    async def drain(receive: Receive, message: Message) -> None:
+        while message.get("more_body", False):
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+
+
+class InternalErrors:
+    """Pure ASGI middleware: an unexpected exception (a bug) becomes a 500 with an OpenAI-style
+    body and a logged traceback, and is not re-raised, so the server (which closes a connection
+    whose app raised) keeps the client's connection open. Mid-stream, the stream is cut."""
+
+    def __init__(self, app: ASGIApp, metrics: HTTPMetrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watched(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watched)
+        except Exception as exc:
+            log.exception("internal error serving %s %s", scope.get("method"), scope.get("path"))
+            if started:
+                raise
+            self.metrics.reject(500)
+            message = f"internal error: {type(exc).__name__}: {exc}"
+            response = JSONResponse(error_body(message, "server_error"), status_code=500)
+            await response(scope, receive, send)

@@ -56,11 +56,12 @@ class PrimedStream:
 
 
 async def open_stream(
-    manager: TokenizerManager, ids: list[int], params: SamplingParams, rid_hint: str | None
+    manager: TokenizerManager, ids: list[int], params: SamplingParams, rid_hint: str | None,
+    pin: bool = False,
 ) -> PrimedStream:
     """Submit and wait for the first chunk: a refusal (ValueError, or an "error: ..." finish
     before any output) raises APIError 400 while the HTTP response can still say so."""
-    source = manager.generate(ids, params, rid_hint)
+    source = manager.generate(ids, params, rid_hint, pin=pin)
     try:
         first = await source.__anext__()
     except StopAsyncIteration:
@@ -82,10 +83,11 @@ async def open_streams(
     ids_list: Sequence[list[int]],
     params_list: Sequence[SamplingParams],
     rid_hint: str | None,
+    pin: bool = False,
 ) -> list[PrimedStream]:
     """Submit several prompts concurrently (so they batch); if one is refused or the caller is
     cancelled, close the ones already open."""
-    tasks = [asyncio.ensure_future(open_stream(manager, ids, p, rid_hint))
+    tasks = [asyncio.ensure_future(open_stream(manager, ids, p, rid_hint, pin))
              for ids, p in zip(ids_list, params_list)]
     try:
         await asyncio.wait(tasks)
@@ -159,6 +161,8 @@ class PromptOutput:
     samples: list[SampleOutput]
     cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # when asked for
+    pinned: bool = False  # asked to pin: the prefix is pinned (its rid is the pin id) ...
+    pin_error: str | None = None  # ... or why not
 
     def add(self, chunk: StreamChunk) -> None:
         sample = self.samples[chunk.index]
@@ -169,6 +173,8 @@ class PromptOutput:
         self.cached_tokens = max(self.cached_tokens, chunk.cached_tokens)
         if chunk.prompt_logprobs:
             self.prompt_logprobs = list(chunk.prompt_logprobs)
+        self.pinned = self.pinned or chunk.pinned
+        self.pin_error = self.pin_error or chunk.pin_error
 
     def drop_generated(self) -> None:
         """Forget what the samples generated (a prompt-scoring request: max_tokens=0)."""

@@ -8,11 +8,16 @@ and value-checked by SamplingParams, whose ValueError messages become HTTP 400s.
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from radixrt.runtime.config import DEFAULT_MAX_TOKENS, MAX_TOP_LOGPROBS
+from radixrt.runtime.config import (
+    DEFAULT_MAX_TOKENS,
+    MAX_CONTENT_PARTS,
+    MAX_NAME_CHARS,
+    MAX_TOP_LOGPROBS,
+)
 from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.sampling_params import SamplingParams
 
@@ -66,7 +71,7 @@ class ResponseFormat(BaseModel):
 class SamplingFields(BaseModel):
     """The fields both endpoints share. None means "not given": SamplingParams' default."""
 
-    model: str
+    model: str = Field(max_length=MAX_NAME_CHARS)
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -83,7 +88,7 @@ class SamplingFields(BaseModel):
     stream_options: StreamOptions | None = None
     ignore_eos: bool | None = None
     min_tokens: int | None = None
-    user: str | None = None
+    user: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     response_format: ResponseFormat | None = None
     # constrained decoding beyond response_format (as SGLang's and vLLM's servers take them)
     regex: str | None = None
@@ -108,8 +113,8 @@ class ContentPart(BaseModel):
 
 class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | list[ContentPart]
-    name: str | None = None
+    content: str | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)]
+    name: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
 
     def as_template_dict(self) -> dict[str, str]:
         content = self.content

@@ -10,7 +10,12 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from radixrt.runtime.config import MODEL_ALIAS
+from radixrt.runtime.config import (
+    MAX_CHAT_MESSAGES,
+    MAX_PROMPTS_PER_REQUEST,
+    MAX_SAMPLES_PER_REQUEST,
+    MODEL_ALIAS,
+)
 from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
@@ -111,6 +116,10 @@ class OpenAIServing:
         prompts = split_prompts(body.prompt)
         ids_list = [self.encode(p, "prompt") for p in prompts]
         params = [self.completion_params(body, ids) for ids in ids_list]
+        if len(prompts) * params[0].n > MAX_SAMPLES_PER_REQUEST:
+            raise APIError(f"{len(prompts)} prompts x n={params[0].n} make "
+                           f"{len(prompts) * params[0].n} samples; one request may ask for at "
+                           f"most {MAX_SAMPLES_PER_REQUEST}: split it", param="n")
         echoes = [self.echo_of(body, p, ids) for p, ids in zip(prompts, ids_list)]
         rid = f"cmpl-{uuid.uuid4().hex}"
         n = params[0].n
@@ -199,6 +208,9 @@ class OpenAIServing:
         self.check_model(body.model)
         if not body.messages:
             raise APIError("messages is empty: send at least one message", param="messages")
+        if len(body.messages) > MAX_CHAT_MESSAGES:
+            raise APIError(f"messages has {len(body.messages)} messages; at most "
+                           f"{MAX_CHAT_MESSAGES} are accepted", param="messages")
         if body.top_logprobs and not body.logprobs:
             raise APIError("top_logprobs needs logprobs=true", param="top_logprobs")
         ids = self.encode([m.as_template_dict() for m in body.messages], "messages")
@@ -271,6 +283,9 @@ def split_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list
         raise APIError("prompt is empty: give text, token ids or a list of them", param="prompt")
     if isinstance(prompt[0], int):
         return [prompt]  # type: ignore[list-item]
+    if len(prompt) > MAX_PROMPTS_PER_REQUEST:
+        raise APIError(f"prompt is a list of {len(prompt)} prompts; one request may batch at "
+                       f"most {MAX_PROMPTS_PER_REQUEST}: split it", param="prompt")
     return list(prompt)  # type: ignore[arg-type]
 
 

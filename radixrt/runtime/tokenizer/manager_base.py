@@ -27,12 +27,16 @@ class RequestMetrics:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    queue: float | None = None  # submission to first admission, as the scheduler measured it
+    prefill: float | None = None  # first admission to first token
     inter_token: list[float] = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)  # one per sample, as they end
 
     def record(self, chunk: StreamChunk, now: float) -> None:
         """Account for one streamed chunk."""
         self.cached_tokens = chunk.cached_tokens
+        if self.queue is None and chunk.queue_s >= 0:
+            self.queue, self.prefill = chunk.queue_s, chunk.prefill_s
         if chunk.finish_reason is not None:
             self.finish_reasons.append(chunk.finish_reason)
         if not chunk.token_ids:
@@ -88,7 +92,9 @@ class TokenizerManager(Protocol):
         rid_hint: str | None = None,
         pin: bool = False,
     ) -> AsyncIterator[StreamChunk]:
-        """Submit and stream. With pin, the finished prompt stays cached until `unpin(rid)`.
+        """Submit and stream. With pin, the finished prompt stays cached until `unpin(rid)`
+        when the final chunk says `pinned` (else its `pin_error` says why not); the on_pinned
+        callbacks hear of the pin even when the stream was closed before that chunk.
         Raises ValueError (before yielding anything) when the runtime
         refuses the request: prompt or max_tokens past the context, ids outside the vocabulary,
         bad params. Closing the iterator early (client gone) aborts the request and frees its
@@ -115,4 +121,9 @@ class TokenizerManager(Protocol):
 
     def on_finish(self, callback: Any) -> None:
         """Register callback(RequestMetrics) called once per finished request (for /metrics)."""
+        ...
+
+    def on_pinned(self, callback: Any) -> None:
+        """Register callback(rid), called once per request whose prefix the runtime pinned, as
+        soon as the manager learns of it (the pin service puts the pin under a lease)."""
         ...

@@ -35,6 +35,8 @@ class OutputTracker:
         this sample here (the caller then ends the request on the scheduler side)."""
         out = self.output
         out.cached_tokens = delta.cached_tokens
+        out.pinned = out.pinned or delta.pinned
+        out.pin_error = out.pin_error or delta.pin_error
         if delta.prompt_logprobs:
             out.prompt_logprobs = list(delta.prompt_logprobs)
         if delta.index < 0:  # n > 1 request that ended before it forked
@@ -68,5 +70,9 @@ class OutputTracker:
             logprobs=list(delta.logprobs),
             cached_tokens=delta.cached_tokens,
             prompt_logprobs=list(delta.prompt_logprobs),
+            queue_s=delta.queue_s,
+            prefill_s=delta.prefill_s,
+            pinned=delta.pinned,
+            pin_error=delta.pin_error,
         )
         return [chunk], stopped_here

@@ -1,15 +1,25 @@
-"""Pins as leases. A pinned prefix (a DSL fork's, a run_batch's traced prefix) stays locked in
-the radix tree only while its client keeps renewing it: each pin is granted for `ttl_s` seconds,
-every renewal extends it by as much, and a pin whose lease runs out is released by the server as
-if its client had unpinned it. A client that dies or goes silent so loses its pins within one
-TTL; a live one renews in the background and keeps them as long as it needs.
+"""Pins as leases. A pinned prefix (a DSL fork's, a run_batch's traced prefix, an HTTP
+`/generate` with `pin: true`) stays locked in the radix tree only while its client keeps renewing
+it: each pin is granted for `ttl_s` seconds, every renewal extends it by as much, and a pin whose
+lease runs out is released by the server as if its client had unpinned it. A client that dies or
+goes silent so loses its pins within one TTL; a live one renews in the background and keeps them
+as long as it needs.
 
-Pure bookkeeping over an injectable clock; the DSL endpoint grants, renews and sweeps."""
+`PinLeases` is pure bookkeeping over an injectable clock; `PinService` puts it to work for the
+DSL endpoint and the HTTP server alike (one per tokenizer process, so a pin is the same lease
+whichever way it was asked for)"""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+
+from radixrt.runtime.config import MAX_PINS_PER_RENEWAL, PIN_LEASE_TTL_S, PIN_RENEWALS_PER_TTL
+from radixrt.runtime.tokenizer.manager_base import TokenizerManager
+
+log = logging.getLogger("radixrt.pins")
 
 
 class PinLeases:
@@ -48,3 +58,70 @@ class PinLeases:
         for pin_id in gone:
             del self._expires[pin_id]
         return gone
+
+
+class PinService:
+    """The pins of one tokenizer process, whoever asked for them (DSL clients, HTTP clients):
+    grants a lease on each pin the runtime made, renews, releases, and sweeps the leases that
+    ran out (unpinning them through the manager). The sweep task starts with the first grant,
+    inside the event loop that serves the clients."""
+
+    def __init__(self, manager: TokenizerManager, ttl_s: float = PIN_LEASE_TTL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.manager = manager
+        self.leases = PinLeases(ttl_s, clock)
+        self.expired_total = 0  # leases that ran out (their clients stopped renewing)
+        self._sweeper: asyncio.Task | None = None
+        manager.on_pinned(self.grant)  # every pin is under a lease from the moment it is known
+
+    @property
+    def ttl_s(self) -> float:
+        return self.leases.ttl_s
+
+    def __len__(self) -> int:
+        return len(self.leases)
+
+    def info(self) -> dict[str, float | int]:
+        """For server_info: the lease length (clients renew more often), leases held, expired."""
+        return {"pin_lease_ttl_s": self.ttl_s, "pin_leases": len(self.leases),
+                "pin_leases_expired": self.expired_total}
+
+    def grant(self, pin_id: int) -> None:
+        self.leases.grant(pin_id)
+        if self._sweeper is None:
+            self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    def renew(self, pin_ids: Sequence[int]) -> list[int]:
+        """Extend these leases; returns the pins that are gone (expired or never granted)."""
+        if len(pin_ids) > MAX_PINS_PER_RENEWAL:
+            raise ValueError(f"renew at most {MAX_PINS_PER_RENEWAL} pins per call "
+                             f"(got {len(pin_ids)})")
+        return self.leases.renew(pin_ids)
+
+    async def release(self, pin_id: int) -> bool:
+        """The client unpins; False when the pin was unknown (its lease ran out already, or
+        it was never granted): nothing is unpinned twice."""
+        if not self.leases.release(pin_id):
+            return False
+        await self.manager.unpin(pin_id)
+        return True
+
+    async def sweep_once(self) -> list[int]:
+        """Unpin every pin whose lease ran out; returns them."""
+        gone = self.leases.take_expired()
+        for pin_id in gone:
+            log.warning("pin %d: its lease expired (the client stopped renewing); released",
+                        pin_id)
+            await self.manager.unpin(pin_id)
+        self.expired_total += len(gone)
+        return gone
+
+    async def _sweep(self) -> None:
+        while True:
+            await asyncio.sleep(self.ttl_s / PIN_RENEWALS_PER_TTL)
+            await self.sweep_once()
+
+    def close(self) -> None:
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None

@@ -54,6 +54,7 @@ class ZmqTokenizerManager:
         self._client_ids = ClientIds()
         self._call_ids = itertools.count()
         self._callbacks: list[Callable[[RequestMetrics], None]] = []
+        self._pin_callbacks: list[Callable[[int], None]] = []
         self._receiver: asyncio.Task | None = None
         self._grammar_dir = addrs.grammar_dir
         self._grammars: GrammarCompiler | None = None
@@ -103,7 +104,7 @@ class ZmqTokenizerManager:
         await self._send(SubmitRequest(rid=rid, prompt_ids=list(prompt_ids),
                                        params=params.to_dict(), pin=pin))
         try:
-            while not tracker.finished:
+            while not (tracker.finished and queue.empty()):  # a slow reader still gets all
                 item = await queue.get()
                 if isinstance(item, SubmitError):
                     refused = True
@@ -152,6 +153,9 @@ class ZmqTokenizerManager:
     def on_finish(self, callback: Callable[[RequestMetrics], None]) -> None:
         self._callbacks.append(callback)
 
+    def on_pinned(self, callback: Callable[[int], None]) -> None:
+        self._pin_callbacks.append(callback)
+
     # --- plumbing ------------------------------------------------------------------------
     async def _send(self, msg: Any) -> None:
         await self._out.sock.send(self._out.encode(msg))
@@ -182,6 +186,9 @@ class ZmqTokenizerManager:
 
     async def _apply(self, batch: DeltaBatch) -> None:
         for delta in batch.deltas:
+            if delta.pinned:  # leased at once, whether or not its client is still reading
+                for on_pinned in self._pin_callbacks:
+                    on_pinned(delta.rid)
             entry = self._streams.get(delta.owner)
             if entry is None:
                 continue
