@@ -143,3 +143,15 @@ async def _ready(pinned: Any) -> bool:
 async def _none(pinned: Any) -> bool:
     return await pinned() == 0
 
+
+
+def test_samples_that_end_on_the_same_step_all_get_their_last_chunk(trio: Trio) -> None:
+    """n = 2 whose samples finish together: the second used to lose its last token and its
+    finish_reason (the stream ended once the output was complete, chunks still queued)."""
+    for max_tokens in (1, 5):
+        params = SamplingParams(max_tokens=max_tokens, temperature=0.0, ignore_eos=True, n=2)
+        chunks = trio.run(read_all(trio.manager, params))
+        for index in (0, 1):
+            mine = [c for c in chunks if c.index == index]
+            assert sum(len(c.token_ids) for c in mine) == max_tokens, (index, chunks)
+            assert mine[-1].finish_reason == "length"
