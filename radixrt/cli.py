@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import fields
@@ -84,17 +85,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def as_flags(message: str, names: Sequence[str]) -> str:
+    """A config error in the words of the command line: `EngineConfig.page_size=3` and
+    `page_size=3` become `--page-size=3`."""
+    for name in sorted(names, key=len, reverse=True):
+        flag = "--" + name.replace("_", "-")
+        message = re.sub(rf"(EngineConfig\.)?\b{name}=", f"{flag}=", message)
+    return message
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "serve":
         from radixrt.runtime.launcher import ServerOptions, serve
+        from radixrt.runtime.worker.setup import check_config
 
         try:
             # every EngineConfig field with a flag of the same name (swap space has none)
             names = [f.name for f in fields(EngineConfig) if hasattr(args, f.name)]
             config = EngineConfig(**{name: getattr(args, name) for name in names})
-        except ValueError as exc:
-            print(f"radixrt serve: {exc}", file=sys.stderr)
+            check_config(config)  # the model, the device, the context length: before any process
+        except (ValueError, OSError) as exc:
+            print(f"radixrt serve: {as_flags(str(exc), names)}", file=sys.stderr)
             return 2
         if not 0 < args.pin_lease_ttl <= 86400:
             print(f"radixrt serve: --pin-lease-ttl={args.pin_lease_ttl} is invalid: use "

@@ -91,4 +91,5 @@ def make_engine(loaded_model: Any, overlap: bool) -> Iterator[Callable[..., Any]
         assert stats["running"] == 0 and stats["waiting"] == 0 and stats["swapped"] == 0
         assert stats["kv_private"] == 0 and stats["kv_locked"] == 0
         assert stats["kv_free"] + stats["kv_evictable"] == stats["kv_total"]
+        assert stats["outputs_held"] == 0, "outputs submitted and never taken"
         engine.close()

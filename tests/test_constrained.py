@@ -168,6 +168,31 @@ def test_grammar_state_survives_preemption(make_engine, preemption):
         jsonschema.validate(json.loads(out.text), digits)
 
 
+def test_rust_regex_syntax_is_accepted_and_enforced(make_engine):
+    r"""Patterns are checked by the engine that runs them (outlines-core, Rust regex syntax):
+    Unicode classes like \p{Lu} / \p{Ll}, which Python's re refuses, work and hold."""
+    import unicodedata
+
+    engine = make_engine()
+    params = SamplingParams(max_tokens=32, temperature=0.8, seed=3, n=3,
+                            regex=r"\p{Lu}\p{Ll}{2,6}( \p{Lu}\p{Ll}{2,6})?")
+    out = engine.generate("A name of a city: ", params)[0]
+    greedy = engine.generate("A name of a city: ", SamplingParams(
+        max_tokens=32, temperature=0, regex=params.regex))[0]
+    assert greedy.finish_reason == "stop"
+    for sample in [*out.samples, greedy.samples[0]]:
+        # a letter may take several tokens: a sample cut by max_tokens is a prefix of a match
+        whole = sample.finish_reason == "stop"
+        text = sample.text if whole else sample.text.rstrip("\ufffd")  # a character cut short
+        words = text.split(" ")
+        assert sample.finish_reason in ("stop", "length") and 1 <= len(words) <= 2, sample.text
+        for i, word in enumerate(words):
+            cut = not whole and i == len(words) - 1
+            assert (1 if cut else 3) <= len(word) <= 7, sample.text
+            assert unicodedata.category(word[0]) == "Lu", sample.text
+            assert all(unicodedata.category(c) == "Ll" for c in word[1:]), sample.text
+
+
 @pytest.mark.parametrize(("field", "value", "fragment"), [
     ("regex", "(ab", "unterminated"),
     ("regex", "[z-a]", "regex"),

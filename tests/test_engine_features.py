@@ -63,23 +63,23 @@ def test_n_samples_share_prompt_pages_and_copy_on_write(make_engine, hf_model, p
     params = SamplingParams(max_tokens=10, temperature=1.0, seed=1, ignore_eos=True,
                             logprobs=True, n=3)
     rid = engine.submit(prompt, params)
-    prompt_ids = list(engine._trackers[rid].output.prompt_token_ids)
+    forked: list[tuple[int, int]] = []  # (locked, private) KV while the 3 children run
+    while (out := engine.take_output(rid)) is None:
+        engine.step()
+        st = engine.stats()
+        if st["running"] == 3:
+            forked.append((st["kv_locked"], st["kv_private"]))
+    prompt_ids = list(out.prompt_token_ids)
     prompt_len = len(prompt_ids)
     if page_size > 1:
         assert prompt_len % page_size, "the prompt must end mid-page"
         assert prompt_len % page_size + params.max_tokens <= page_size  # decodes in that page
-    forked_seen = False
-    while not engine._trackers[rid].output.finished:
-        engine.step()
-        st = engine.stats()
-        if st["running"] == 3:
-            forked_seen = True
-            # the prompt's whole pages are stored once (in the tree, locked by all 3 children);
-            # privately each child holds only its copied partial page and its decode pages
-            full = prompt_len // page_size * page_size
-            assert st["kv_locked"] == full
-            assert st["kv_locked"] + st["kv_private"] < 3 * prompt_len
-    out = engine._trackers.pop(rid).output
+    # the prompt's whole pages are stored once (in the tree, locked by all 3 children);
+    # privately each child holds only its copied partial page and its decode pages
+    full = prompt_len // page_size * page_size
+    for locked, private in forked:
+        assert locked == full and locked + private < 3 * prompt_len
+    forked_seen = bool(forked)
     assert forked_seen
     assert len(out.samples) == 3 and out.cached_tokens == 0
     assert len({s.token_ids[0] for s in out.samples}) == 3  # they part at once
@@ -127,13 +127,11 @@ def test_abort_at_every_stage_frees_everything(make_engine):
     for rid in (waiting, prefilling, decoding):
         engine.abort(rid)
         engine.check_integrity()
-        assert engine._trackers[rid].output.finish_reason == "abort"
+        assert engine.take_output(rid).finish_reason == "abort"
     _drain(engine, 2)
     st = engine.stats()
     assert st["kv_private"] == 0 and st["kv_locked"] == 0
     assert engine.generate("Still works?", SamplingParams(max_tokens=3))[0].completion_tokens == 3
-    for rid in (waiting, prefilling, decoding):
-        engine._trackers.pop(rid)
 
 
 def test_stop_strings_are_trimmed(make_engine):
@@ -226,3 +224,24 @@ def test_input_errors_name_the_problem(make_engine):
     with pytest.raises(ValueError, match="vocabulary"):
         engine.generate([10**9], SamplingParams(max_tokens=2))
     assert engine.generate("hello", SamplingParams(max_tokens=2))[0].completion_tokens == 2
+
+
+def test_submitted_outputs_are_taken_once_and_then_forgotten(make_engine):
+    """After submit() and step(), take_output / take_finished hand each finished output over
+    once, equal to generate()'s; the Engine then holds nothing for it (it used to keep every
+    request's output tracker forever)."""
+    engine = make_engine()
+    params = SamplingParams(max_tokens=6, temperature=0)
+    prompts = ["The capital of France is", "1, 2, 3,", "Once upon a time"]
+    expected = [o.text for o in engine.generate(prompts, params)]
+    rids = [engine.submit(p, params) for p in prompts]
+    assert engine.take_output(rids[0]) is None  # not finished yet
+    assert engine.stats()["outputs_held"] == 3
+    while engine.stats()["running"] or engine.stats()["waiting"]:
+        engine.step()
+    first = engine.take_output(rids[0])
+    rest = engine.take_finished()
+    assert [first.text] + [o.text for o in sorted(rest, key=lambda o: o.rid)] == expected
+    assert engine.take_finished() == [] and engine.stats()["outputs_held"] == 0
+    with pytest.raises(KeyError, match="unknown to this Engine, or its output was taken"):
+        engine.take_output(rids[0])

@@ -630,9 +630,13 @@ def test_pool_pages() -> None:
 
 def test_resolve_device() -> None:
     assert resolve_device("cpu") == torch.device("cpu")
-    assert resolve_device("cuda:1") == torch.device("cuda", 1)  # named: taken as given
     auto = resolve_device("auto")
     assert auto == torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if count:
+        assert resolve_device(f"cuda:{count - 1}") == torch.device("cuda", count - 1)
+    with pytest.raises(ValueError, match=f"device='cuda:{count}'"):  # one past the last there
+        resolve_device(f"cuda:{count}")
 
 
 # --- executors ---------------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -25,6 +26,7 @@ LPM_FALLBACK_QUEUE_LEN = 128
 IN_BATCH_PREFIX_MIN = 32
 # Decode batches up to this size replay CUDA graphs (triton backend on CUDA); 0 disables them.
 DEFAULT_CUDA_GRAPH_MAX_BS = 128
+DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
 DEFAULT_MAX_PINNED_FRACTION = 0.5  # of the KV pool that pins (leases) may keep locked
 # Stands for a token a step in flight will sample (overlap scheduling); never reaches the worker.
 PLACEHOLDER_TOKEN = -1
@@ -114,6 +116,8 @@ class EngineConfig:
         def bad(field: str, value: Any, allowed: str) -> ValueError:
             return ValueError(f"EngineConfig.{field}={value!r} is invalid: {allowed}")
 
+        if not re.fullmatch(DEVICE_PATTERN, self.device):
+            raise bad("device", self.device, "use auto, cpu, cuda or cuda:N")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise bad("schedule_policy", self.schedule_policy, f"use one of {SCHEDULE_POLICIES}")
         if self.preemption not in PREEMPTION_MODES:

@@ -134,6 +134,24 @@ class Engine:
             delta = OutputDelta(rid=rid, owner=rid, index=-1, token_ids=[], finish_reason=reason)
             self._deliver(tracker.apply(delta)[0])
 
+    def take_output(self, rid: int) -> RequestOutput | None:
+        """The output of a request from submit(), once it has finished (the Engine then forgets
+        it: take each once); None while it still runs. KeyError: unknown, or taken already."""
+        tracker = self._trackers.get(rid)
+        if tracker is None or rid in self._queues:  # a stream owns the ones it started
+            raise KeyError(f"request {rid} is unknown to this Engine, or its output was taken")
+        if not tracker.finished:
+            return None
+        del self._trackers[rid]
+        return tracker.output
+
+    def take_finished(self) -> list[RequestOutput]:
+        """The outputs of every submitted request that has finished since the last call (each
+        once; requests streamed by generate_stream are not among them). An Engine driven by
+        submit() and step() holds each output until it is taken."""
+        done = [rid for rid, t in self._trackers.items() if t.finished and rid not in self._queues]
+        return [self._trackers.pop(rid).output for rid in done]
+
     def unpin(self, rid: int) -> bool:
         """Let the radix cache evict the prefix a pinned request kept; False if none was kept."""
         return self.scheduler.unpin(rid)
@@ -207,8 +225,10 @@ class Engine:
         self, prompt: Prompt, params: SamplingParams | None = None, pin: bool = False
     ) -> AsyncIterator[StreamChunk]:
         """Yield text as it is generated. Several streams may run at once in one event loop:
-        whichever is waiting drives the engine's steps. With pin, the final chunk says whether
-        the prefix was pinned; a stream closed before that chunk was taken unpins it."""
+        whichever is waiting drives the engine's steps, on the event loop's thread (a step
+        blocks the loop while it runs; with overlap=True the forward pass itself runs on the
+        worker thread, but planning and folding still run here). With pin, the final chunk says
+        whether the prefix was pinned; a stream closed before that chunk was taken unpins it."""
         rid = self.submit(prompt, params, pin=pin)
         tracker = self._trackers[rid]
         queue: asyncio.Queue[StreamChunk] = asyncio.Queue()
@@ -247,5 +267,7 @@ class Engine:
         return self.scheduler.flush_cache()
 
     def stats(self) -> dict[str, Any]:
-        """Pool counters (tokens), cache hit rate, steps, preemptions."""
-        return self.scheduler.stats_dict()
+        """Pool counters (tokens), cache hit rate, steps, preemptions; outputs_held: the
+        submitted requests whose outputs the Engine still holds (running, or finished and not
+        taken yet)."""
+        return {**self.scheduler.stats_dict(), "outputs_held": len(self._trackers)}

@@ -71,14 +71,14 @@ class GrammarCompiler:
     def validate(self, constraint: Constraint) -> str:
         """The regex of a constraint, checked for syntax. Raises ValueError naming the problem."""
         regex = to_regex(constraint)
-        try:  # Python's parser names the problem better; outlines-core has the final word
-            re.compile(regex)
-        except re.error as exc:
-            raise ValueError(f"{constraint[0]} {_short(constraint[1])} is invalid: {exc}") from None
-        try:
+        what = f"{constraint[0]} {_short(constraint[1])}"
+        try:  # the engine that will run it decides (Rust regex syntax: \p{L} is fine) ...
             Index(regex, self._byte_vocab)
         except (ValueError, RuntimeError) as exc:
-            what = f"{constraint[0]} {_short(constraint[1])}"
+            try:  # ... and where both refuse it, Python's parser names the problem better
+                re.compile(regex)
+            except re.error as py_exc:
+                raise ValueError(f"{what} is invalid: {py_exc}") from None
             raise ValueError(f"{what} cannot be compiled: {exc}") from None
         return regex
 

@@ -77,11 +77,8 @@ def load_model(
         raise ValueError(f"load_format={load_format!r} is invalid: use 'auto' or 'dummy'")
     attention_backend = resolve_attention_backend(attention_backend, dev)
 
-    if model == DEFAULT_MODEL or model.endswith(".gguf"):
-        if model == DEFAULT_MODEL:
-            folder, fname = default_model_path()
-        else:
-            folder, fname = os.path.split(os.path.abspath(model))
+    folder, fname = resolve_model_path(model)
+    if fname is not None:
         path = os.path.join(folder, fname)
         gf = GGUFFile(path)
         config = gguf_config(gf)
@@ -89,10 +86,6 @@ def load_model(
         net = _build(config, torch_dtype, dev, attention_backend, weights)
         return LoadedModel(net, config, load_gguf_tokenizer(path), folder, fname)
 
-    if not os.path.isdir(model):
-        raise FileNotFoundError(
-            f"model={model!r} is neither 'default', a .gguf file nor a checkpoint folder"
-        )
     config = hf_config(model)
     weights = None if load_format == "dummy" else iter_safetensors_weights(model)
     net = _build(config, torch_dtype, dev, attention_backend, weights)
@@ -136,13 +129,27 @@ def resolve_model_path(model: str) -> tuple[str, str | None]:
     if model == DEFAULT_MODEL:
         return default_model_path()
     if model.endswith(".gguf"):
+        if not os.path.isfile(model):
+            raise FileNotFoundError(f"model={model!r}: no such GGUF file")
         folder, fname = os.path.split(os.path.abspath(model))
         return folder, fname
     if not os.path.isdir(model):
         raise FileNotFoundError(
-            f"model={model!r} is neither 'default', a .gguf file nor a checkpoint folder"
+            f"model={model!r} is neither 'default', a .gguf file nor a checkpoint folder "
+            "(local paths only: nothing is downloaded)"
         )
+    if not os.path.isfile(os.path.join(model, "config.json")):
+        raise FileNotFoundError(f"model={model!r}: the folder has no config.json")
     return model, None
+
+
+def inspect_model(model: str) -> ModelConfig:
+    """The model's config from its metadata only (GGUF header or config.json), no weights:
+    raises FileNotFoundError / ValueError with one line saying what is wrong."""
+    folder, fname = resolve_model_path(model)
+    if fname is not None:
+        return gguf_config(GGUFFile(os.path.join(folder, fname)))
+    return hf_config(folder)
 
 
 def load_tokenizer(model: str) -> Any:

@@ -12,15 +12,49 @@ from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.forward.attention import resolve_attention_backend
 from radixrt.runtime.forward.kv_cache import KVCache
 from radixrt.runtime.messages import WorkerReady
-from radixrt.runtime.models.loader import LoadedModel, load_model, resolve_dtype
+from radixrt.runtime.models.loader import LoadedModel, inspect_model, load_model, resolve_dtype
+from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.worker.worker import Worker
 
 
 def resolve_device(name: str) -> torch.device:
-    """"auto": cuda when available, else cpu."""
+    """"auto": cuda when available, else cpu. A CUDA device that is not there is refused."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"device={name!r}: no CUDA device is visible to torch "
+                             "(torch.cuda.is_available() is False); use device='cpu'")
+        count = torch.cuda.device_count()
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"device={name!r}: only {count} CUDA device(s) are visible "
+                             f"(cuda:0 .. cuda:{count - 1})")
+    return device
+
+
+def context_length_for(config: EngineConfig, model: ModelConfig) -> int:
+    """The context length the runtime serves: config.context_length, else the model's. Refused
+    past the model's positions, and past a sliding window (attention here is full: exact only
+    within the window)."""
+    length = config.context_length or model.max_position_embeddings
+    if length > model.max_position_embeddings:
+        raise ValueError(f"context_length={length} exceeds the model's "
+                         f"{model.max_position_embeddings} positions: use "
+                         f"context_length={model.max_position_embeddings} or less")
+    window = model.sliding_window
+    if window is not None and length > window:
+        raise ValueError(f"the model attends over a sliding window of {window} tokens, which "
+                         f"radixrt does not implement (full attention is exact only within the "
+                         f"window): use context_length={window} or less")
+    return length
+
+
+def check_config(config: EngineConfig) -> None:
+    """What build_worker would refuse, found without loading weights (the server checks it
+    before it starts any process): the model, the device, the context length."""
+    context_length_for(config, inspect_model(config.model))
+    resolve_device(config.device)
 
 
 def pool_pages(config: EngineConfig, bytes_per_token: int, device: torch.device) -> int:
@@ -72,7 +106,7 @@ def build_worker(
     ready = WorkerReady(
         num_pages=num_pages,
         page_size=config.page_size,
-        context_length=config.context_length or loaded.config.max_position_embeddings,
+        context_length=context_length_for(config, loaded.config),
         vocab_size=loaded.config.vocab_size,
         eos_token_ids=list(loaded.config.eos_token_ids),
         device=str(device),
