@@ -167,6 +167,7 @@ class HFBackend:
         if p.temperature != 0:
             raise BackendError("the HF baseline is greedy only (temperature=0)")
         ids = self._encode(text)
+        p = p.for_prompt(len(ids), self.model.config.max_position_embeddings)  # radixrt's rule
         stops = StoppingCriteriaList([StopStrings(self.tokenizer, len(ids), p.stop)])
         prompt = torch.tensor([ids])  # [1, len]
         with self._lock:

@@ -205,6 +205,11 @@ def test_gen_with_regex_json_schema_and_choices(rt):
     assert set(record) == {"city", "rank"} and 1 <= record["rank"] <= 9
     assert re.fullmatch(r"[0-9]{3,4}", state["year"])
     assert state["big"] in ("yes", "no")
+    # the same program over radixrt's OpenAI API (regex / choices extras, response_format)
+    with rx.OpenAICompatible(f"{rt.base_url}/v1", model="default") as openai_backend:
+        over_http = extract.run(backend=openai_backend)
+    assert over_http["record"] == state["record"]  # greedy: the same JSON
+    assert re.fullmatch(r"[0-9]{3,4}", over_http["year"]) and over_http["big"] in ("yes", "no")
 
     @rx.function
     def broken(s):

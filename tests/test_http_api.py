@@ -107,17 +107,47 @@ def wait_idle(srv: Served, timeout: float = 30.0) -> dict[str, Any]:
 # --- conversion (no server) ----------------------------------------------------------------------
 
 
-def test_request_to_sampling_params_and_default_max_tokens() -> None:
-    from radixrt.runtime.config import DEFAULT_MAX_TOKENS
+def test_request_to_sampling_params() -> None:
     from radixrt.runtime.server.openai_protocol import CompletionRequest, to_sampling_params
 
     req = CompletionRequest(model=MODEL, prompt="x", temperature=0, stop="END",
                             logit_bias={"5": 2}, seed=3, n=2)
-    params = to_sampling_params(req, None, prompt_tokens=10, context_length=100)
-    assert params.max_tokens == 90 and params.stop == ("END",) and params.n == 2
+    params = to_sampling_params(req, None)
+    assert params.max_tokens is None and params.stop == ("END",) and params.n == 2
     assert dict(params.logit_bias or {}) == {5: 2.0} and params.seed == 3 and params.is_greedy
-    assert to_sampling_params(req, None, 10, 10_000).max_tokens == DEFAULT_MAX_TOKENS
-    assert to_sampling_params(req, 7, 10, 10_000, logprobs=True, top_logprobs=2).top_logprobs == 2
+    assert to_sampling_params(req, 7, logprobs=True, top_logprobs=2).top_logprobs == 2
+
+
+def test_max_tokens_left_out_means_the_same_at_every_entry_point(loaded_model: Any) -> None:
+    """One default rule: the rest of the context (here a 40-token context), at most 256, for
+    the Engine, /v1/completions, /v1/chat/completions and /generate alike."""
+    from radixrt import Engine, SamplingParams
+    from radixrt.runtime.engine_manager import EngineManager
+    from radixrt.runtime.server.http_server import create_app
+
+    engine = Engine(model=loaded_model, max_total_tokens=512, context_length=40,
+                    check_integrity=True)
+    prompt = "One, two, three,"
+    out = engine.generate(prompt, SamplingParams(ignore_eos=True, temperature=0))[0]
+    assert out.prompt_tokens + out.completion_tokens == 40
+    ports, stop = serve_in_thread([create_app(EngineManager(engine, model_name="smollm2"))])
+    try:
+        with httpx.Client(base_url=f"http://127.0.0.1:{ports[0]}", timeout=120) as http:
+            completion = http.post("/v1/completions", json={
+                "model": MODEL, "prompt": prompt, "ignore_eos": True, "temperature": 0}).json()
+            assert completion["usage"]["completion_tokens"] == out.completion_tokens
+            assert completion["choices"][0]["text"] == out.text
+            native = http.post("/generate", json={
+                "text": prompt, "sampling_params": {"ignore_eos": True, "temperature": 0}}).json()
+            assert native["meta_info"]["completion_tokens"] == out.completion_tokens
+            chat = http.post("/v1/chat/completions", json={
+                "model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                "ignore_eos": True, "temperature": 0}).json()
+            usage = chat["usage"]
+            assert usage["prompt_tokens"] + usage["completion_tokens"] == 40
+    finally:
+        stop()
+    engine.check_integrity()
 
 
 # --- OpenAI API --------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from toy_tokenizers import byte_level_bpe
 from transformers import PreTrainedTokenizerFast
 
-from radixrt.runtime.config import DEFAULT_MAX_TOKENS, MAX_TOP_LOGPROBS
+from radixrt.runtime.config import MAX_TOP_LOGPROBS
 from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.server.openai_protocol import (
@@ -33,7 +33,6 @@ from radixrt.runtime.server.openai_protocol import (
     chat_logprobs,
     completion_logprobs,
     constraint_fields,
-    default_max_tokens,
     echo_logprobs,
     error_body,
     error_message,
@@ -59,8 +58,7 @@ def chat(**body: Any) -> ChatRequest:
 
 
 def params_of(fields: Any, max_tokens: int | None = 8, **kwargs: Any) -> SamplingParams:
-    return to_sampling_params(fields, max_tokens, prompt_tokens=10, context_length=1000,
-                              **kwargs)
+    return to_sampling_params(fields, max_tokens, **kwargs)
 
 
 @pytest.fixture(scope="module")
@@ -222,14 +220,13 @@ def test_every_passed_through_field_arrives() -> None:
     assert params_of(completion(temperature=0)).is_greedy
 
 
-def test_default_max_tokens_is_the_rest_of_the_context_capped() -> None:
-    assert default_max_tokens(10, 10_000) == DEFAULT_MAX_TOKENS
-    assert default_max_tokens(10, 100) == 90
-    assert default_max_tokens(100, 100) == 1  # at least 1: the runtime refuses such a prompt
+def test_max_tokens_left_out_is_left_to_the_runtime_rule() -> None:
+    """The OpenAI layer passes None on: the one default rule applies where the request is
+    queued (SamplingParams.for_prompt), as for the Engine and the DSL."""
     fields = completion()
-    assert to_sampling_params(fields, None, 10, 100).max_tokens == 90
-    assert to_sampling_params(fields, None, 10, 10_000).max_tokens == DEFAULT_MAX_TOKENS
-    assert to_sampling_params(fields, 7, 10, 100).max_tokens == 7  # given: kept
+    assert to_sampling_params(fields, None).max_tokens is None
+    assert to_sampling_params(fields, None).for_prompt(10, 100).max_tokens == 90
+    assert to_sampling_params(fields, 7).max_tokens == 7  # given: kept
 
 
 def test_logit_bias_keys_must_be_token_ids() -> None:

@@ -14,20 +14,33 @@ from radixrt.runtime.sampling_params import SamplingParams
 
 def test_defaults_are_valid() -> None:
     p = SamplingParams()
-    assert p.max_tokens == 16 and p.temperature == 1.0 and p.top_k == -1
+    assert p.max_tokens is None and p.temperature == 1.0 and p.top_k == -1
     assert not p.is_greedy and p.stop == () and p.stop_token_ids == () and p.logit_bias is None
     assert SamplingParams(temperature=0).is_greedy
+
+
+def test_the_one_default_rule_for_max_tokens() -> None:
+    """Left out, max_tokens is the rest of the context, at most DEFAULT_MAX_TOKENS (at least 1):
+    resolved when the request is queued, whatever its entry point."""
+    from radixrt.runtime.config import DEFAULT_MAX_TOKENS
+    from radixrt.runtime.sampling_params import default_max_tokens
+
+    assert SamplingParams().for_prompt(10, 10_000).max_tokens == DEFAULT_MAX_TOKENS
+    assert SamplingParams().for_prompt(10, 100).max_tokens == 90
+    assert SamplingParams().for_prompt(100, 100).max_tokens == 1
+    assert SamplingParams(max_tokens=7).for_prompt(10, 100).max_tokens == 7
+    assert default_max_tokens(10, 100) == 90
+    with pytest.raises(ValueError, match="min_tokens=95"):
+        SamplingParams(min_tokens=95).for_prompt(10, 100)  # past the resolved 90
 
 
 @pytest.mark.parametrize(
     ("field", "value", "fragment"),
     [
         ("max_tokens", 0, "must be >= 1"),
-        ("max_tokens", None, "must be an int"),
         ("max_tokens", "5", "must be an int"),
         ("max_tokens", 5.0, "must be an int"),
-        ("min_tokens", -1, "[0, max_tokens=16]"),
-        ("min_tokens", 17, "[0, max_tokens=16]"),
+        ("min_tokens", -1, "[0, max_tokens=None]"),
         ("temperature", -1.0, "must be >= 0 (0 means greedy)"),
         ("temperature", float("inf"), "finite"),
         ("temperature", float("nan"), "finite"),

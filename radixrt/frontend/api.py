@@ -24,7 +24,9 @@ def gen(
     **sampling: Any,
 ) -> Gen:
     """Generate text (into variable `name`). Takes every SamplingParams field (max_tokens, stop,
-    temperature, ...); n must be 1 (use fork for several samples). Bad options raise here.
+    temperature, ...) with their defaults, the same at every entry point: max_tokens the rest of
+    the context, at most 256; temperature 1.0. n must be 1 (use fork for several samples). Bad
+    options raise here.
 
     Constrained decoding (one of): regex= (the output matches it in full), json_schema= (a dict
     or JSON text: the output is JSON valid under it), choices= (the output is one of them)."""

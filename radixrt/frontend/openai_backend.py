@@ -1,7 +1,9 @@
 """OpenAICompatible: run DSL programs on any OpenAI-compatible server (radixrt's HTTP, vLLM,
 SGLang, ...) through its legacy /v1/completions endpoint.
 
-gen is a completion of the state's text; select scores every choice in ONE request (the prompt
+gen is a completion of the state's text (a constrained gen sends its regex / choices as extra
+fields and a JSON schema as response_format, and checks that the server enforced it); select
+scores every choice in ONE request (the prompt
 list [text + choice, ...] with echo and logprobs, max_tokens=0), reading the log-probabilities
 of the tokens past the text. There is no pinning over HTTP: the server's own prefix cache, if
 it has one, does the reuse. Roles need the model's chat markers: read from a radixrt server's
@@ -11,6 +13,7 @@ it has one, does the reuse. Roles need the model's chat markers: read from a rad
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import httpx
@@ -22,6 +25,7 @@ from radixrt.frontend.backend import (
     GenResult,
     PieceCallback,
 )
+from radixrt.runtime.config import DEFAULT_MAX_TOKENS
 
 CHAT_FORMATS = {
     "chatml": ChatFormat({r: (f"<|im_start|>{r}\n", "<|im_end|>\n")
@@ -50,19 +54,22 @@ class OpenAICompatible:
 
     def generate(self, text: str, params: dict[str, Any], constraint: tuple[str, Any] | None,
                  on_piece: PieceCallback | None) -> GenResult:
-        if constraint is not None:
-            raise BackendError(f"gen({constraint[0]}=...) is not supported on OpenAICompatible")
         body = {k: v for k, v in params.items() if k not in _NOT_SENT}
-        body.update(model=self.model, prompt=text)
+        body.setdefault("max_tokens", DEFAULT_MAX_TOKENS)  # the runtime's rule, as far as it goes
+        body.update(model=self.model, prompt=text, **constraint_fields(constraint))
         if on_piece is None:
             data = self._post(body)
             choice = data["choices"][0]
             usage = data.get("usage") or {}
-            return GenResult(choice["text"], choice.get("finish_reason"),
-                             usage.get("prompt_tokens", 0),
-                             (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
-                             usage.get("completion_tokens", 0))
-        return self._stream(body, on_piece)
+            result = GenResult(choice["text"], choice.get("finish_reason"),
+                               usage.get("prompt_tokens", 0),
+                               (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+                               usage.get("completion_tokens", 0))
+        else:
+            result = self._stream(body, on_piece)
+        if constraint is not None:
+            check_constrained(constraint, result, self.base_url)
+        return result
 
     def score(self, text: str, choices: list[str], unconditional: bool) -> list[ChoiceLogprobs]:
         prompts = [text + c for c in choices] + (list(choices) if unconditional else [])
@@ -146,6 +153,46 @@ class OpenAICompatible:
         except httpx.HTTPError as exc:
             raise BackendError(f"{self.base_url} did not answer: {exc}") from None
         return GenResult("".join(pieces), reason)
+
+
+def constraint_fields(constraint: tuple[str, Any] | None) -> dict[str, Any]:
+    """A gen's constraint as request fields: `regex` and `choices` extras (radixrt's and
+    SGLang's names), a JSON schema as OpenAI's response_format."""
+    if constraint is None:
+        return {}
+    kind, pattern = constraint
+    if kind == "json_schema":
+        schema = json.loads(pattern) if isinstance(pattern, str) else pattern
+        return {"response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "output", "schema": schema}}}
+    return {kind: list(pattern) if kind == "choices" else pattern}
+
+
+def check_constrained(constraint: tuple[str, Any], result: GenResult, base_url: str) -> None:
+    """A server that ignored the constraint is caught, not trusted: a finished output must
+    match (a regex Python cannot parse, or an output cut by max_tokens, is taken as it is)."""
+    kind, pattern = constraint
+    if result.finish_reason == "length":
+        return
+    text = result.text
+    if kind == "choices":
+        ok = text in pattern
+    elif kind == "json_schema":
+        try:
+            json.loads(text)
+            ok = True
+        except ValueError:
+            ok = False
+    else:
+        try:
+            ok = re.fullmatch(pattern, text) is not None
+        except re.error:
+            ok = True
+    if not ok:
+        raise BackendError(
+            f"{base_url} did not enforce gen({kind}=...): its output {text[:200]!r} does not "
+            f"match. The server ignores the constraint; use rx.Runtime / rx.RuntimeEndpoint, or "
+            "a server that takes `regex` / `choices` / response_format json_schema")
 
 
 def _logprobs_after(logprobs: dict[str, Any], start_char: int) -> list[float]:

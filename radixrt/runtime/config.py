@@ -68,7 +68,8 @@ MIN_SAMPLING_TEMPERATURE = 1e-5
 DETOKENIZE_PROMPT_CONTEXT = 5
 
 # --- HTTP server (helper F) ----------------------------------------------------------------------
-# max_tokens when a request leaves it out: the rest of the context, capped here.
+# max_tokens when a request leaves it out, at every entry point (Engine, HTTP, DSL): the rest of
+# the context, capped here (SamplingParams.for_prompt applies it when the request is queued).
 DEFAULT_MAX_TOKENS = 256
 # Bounds of a request as a whole, checked before it runs: a larger body is refused with 413 while
 # it is read; a completion may batch this many prompts, n samples each, up to this many samples.

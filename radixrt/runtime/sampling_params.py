@@ -17,6 +17,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from radixrt.runtime.config import (
+    DEFAULT_MAX_TOKENS,
     INT64_MAX,
     INT64_MIN,
     LOGIT_BIAS_LIMIT,
@@ -66,7 +67,9 @@ def _is_real(value: Any) -> bool:
 
 @dataclass(frozen=True)
 class SamplingParams:
-    max_tokens: int = 16  # the caller fills a default; None is not accepted here
+    # None (not given): the one default of every entry point, resolved when the request is
+    # queued (for_prompt): the rest of the context, at most DEFAULT_MAX_TOKENS
+    max_tokens: int | None = None
     min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens exist
     temperature: float = 1.0  # 0 = greedy
     top_p: float = 1.0
@@ -106,21 +109,22 @@ class SamplingParams:
         object.__setattr__(self, name, value)  # frozen: normalisation happens only here
 
     def _check_ints(self) -> None:
-        for name in ("max_tokens", "min_tokens", "top_k", "n", "top_logprobs"):
+        for name in ("min_tokens", "top_k", "n", "top_logprobs"):
             value = getattr(self, name)
             if not _is_int(value):
                 raise _bad(name, value, "must be an int")
             if not _is_int64(value):
                 raise _bad(name, value, "must fit in 64 bits")
-        for name in ("seed", "prompt_logprobs_start"):
+        for name in ("max_tokens", "seed", "prompt_logprobs_start"):
             value = getattr(self, name)
             if value is not None and not _is_int(value):
                 raise _bad(name, value, "must be an int or None")
             if value is not None and not _is_int64(value):
                 raise _bad(name, value, "must fit in 64 bits")
-        if self.max_tokens < 1:
-            raise _bad("max_tokens", self.max_tokens, "must be >= 1")
-        if not 0 <= self.min_tokens <= self.max_tokens:
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise _bad("max_tokens", self.max_tokens, "must be >= 1 or None (the default)")
+        if self.min_tokens < 0 or (self.max_tokens is not None
+                                   and self.min_tokens > self.max_tokens):
             allowed = f"must be in [0, max_tokens={self.max_tokens}]"
             raise _bad("min_tokens", self.min_tokens, allowed)
         if self.top_k < -1:
@@ -250,6 +254,12 @@ class SamplingParams:
                 return kind, value
         return None
 
+    def for_prompt(self, prompt_tokens: int, context_length: int) -> SamplingParams:
+        """The params a queued request runs with: max_tokens None becomes the default rule."""
+        if self.max_tokens is not None:
+            return self
+        return replace(self, max_tokens=default_max_tokens(prompt_tokens, context_length))
+
     def validate_for_vocab(self, vocab_size: int) -> None:
         """Reject token ids that the model cannot produce (needs the vocab, so not in __init__)."""
         if self.logit_bias is not None:
@@ -302,3 +312,10 @@ class SamplingParams:
     @property
     def wants_logprobs(self) -> bool:
         return self.logprobs or self.top_logprobs > 0
+
+
+def default_max_tokens(prompt_tokens: int, context_length: int) -> int:
+    """max_tokens when a request leaves it out, whatever its entry point (Engine, HTTP, DSL):
+    the rest of the context, at most DEFAULT_MAX_TOKENS (at least 1: a prompt that fills the
+    context is refused with its own message)."""
+    return max(1, min(DEFAULT_MAX_TOKENS, context_length - prompt_tokens))

@@ -97,6 +97,7 @@ class Scheduler:
         Raises ValueError for a prompt that breaks the context limits; a request that can never
         fit the KV pool finishes at once with an error reason."""
         prompt_ids = [int(t) for t in prompt_ids]
+        params = params.for_prompt(len(prompt_ids), self.context_length)  # the default rule
         self.check_limits(prompt_ids, params)
         req = Request(
             rid=self.table.new_rid() if rid is None else rid,
@@ -125,6 +126,7 @@ class Scheduler:
         """Raise ValueError for a prompt that breaks the context limits."""
         if not prompt_ids:
             raise ValueError("prompt is empty: give at least one token")
+        params = params.for_prompt(len(prompt_ids), self.context_length)
         limit = self.context_length
         if len(prompt_ids) >= limit:
             raise ValueError(

@@ -42,7 +42,6 @@ from radixrt.runtime.server.http_streaming import (
 from radixrt.runtime.server.openai_protocol import (
     APIError,
     build_sampling_params,
-    default_max_tokens,
     parse_logit_bias,
 )
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
@@ -102,8 +101,6 @@ class NativeServing:
             raise APIError(f"unknown sampling_params field(s) {unknown}; known fields: "
                            f"{sorted(SAMPLING_FIELDS)}", param="sampling_params")
         values = dict(values)
-        if values.get("max_tokens") is None:
-            values["max_tokens"] = default_max_tokens(prompt_tokens, self.manager.context_length)
         if isinstance(values.get("logit_bias"), dict):
             values["logit_bias"] = parse_logit_bias(values["logit_bias"])
         return build_sampling_params(values)

@@ -13,7 +13,6 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from radixrt.runtime.config import (
-    DEFAULT_MAX_TOKENS,
     MAX_CONTENT_PARTS,
     MAX_NAME_CHARS,
     MAX_TOP_LOGPROBS,
@@ -169,12 +168,6 @@ def parse_logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
     return out
 
 
-def default_max_tokens(prompt_tokens: int, context_length: int) -> int:
-    """The rest of the context, capped at DEFAULT_MAX_TOKENS (at least 1; the runtime rejects a
-    prompt that fills the context with its own message)."""
-    return max(1, min(DEFAULT_MAX_TOKENS, context_length - prompt_tokens))
-
-
 def param_of(message: str) -> str | None:
     """The field a runtime error message starts with ("top_p=0.0 is invalid: ..."), if any."""
     head = message.split("=", 1)[0]
@@ -192,8 +185,6 @@ def build_sampling_params(values: dict[str, Any]) -> SamplingParams:
 def to_sampling_params(
     fields: SamplingFields,
     max_tokens: int | None,
-    prompt_tokens: int,
-    context_length: int,
     logprobs: bool = False,
     top_logprobs: int = 0,
     prompt_logprobs_start: int | None = None,
@@ -204,9 +195,7 @@ def to_sampling_params(
     if fields.stop is not None:
         values["stop"] = fields.stop
     values["logit_bias"] = parse_logit_bias(fields.logit_bias)
-    if max_tokens is None:
-        max_tokens = default_max_tokens(prompt_tokens, context_length)
-    values["max_tokens"] = max_tokens
+    values["max_tokens"] = max_tokens  # None: the runtime's default rule
     values["logprobs"] = logprobs
     values["top_logprobs"] = top_logprobs
     values["prompt_logprobs_start"] = prompt_logprobs_start

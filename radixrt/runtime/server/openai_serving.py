@@ -85,12 +85,12 @@ class OpenAIServing:
         return ids
 
     def params_for(
-        self, fields: SamplingFields, max_tokens: int | None, ids: list[int], top: int | None,
+        self, fields: SamplingFields, max_tokens: int | None, top: int | None,
         logprobs: bool, prompt_logprobs_start: int | None = None,
     ) -> SamplingParams:
         return to_sampling_params(
-            fields, max_tokens, len(ids), self.manager.context_length,
-            logprobs=logprobs, top_logprobs=top or 0, prompt_logprobs_start=prompt_logprobs_start,
+            fields, max_tokens, logprobs=logprobs, top_logprobs=top or 0,
+            prompt_logprobs_start=prompt_logprobs_start,
         )
 
     async def open(
@@ -153,7 +153,7 @@ class OpenAIServing:
         (it needs at least one), which the response leaves out."""
         max_tokens = 1 if scores_only(body) else body.max_tokens
         start = 1 if body.echo and body.logprobs is not None else None  # position 0: no logprob
-        return self.params_for(body, max_tokens, ids, body.logprobs, body.logprobs is not None,
+        return self.params_for(body, max_tokens, body.logprobs, body.logprobs is not None,
                                prompt_logprobs_start=start)
 
     def echo_of(self, body: CompletionRequest, prompt: Prompt, ids: list[int]) -> Echo | None:
@@ -217,7 +217,7 @@ class OpenAIServing:
         max_tokens = body.max_completion_tokens
         if max_tokens is None:
             max_tokens = body.max_tokens
-        params = self.params_for(body, max_tokens, ids, body.top_logprobs, body.logprobs)
+        params = self.params_for(body, max_tokens, body.top_logprobs, body.logprobs)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await self.open(request, [ids], [params], rid)
         if body.stream:
