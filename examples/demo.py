@@ -32,7 +32,7 @@ EXAMPLES = [
     ("few_shot_qa", "few-shot multiple choice: select over a shared few-shot prefix"),
     ("tree_of_thought", "tree of thought: fork 2 x 2, score leaves, pick a branch"),
     ("react_agent", "ReAct agent: Thought / Action / Observation with Python tools"),
-    ("json_extraction", "JSON extraction field by field (no constrained decoding)"),
+    ("json_extraction", "JSON extraction: by a JSON schema (constrained), then field by field"),
     ("multi_turn_chat", "multi-turn chat with roles, streamed"),
     ("llm_judge", "LLM judge: fork 3 reviewers, join, select a verdict"),
 ]

@@ -45,7 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--dtype", default="auto", choices=DTYPES,
         help="weights and KV dtype; auto = float32 on CPU, bfloat16 on CUDA")
     add("--device", default="auto", help="cpu, cuda, cuda:N; auto = cuda when available")
-    add("--page-size", type=int, default=1, help="tokens per KV page (1 or 16 are typical)")
+    add("--page-size", type=int, default=1, help="tokens per KV page: a power of two from 1 to 64 (1 or 16 are typical)")
     pool = serve.add_mutually_exclusive_group()
     pool.add_argument("--max-total-tokens", type=int, default=None,
                       help="KV pool size in tokens (default: from --mem-fraction)")
@@ -72,7 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--seed", type=int, default=0, help="seed of unseeded sampling")
     add("--check-integrity", action="store_true",
         help="check the KV invariants after every step; a violation stops the server (debug)")
-    add("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    add("--log-level", default="info", choices=["debug", "info", "warning", "error"],
+        help="of every process's log (loggers radixrt.serve, .http, .dsl, .pins, .scheduler, "
+        ".worker); info shows a status line every 10 s")
     add("--pin-lease-ttl", type=float, default=PIN_LEASE_TTL_S,
         help="seconds a pinned prefix (a DSL fork's, an HTTP pin) outlives its client's last "
         "renewal; a client that dies loses its pins this long after")

@@ -584,6 +584,8 @@ BAD_REQUESTS: list[Bad] = [Bad(*case) for case in [
     ("/generate", {"text": "x", "stream": "maybe"}, "stream"),
     ("/generate", {"text": 5}, "text"),
     ("/abort", {}, "rid: Field required"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": USER_X, "echo": True},
+     "echo is not supported on /v1/chat/completions"),
     # pins over HTTP
     ("/generate", {"text": "x", "pin": True, "sampling_params": {"n": 2}}, "pin needs n=1"),
     ("/generate", {"text": "x", "pin": True, "sampling_params": {"stop": ["."]}},

@@ -325,3 +325,70 @@ def test_tiny_bfloat16_and_dummy(tiny_checkpoints: dict[str, Any]) -> None:
     kv = KVCache.from_config(dummy.config, 64, torch.float32, "cpu")
     out = dummy.model.compute_logits(dummy.model.forward(batch, kv))
     assert out.shape == (len(ids), TINY["vocab_size"]) and torch.isfinite(out).all()
+
+
+# --- RoPE scaling as GGUF files carry it --------------------------------------------------------
+def llama_cpp_freq_factors(head_dim: int, rope: dict[str, Any]) -> list[float]:
+    """The rope_freqs tensor llama.cpp's converter writes for a Llama-3.1 checkpoint (its own
+    formula, written out here independently of HF's llama3 scaling)."""
+    import math
+
+    base, factor = rope["rope_theta"], rope["factor"]
+    low, high = rope["low_freq_factor"], rope["high_freq_factor"]
+    old_context = rope["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old_context / low, old_context / high
+    factors = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * math.pi / (1.0 / base ** (i / head_dim))
+        if wavelen < high_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_wavelen:
+            factors.append(factor)
+        else:
+            smooth = (old_context / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return factors
+
+
+def test_gguf_llama3_frequency_factors_match_hf(tiny_checkpoints: dict[str, Any]) -> None:
+    """A Llama-3.1 GGUF stores its RoPE scaling as per-frequency factors (rope_freqs): run with
+    them, the tiny llama3 model gives HF's logits past its 64-token original context."""
+    from radixrt.runtime.models.layers import RotaryEmbedding
+    from radixrt.runtime.models.model_config import gguf_rope_scaling
+
+    folder, hf = tiny_checkpoints["llama3"]
+    loaded = load_model(str(folder))
+    cfg = loaded.config
+    meta = {"llama.rope.scaling.type": "none"}
+    factors = llama_cpp_freq_factors(cfg.head_dim, LLAMA3_ROPE)
+    scaling = gguf_rope_scaling(meta, factors, cfg.head_dim)
+    assert scaling is not None and scaling["rope_type"] == "freq_factors"
+    rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, scaling)
+    torch.testing.assert_close(rotary.inv_freq, loaded.model.rotary.inv_freq)  # = HF's llama3
+    loaded.model.rotary = rotary
+    ids = torch.randint(0, TINY["vocab_size"], (120,), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        expected = hf(ids[None]).logits[0].float()
+    run = Runner(loaded, seed=3)
+    batch = ForwardBatch.build([ids], [0], [run.slots(len(ids))])
+    got = loaded.model.compute_logits(loaded.model.forward(batch, run.kv))
+    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    plain = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, None)  # what was run before
+    assert not torch.allclose(plain.inv_freq, rotary.inv_freq)
+
+
+def test_gguf_rope_scaling_metadata() -> None:
+    from radixrt.runtime.models.model_config import gguf_rope_scaling
+
+    linear = {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0}
+    assert gguf_rope_scaling(linear, None, 64) == {"rope_type": "linear", "factor": 4.0}
+    assert gguf_rope_scaling({}, None, 64) is None
+    assert gguf_rope_scaling({"llama.rope.scaling.type": "linear",
+                              "llama.rope.scaling.factor": 1.0}, None, 64) is None
+    with pytest.raises(ValueError, match="'yarn' is not supported.*would run wrongly"):
+        gguf_rope_scaling({"llama.rope.scaling.type": "yarn",
+                           "llama.rope.scaling.factor": 4.0}, None, 64)
+    with pytest.raises(ValueError, match="rope_freqs has 3 factors; head_dim 64 needs 32"):
+        gguf_rope_scaling({}, [1.0, 2.0, 3.0], 64)
+    with pytest.raises(ValueError, match="combines rope_freqs with linear"):
+        gguf_rope_scaling(linear, [1.0] * 32, 64)

@@ -374,6 +374,18 @@ def test_new_requests_wait_while_a_request_is_swapped_out() -> None:
     check_oracle(*reqs, late)
 
 
+def test_a_full_swap_space_falls_back_to_recompute_and_says_so() -> None:
+    """The same load with no host swap space: every swap preemption is a recompute instead,
+    counted as a fallback (it used to happen silently), and the outputs are still right."""
+    sim = make_sim(32, page_size=1, preemption="swap", swap_space_tokens=0)
+    reqs = [sim.sched.add_request(tokens(7 + i, 4), long(16)) for i in range(3)]
+    finish_all(sim)
+    s = sim.sched.stats_dict()
+    assert s["preemptions"] > 0 and s["swaps"] == 0
+    assert s["swap_fallbacks"] == s["preemptions"]
+    check_oracle(*reqs)
+
+
 # --- in-batch prefix sharing ---------------------------------------------------------------------
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_two_requests_with_one_long_prompt_compute_it_once(page_size: int) -> None:

@@ -197,7 +197,8 @@ def hf_name(gguf_name: str) -> str | None:
 def gguf_config(gf: GGUFFile) -> ModelConfig:
     vocab_size = gf.tensors["token_embd.weight"].shape[0]
     tied = "output.weight" not in gf.tensors
-    return ModelConfig.from_gguf_metadata(gf.metadata, vocab_size, tied)
+    factors = gf.tensor("rope_freqs.weight").tolist() if "rope_freqs.weight" in gf.tensors else None
+    return ModelConfig.from_gguf_metadata(gf.metadata, vocab_size, tied, factors)
 
 
 def iter_gguf_weights(gf: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, Tensor]]:

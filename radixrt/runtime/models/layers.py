@@ -33,6 +33,8 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -
     rope_type = (scaling or {}).get("rope_type", "default")
     if rope_type == "default":
         return inv_freq
+    if rope_type == "freq_factors":  # llama.cpp's rope_freqs: theta_i / factor_i
+        return inv_freq / torch.tensor(scaling["factors"], dtype=torch.float32)  # type: ignore[index]
     factor = float(scaling["factor"])  # type: ignore[index]
     if rope_type == "linear":
         return inv_freq / factor

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,9 @@ _ARCH_BY_MODEL_TYPE = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
 }
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# "freq_factors": a GGUF's rope_freqs tensor (how llama.cpp stores Llama-3.1 scaling): each
+# inverse frequency divided by its factor.
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freq_factors")
 
 
 @dataclass(frozen=True)
@@ -103,14 +105,17 @@ class ModelConfig:
 
     @classmethod
     def from_gguf_metadata(
-        cls, meta: Mapping[str, Any], vocab_size: int, tied: bool
+        cls, meta: Mapping[str, Any], vocab_size: int, tied: bool,
+        freq_factors: Sequence[float] | None = None,
     ) -> ModelConfig:
-        """From the scalar metadata of a llama-architecture GGUF file."""
+        """From the scalar metadata of a llama-architecture GGUF file (and its rope_freqs
+        tensor, if it has one)."""
         arch = meta.get("general.architecture", "llama")
         if arch != "llama":
             raise ValueError(f"GGUF architecture {arch!r} is not supported (only 'llama')")
         num_heads = int(meta["llama.attention.head_count"])
         hidden = int(meta["llama.embedding_length"])
+        head_dim = int(meta.get("llama.rope.dimension_count", hidden // num_heads))
         eos = meta.get("tokenizer.ggml.eos_token_id")
         return cls(
             architecture="LlamaForCausalLM",
@@ -120,11 +125,35 @@ class ModelConfig:
             num_layers=int(meta["llama.block_count"]),
             num_heads=num_heads,
             num_kv_heads=int(meta.get("llama.attention.head_count_kv", num_heads)),
-            head_dim=int(meta.get("llama.rope.dimension_count", hidden // num_heads)),
+            head_dim=head_dim,
             rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
+            rope_scaling=gguf_rope_scaling(meta, freq_factors, head_dim),
             rms_norm_eps=float(meta["llama.attention.layer_norm_rms_epsilon"]),
             tie_word_embeddings=tied,
             max_position_embeddings=int(meta.get("llama.context_length", 4096)),
             bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
             eos_token_ids=() if eos is None else (int(eos),),
         )
+
+
+def gguf_rope_scaling(meta: Mapping[str, Any], freq_factors: Sequence[float] | None,
+                      head_dim: int) -> dict[str, Any] | None:
+    """A GGUF's RoPE scaling as rope_scaling: linear from its metadata, Llama-3.1's as the
+    per-frequency factors of its rope_freqs tensor. Any other kind (YaRN, ...) is refused: the
+    model would run, wrongly, past its original context."""
+    kind = str(meta.get("llama.rope.scaling.type", "none"))
+    factor = float(meta.get("llama.rope.scaling.factor", 1.0) or 1.0)
+    if freq_factors is not None:
+        if len(freq_factors) != head_dim // 2:
+            raise ValueError(f"the GGUF's rope_freqs has {len(freq_factors)} factors; "
+                             f"head_dim {head_dim} needs {head_dim // 2}")
+        if kind not in ("none", "linear") or factor != 1.0:
+            raise ValueError(f"the GGUF combines rope_freqs with {kind} scaling (factor "
+                             f"{factor}): not supported")
+        return {"rope_type": "freq_factors", "factors": tuple(float(f) for f in freq_factors)}
+    if kind == "none" or factor == 1.0:
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": factor}
+    raise ValueError(f"the GGUF's RoPE scaling {kind!r} is not supported (linear and "
+                     "Llama-3.1 frequency factors are): this model would run wrongly")

@@ -238,6 +238,8 @@ class Planner:
         table.running.remove(victim)
         victim.num_preemptions += 1
         fits_swap = table.swap_used + victim.kv_len <= self.config.swap_space_tokens
+        if self.config.preemption == "swap" and not fits_swap:
+            self.stats.swap_fallbacks += 1  # the host swap space is full: recompute instead
         if self.config.preemption == "swap" and fits_swap and victim.kv_len > 0:
             self.stats.swaps += 1
             slots = self.kv.slots(victim, 0, victim.kv_len)

@@ -99,6 +99,7 @@ class SchedulerService:
                              check_integrity=scheduler.config.check_integrity)
         self._last_log = time.monotonic()
         self._last_generated = 0
+        self._last_fallbacks = 0  # swap preemptions that fell back to recompute, as last logged
 
     # --- messages from the tokenizer -----------------------------------------------------
     def drain_inbox(self, timeout_ms: int) -> None:
@@ -185,12 +186,17 @@ class SchedulerService:
             used = 1.0 - (s["kv_free"] + s["kv_evictable"]) / s["kv_total"]
             log.info(
                 "running %d, waiting %d, swapped %d | KV used %.1f%% (cached %d tokens) | "
-                "pinned %d (%d tokens, %d refused) | preemptions %d (%d swaps) | "
-                "cache hit rate %.1f%% | %.1f tokens/s",
+                "pinned %d (%d tokens, %d refused) | preemptions %d (%d swaps, %d recomputed "
+                "as the swap space was full) | cache hit rate %.1f%% | %.1f tokens/s",
                 s["running"], s["waiting"], s["swapped"], 100 * used, s["kv_evictable"],
                 s["pinned"], s["pinned_tokens"], s["pins_refused"], s["preemptions"], s["swaps"],
-                100 * s["cache_hit_rate"], rate,
+                s["swap_fallbacks"], 100 * s["cache_hit_rate"], rate,
             )
+            if s["swap_fallbacks"] > self._last_fallbacks:
+                log.warning("the host swap space (%d tokens) was full: %d preemptions fell back "
+                            "to recompute so far", self.scheduler.config.swap_space_tokens,
+                            s["swap_fallbacks"])
+                self._last_fallbacks = s["swap_fallbacks"]
 
 
 def run_scheduler(config: EngineConfig, addrs: Addresses, parent_pid: int, log_level: str) -> None:

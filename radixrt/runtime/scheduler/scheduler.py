@@ -207,6 +207,7 @@ class Scheduler:
             "generated_tokens": s.generated_tokens,
             "preemptions": s.preemptions,
             "swaps": s.swaps,
+            "swap_fallbacks": s.swap_fallbacks,
             "pinned": len(self.table.pins),
             "pinned_tokens": self.kv.pinned_tokens(self.table.pins.values()),
             "pin_budget_tokens": self.table.pin_budget_tokens,

@@ -14,3 +14,4 @@ class SchedulerStats:
     generated_tokens: int = 0
     preemptions: int = 0
     swaps: int = 0
+    swap_fallbacks: int = 0  # swap mode, host swap space full: preempted by recompute instead

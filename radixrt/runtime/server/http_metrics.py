@@ -63,6 +63,9 @@ class HTTPMetrics:
         self.preemptions = Gauge(f"{PREFIX}_preemptions",
                                  "Requests preempted for KV so far, by mode", ["mode"],
                                  registry=r)
+        self.swap_fallbacks = Gauge(f"{PREFIX}_swap_fallbacks",
+                                    "Swap preemptions done by recompute: the swap space was "
+                                    "full", registry=r)
         self.pinned = Gauge(f"{PREFIX}_pinned_prefixes",
                             "Prefixes pinned in the radix cache (DSL forks, HTTP pins)",
                             registry=r)
@@ -112,6 +115,7 @@ class HTTPMetrics:
         swaps = info.get("swaps", 0)
         self.preemptions.labels(mode="swap").set(swaps)
         self.preemptions.labels(mode="recompute").set(info.get("preemptions", 0) - swaps)
+        self.swap_fallbacks.set(info.get("swap_fallbacks", 0))
         self.pinned.set(info.get("pinned", 0))
         self.pinned_tokens.set(info.get("pinned_tokens", 0))
         self.pins_refused.set(info.get("pins_refused", 0))

@@ -128,6 +128,7 @@ class ChatRequest(SamplingFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False  # not in OpenAI's chat API: refused (vLLM's extra), never ignored
 
 
 # --- request -> SamplingParams -----------------------------------------------------------------

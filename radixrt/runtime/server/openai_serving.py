@@ -213,6 +213,9 @@ class OpenAIServing:
                            f"{MAX_CHAT_MESSAGES} are accepted", param="messages")
         if body.top_logprobs and not body.logprobs:
             raise APIError("top_logprobs needs logprobs=true", param="top_logprobs")
+        if body.echo:
+            raise APIError("echo is not supported on /v1/chat/completions: send the rendered "
+                           "prompt to /v1/completions with echo=true", param="echo")
         ids = self.encode([m.as_template_dict() for m in body.messages], "messages")
         max_tokens = body.max_completion_tokens
         if max_tokens is None:
