@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--dtype", default="auto", choices=DTYPES,
         help="weights and KV dtype; auto = float32 on CPU, bfloat16 on CUDA")
     add("--device", default="auto", help="cpu, cuda, cuda:N; auto = cuda when available")
-    add("--page-size", type=int, default=1, help="tokens per KV page: a power of two from 1 to 64 (1 or 16 are typical)")
+    add("--page-size", type=int, default=1,
+        help="tokens per KV page: a power of two from 1 to 64 (1 or 16 are typical)")
     pool = serve.add_mutually_exclusive_group()
     pool.add_argument("--max-total-tokens", type=int, default=None,
                       help="KV pool size in tokens (default: from --mem-fraction)")

@@ -293,13 +293,21 @@ def test_openai_compatible_backend_runs_the_same_program(rt):
         s += rx.user("What is the capital of Italy?")
         s += rx.assistant(rx.gen("answer", max_tokens=10, temperature=0))
         s += rx.user("Is that right?") + rx.assistant(rx.select("check", ["Yes", "No"]))
+        s += " Sure? " + rx.select("sure", ["Yes, sure", "No"],
+                                   method="unconditional_likelihood_normalized")
 
     native = qa.run(backend=rt)
     with rx.OpenAICompatible(f"{rt.base_url}/v1", model="default") as openai_backend:
         over_http = qa.run(backend=openai_backend)
     assert over_http.text() == native.text()
-    assert over_http.get_meta_info("check")["scores"] == pytest.approx(
-        native.get_meta_info("check")["scores"], abs=2e-3)
+    for name in ("check", "sure"):  # unconditional scores too (they differed before)
+        assert over_http.get_meta_info(name)["scores"] == pytest.approx(
+            native.get_meta_info(name)["scores"], abs=2e-3), name
+    got = over_http.get_meta_info("sure")["unconditional_token_logprobs"]
+    want = native.get_meta_info("sure")["unconditional_token_logprobs"]
+    assert [len(g) for g in got] == [len(w) for w in want]  # the first token is scored too
+    for g, w in zip(got, want):
+        assert g == pytest.approx(w, abs=2e-3)
 
 
 def test_frontend_over_a_remote_endpoint_does_not_import_torch(rt):

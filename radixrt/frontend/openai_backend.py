@@ -47,6 +47,7 @@ class OpenAICompatible:
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(headers=headers, timeout=timeout)
         self._chat = self._resolve_chat(chat_format)
+        self._start: str | None = None  # the start token as text (unconditional scores)
 
     # --- Backend ------------------------------------------------------------------------------
     def chat_format(self) -> ChatFormat:
@@ -72,7 +73,11 @@ class OpenAICompatible:
         return result
 
     def score(self, text: str, choices: list[str], unconditional: bool) -> list[ChoiceLogprobs]:
-        prompts = [text + c for c in choices] + (list(choices) if unconditional else [])
+        # alone = after the model's start token, as radixrt's /server_info names it (so the
+        # scores equal RuntimeEndpoint's); elsewhere the choice's first token goes unscored
+        start = self._score_start() if unconditional else ""
+        prompts = [text + c for c in choices] + ([start + c for c in choices]
+                                                  if unconditional else [])
         data = self._post({"model": self.model, "prompt": prompts, "echo": True, "logprobs": 1,
                            "max_tokens": 0, "temperature": 0.0})
         by_index = sorted(data["choices"], key=lambda c: c["index"])
@@ -81,7 +86,7 @@ class OpenAICompatible:
             cond = _logprobs_after(by_index[i]["logprobs"], len(text))
             uncond = []
             if unconditional:
-                uncond = _logprobs_after(by_index[len(choices) + i]["logprobs"], 0)
+                uncond = _logprobs_after(by_index[len(choices) + i]["logprobs"], len(start))
             if not cond:
                 raise BackendError(f"the server returned no log-probabilities for {choices[i]!r}")
             scored.append(ChoiceLogprobs(cond, uncond))
@@ -92,6 +97,11 @@ class OpenAICompatible:
 
     def unpin(self, handle: Any) -> None:
         return None
+
+    def _score_start(self) -> str:
+        if self._start is None:
+            self._start = str(self.info().get("score_start", ""))
+        return self._start
 
     def info(self) -> dict[str, Any]:
         """A radixrt server's /server_info; {} from servers without one."""

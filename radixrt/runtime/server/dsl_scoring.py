@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 from radixrt.runtime.messages import DslChoice, TokenLogprob
 from radixrt.runtime.sampling_params import SamplingParams
@@ -53,11 +54,23 @@ def common_len(a: list[int], b: list[int]) -> int:
     return n
 
 
+def start_token_id(tokenizer: Any) -> int:
+    """What an unconditional score conditions on: BOS where the model has one, else EOS."""
+    start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else (
+        tokenizer.eos_token_id)
+    return int(start)
+
+
+def start_text(tokenizer: Any) -> str:
+    """The start token as text (server_info's score_start), so that an OpenAI-API client scores
+    a choice alone exactly as the DSL endpoint does: prompt = score_start + choice."""
+    return str(tokenizer.decode([start_token_id(tokenizer)], skip_special_tokens=False))
+
+
 def _alone(manager: TokenizerManager, choice: str) -> list[int]:
-    """The choice after a start token only: BOS where the model has one, else EOS."""
+    """The choice after a start token only."""
     tok = manager.tokenizer
-    start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
-    return [int(start), *tok.encode(choice, add_special_tokens=False)]
+    return [start_token_id(tok), *tok.encode(choice, add_special_tokens=False)]
 
 
 async def _prompt_logprobs(

@@ -35,6 +35,7 @@ from radixrt.runtime.config import (
     MAX_REQUEST_BODY_BYTES,
 )
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.server.dsl_scoring import start_text
 from radixrt.runtime.server.http_metrics import HTTPMetrics
 from radixrt.runtime.server.http_native import (
     GenerateRequest,
@@ -134,6 +135,7 @@ def add_native_routes(app: FastAPI, serving: NativeServing, manager: TokenizerMa
     async def server_info() -> dict[str, Any]:
         info = await manager.server_info()
         info["chat"] = chat_roles(manager.tokenizer)  # role markers, for DSL clients
+        info["score_start"] = start_text(manager.tokenizer)  # unconditional select scores
         info.update(pins.info())
         return info
 
