@@ -247,6 +247,13 @@ def _tiny_llama3() -> Any:
     return LlamaForCausalLM(config)
 
 
+def _tiny_llama_linear() -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    rope = {"rope_type": "linear", "factor": 3.0, "rope_theta": 10000.0}
+    return LlamaForCausalLM(LlamaConfig(**TINY, rope_scaling=rope, tie_word_embeddings=True))
+
+
 def _tiny_mistral() -> Any:
     from transformers import MistralConfig, MistralForCausalLM
 
@@ -257,6 +264,7 @@ TINY_BUILDERS: dict[str, Callable[[], Any]] = {
     "qwen2": _tiny_qwen2,
     "qwen3": _tiny_qwen3,
     "llama3": _tiny_llama3,
+    "llama-linear-rope": _tiny_llama_linear,
     "mistral": _tiny_mistral,
 }
 
