@@ -38,6 +38,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import jsonschema  # noqa: E402
 import torch  # noqa: E402
+from plots import add_plot_dir, bar_panels, plot_path  # noqa: E402
 
 import radixrt  # noqa: E402
 from radixrt.runtime.models.loader import default_model_path, load_model  # noqa: E402
@@ -191,6 +192,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "matmuls can slow down many times over on denormals)")
     p.add_argument("--outlines-whitespace", default="",
                    help="outlines' whitespace_pattern; default '' (compact JSON, as radixrt)")
+    add_plot_dir(p)
     args = p.parse_args(argv)
     if args.num_passages is None:
         args.num_passages = 8 if args.quick else 32
@@ -395,6 +397,21 @@ def main(argv: list[str] | None = None) -> None:
     print_outputs(results, passages)
     print_notes(results, args, peer, outlines_note)
     print_summary(results)
+    plot_summary(results, args.plot_dir)
+
+
+def plot_summary(results: dict[str, Result], plot_dir: str | None) -> None:
+    """Outputs/s and forward steps per system, with radixrt-jf's speed-up over each."""
+    jf = results[RT_JF]
+    names = list(results)
+    caption = ", ".join(f"radixrt-jf {jf.outputs_per_s / r.outputs_per_s:.2f}x over {name}"
+                        for name, r in results.items() if name != RT_JF)
+    bar_panels(plot_path("json_decode", plot_dir), "JSON-schema decoding on the default model",
+               ["all outputs"],
+               [("outputs/s (higher is better)", {n: [results[n].outputs_per_s] for n in names}),
+                ("forward steps (lower is better)", {n: [float(results[n].steps)]
+                                                     for n in names})],
+               caption)
 
 
 if __name__ == "__main__":

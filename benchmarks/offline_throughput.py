@@ -27,6 +27,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
+from plots import add_plot_dir, bar_panels, plot_path  # noqa: E402
 
 import radixrt  # noqa: E402
 from radixrt.runtime.models.loader import default_model_path  # noqa: E402
@@ -78,6 +79,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
     p.add_argument("--skip-hf", action="store_true", help="run radixrt only")
     p.add_argument("--profile", action="store_true", help="cProfile radixrt's generate calls")
+    add_plot_dir(p)
     args = p.parse_args(argv)
     if args.quick:
         args.num_requests, args.hf_batch_size = 8, 4
@@ -277,6 +279,20 @@ def main(argv: list[str] | None = None) -> None:
         print_workload(work, results)
         rows.append((work, results))
     print_summary(rows, args)
+    plot_summary(rows, args.plot_dir)
+
+
+def plot_summary(rows: list[tuple[Workload, list[Result]]], plot_dir: str | None) -> None:
+    """Output tokens/s of radixrt and HF on each workload, with the speed-up."""
+    names = list(dict.fromkeys(r.system for _, results in rows for r in results))
+    series = {name: [next((r.tokens_per_s for r in results if r.system == name), 0.0)
+                     for _, results in rows] for name in names}
+    speedups = ", ".join(f"{work.name} {results[0].tokens_per_s / results[1].tokens_per_s:.2f}x"
+                         for work, results in rows if len(results) > 1)
+    bar_panels(plot_path("offline_throughput", plot_dir), "Offline batch generation (Engine vs HF)",
+               [work.name for work, _ in rows],
+               [("output tokens/s (higher is better)", series)],
+               f"radixrt over HF: {speedups}" if speedups else "")
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
 from offline_throughput import load_hf  # noqa: E402
+from plots import add_plot_dir, bar_panels, plot_path  # noqa: E402
 from programs_workloads import WORKLOADS, Sizes, Workload, build_workloads  # noqa: E402
 from programs_workloads import warm_up_program as warm_up  # noqa: E402
 from transformers import StoppingCriteria, StoppingCriteriaList  # noqa: E402
@@ -91,6 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
     p.add_argument("--skip-hf", action="store_true", help="run the two radixrt systems only")
+    add_plot_dir(p)
     args = p.parse_args(argv)
     args.sizes = Sizes(shots=args.shots)
     if args.quick:
@@ -308,7 +310,20 @@ def main(argv: list[str] | None = None) -> None:
     for work, results in rows:
         print_workload(work, results)
     print_summary(rows, args, time.perf_counter() - start)
+    plot_summary(rows, args)
 
+
+def plot_summary(rows: list[tuple[Workload, dict[str, Result]]], args: argparse.Namespace) -> None:
+    """Programs/s of every system on every workload, with radixrt's speed-up over HF."""
+    names = list(dict.fromkeys(name for _, res in rows for name in res))
+    series = {name: [res[name].per_s if name in res else 0.0 for _, res in rows]
+              for name in names}
+    speedups = ", ".join(f"{work.name} {ratio(res['radixrt'], res['hf'])}"
+                         for work, res in rows if "hf" in res)
+    bar_panels(plot_path("programs", args.plot_dir), "DSL programs/s (higher is better)",
+               [work.name for work, _ in rows], [("programs/s", series)],
+               f"{args.num_programs} programs per workload; radixrt vs HF: {speedups}"
+               if speedups else f"{args.num_programs} programs per workload")
 
 if __name__ == "__main__":
     main()

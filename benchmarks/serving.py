@@ -8,8 +8,10 @@ fixed max_tokens, EOS ignored where the server supports it). Per request it meas
 end-to-end latency; per run, request and token throughput and the prefix-cache hit rate.
 
 Systems: radixrt-lpm (the default), radixrt-fcfs (`--schedule-policy fcfs`), radixrt-no-cache
-(`--disable-radix-cache`) and llama.cpp (`llama_cpp.server` on the same GGUF file; it has no
-ignore_eos, so a request may stop early: its table counts the tokens it really produced).
+(`--disable-radix-cache`) and llama.cpp on the same GGUF file: its C++ `llama-server` (8 parallel
+slots, a thread per core, ignore_eos) when `--llama-server` or ../shared/llama-server/ has it,
+else `llama_cpp.server` from a venv (no ignore_eos: a request may stop early; its table counts the
+tokens it really produced). The summary is also drawn as docs/plots/serving*.png.
 
     python benchmarks/serving.py                       # default sizes, ~10 minutes on 2 cores
     python benchmarks/serving.py --quick               # tiny sizes, ~2 minutes
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from plots import add_plot_dir, bar_panels, plot_path
 from serving_systems import LLAMA_VENV, SYSTEMS, System, build_systems, http_json, running
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -97,11 +100,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-total-tokens", type=int, default=8192, help="radixrt KV pool")
     p.add_argument("--llama-cpp-venv", default=None,
                    help=f"venv with llama-cpp-python[server] (default: {LLAMA_VENV} if present)")
+    p.add_argument("--llama-server", default=None,
+                   help="llama.cpp's C++ llama-server binary (default: ../shared/llama-server/ "
+                   "when it is there; else the Python server of --llama-cpp-venv)")
     p.add_argument("--install-llama-cpp", action="store_true",
                    help=f"create {LLAMA_VENV} and pip install llama-cpp-python[server] there "
                    "(builds from source: minutes)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
+    add_plot_dir(p)
     args = p.parse_args(argv)
     if args.quick:
         args.num_prompts, args.groups = 8, 2
@@ -215,10 +222,15 @@ async def generate_load(
 
 async def run_dataset(base: str, system: System, data: Dataset, args: argparse.Namespace
                       ) -> RunResult:
+    import httpx
     from openai import AsyncOpenAI
 
+    # a fresh connection per request, for every system alike: llama-server drops idle
+    # keep-alive connections, and a request on one it just closed failed as a connection error
+    http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0),
+                             timeout=REQUEST_TIMEOUT_S)
     client = AsyncOpenAI(base_url=base + "/v1", api_key="none", timeout=REQUEST_TIMEOUT_S,
-                         max_retries=0)
+                         max_retries=0, http_client=http)
     async with client:
         await one_request(client, system, Prompt("Hello, how are you?", 6, 4))  # warm-up
         before = server_counters(base, system, flush=True)
@@ -337,6 +349,33 @@ def print_summary(rows: list[tuple[RunResult, dict[str, Any]]], args: argparse.N
         print(note)
 
 
+def plot_summary(rows: list[tuple[RunResult, dict[str, Any]]], args: argparse.Namespace) -> None:
+    """Throughput, TTFT and TPOT of every system on every dataset, and, when llama.cpp ran,
+    radixrt's throughput ratio to it."""
+    systems = list(dict.fromkeys(run.system for run, _ in rows))
+    datasets = list(dict.fromkeys(run.dataset for run, _ in rows))
+    by = {(run.system, run.dataset): m for run, m in rows}
+
+    def series(key: Any) -> dict[str, list[float]]:
+        return {s: [key(by[s, d]) if (s, d) in by else 0.0 for d in datasets] for s in systems}
+
+    panels = [("total tokens/s (higher is better)", series(lambda m: m["total_throughput"])),
+              ("TTFT mean, ms (lower is better)", series(lambda m: m["ttft"][0])),
+              ("TPOT mean, ms (lower is better)", series(lambda m: m["tpot"][0]))]
+    ours = systems[0]
+    ratios = [f"{d} {by[ours, d]['total_throughput'] / by['llama.cpp', d]['total_throughput']:.2f}x"
+              for d in datasets if (ours, d) in by and ("llama.cpp", d) in by
+              and by["llama.cpp", d]["total_throughput"]]
+    load = (f"concurrency {args.max_concurrency}" if args.max_concurrency
+            else f"{args.request_rate} req/s")
+    caption = (f"{args.num_prompts} prompts per dataset, {load}; "
+               + (f"{ours} / llama.cpp total tokens/s: " + ", ".join(ratios) if ratios
+                  else "greedy, streaming"))
+    name = "serving_vs_llama_cpp" if "llama.cpp" in systems else "serving"
+    bar_panels(plot_path(name, args.plot_dir), "radixrt serve vs peers (same GGUF, same client)",
+               datasets, panels, caption)
+
+
 # --- main --------------------------------------------------------------------------------------
 def exit_on_sigterm(signum: int, frame: Any) -> None:
     raise SystemExit(128 + signum)  # unwinds through `running`, which stops the server
@@ -358,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         except (RuntimeError, TimeoutError) as exc:
             print(f"{system.name}: {exc}", file=sys.stderr)
     print_summary(rows, args, notes)
+    plot_summary(rows, args)
     return 0 if rows and all(m["failed"] == 0 for _, m in rows) else 1
 
 

@@ -31,6 +31,12 @@ STARTUP_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 30.0
 PORTABLE_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
 LLAMA_VENV = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".llama-venv")
+# llama.cpp's C++ server, built from the vendored sources of the llama-cpp-python sdist with
+# GGML_NATIVE=OFF (see its BUILD.md); used when present, else the venv's Python server
+LLAMA_SERVER = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..",
+                                             "..", "shared", "llama-server", "llama-server"))
+LLAMA_SERVER_SLOTS = 8  # -np: requests decoded in parallel
+LLAMA_SERVER_CONTEXT = 8192  # -c: shared by the slots
 
 
 @dataclass(frozen=True)
@@ -41,6 +47,7 @@ class System:
     extra_body: dict[str, Any]
     stream_usage: bool  # sends stream_options.include_usage and expects usage back
     flushable: bool  # has POST /flush_cache and GET /server_info
+    env: dict[str, str] | None = None  # added to the environment of its process
 
 
 def gguf_path() -> str:
@@ -82,11 +89,47 @@ def llama_cpp_system(python: str) -> System:
     return System(LLAMA_CPP, command, "/v1/models", {}, False, False)
 
 
+def llama_server_system(binary: str) -> System:
+    """The C++ llama-server: LLAMA_SERVER_SLOTS parallel slots, a thread per core."""
+    command = [binary, "-m", gguf_path(), "-c", str(LLAMA_SERVER_CONTEXT), "-np",
+               str(LLAMA_SERVER_SLOTS), "-t", str(os.cpu_count() or 1), "--host", "127.0.0.1",
+               "--threads-http", str(2 * LLAMA_SERVER_SLOTS)]  # its default refused connections
+    env = {"LD_LIBRARY_PATH": library_dir(os.path.dirname(binary))}
+    return System(LLAMA_CPP, command, "/health", {"ignore_eos": True}, False, False, env)
+
+
+def library_dir(folder: str) -> str:
+    """A folder of the build's shared libraries that the loader can use. A copy of the build that
+    turned its symlinks into small files naming their targets (libllama.so.0 holding the text
+    "libllama.so.0.5.0") is mended in a temporary folder of real symlinks."""
+    links = {}
+    for name in os.listdir(folder):
+        path = os.path.join(folder, name)
+        if ".so" in name and os.path.isfile(path) and os.path.getsize(path) < 256:
+            with open(path, "rb") as f:
+                target = f.read().decode(errors="replace").strip()
+            if os.path.isfile(os.path.join(folder, target)):
+                links[name] = target
+    if not links:
+        return folder
+    mended = tempfile.mkdtemp(prefix="llama-server-libs-")
+    for name in os.listdir(folder):
+        if ".so" in name:
+            target = links.get(name, name)
+            while target in links:  # libllama.so -> libllama.so.0 -> libllama.so.0.5.0
+                target = links[target]
+            os.symlink(os.path.join(folder, target), os.path.join(mended, name))
+    return mended
+
+
 def build_systems(args: argparse.Namespace) -> tuple[list[System], list[str]]:
     """The systems to run, and notes on those skipped."""
     systems = [radixrt_system(name, args) for name in args.systems if name in RADIXRT_SYSTEMS]
     if LLAMA_CPP not in args.systems:
         return systems, []
+    binary = args.llama_server or (LLAMA_SERVER if os.access(LLAMA_SERVER, os.X_OK) else None)
+    if binary is not None:
+        return [*systems, llama_server_system(binary)], []
     if args.install_llama_cpp and llama_cpp_python(args) is None:
         args.llama_cpp_venv = LLAMA_VENV
         install_llama_cpp()
@@ -151,7 +194,8 @@ def running(system: System) -> Iterator[str]:
     start = time.perf_counter()
     with os.fdopen(fd, "wb") as log:
         proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True)
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, **(system.env or {})})
     try:
         base = f"http://127.0.0.1:{port}"
         wait_healthy(proc, base + system.health_path, log_path)

@@ -1,0 +1,72 @@
+"""PNG plots of benchmark results for the README: grouped bars, one panel per measure.
+
+matplotlib comes with the `bench` extra (`make bench`, or `pip install -e '.[bench]'`); without it
+a benchmark still prints its tables and says the plot was skipped.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import textwrap
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+PLOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "plots")
+Panel = tuple[str, Mapping[str, Sequence[float]]]  # (y label, series name -> one value per group)
+
+
+def plot_path(name: str, directory: str | None = None) -> str:
+    """Where a benchmark's plot goes: docs/plots/ (the README's), or --plot-dir."""
+    return os.path.normpath(os.path.join(directory or PLOT_DIR, f"{name}.png"))
+
+
+def add_plot_dir(parser: Any) -> None:
+    parser.add_argument("--plot-dir", default=None,
+                        help="write the PNG plot here instead of docs/plots/ (the README's)")
+
+
+def bar_panels(path: str, title: str, groups: Sequence[str], panels: Sequence[Panel],
+               caption: str = "") -> str | None:
+    """Side-by-side panels of grouped bars (a group per entry of `groups`, a bar per series),
+    each bar labelled with its value. Returns the PNG's path, or None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"plot skipped ({path}): matplotlib is not installed (pip install -e '.[bench]')",
+              file=sys.stderr)
+        return None
+    width_in = max(7.0, 5.2 * len(panels))
+    fig, axes = plt.subplots(1, len(panels), figsize=(width_in, 4.2), squeeze=False)
+    for ax, (ylabel, series) in zip(axes[0], panels):
+        width = 0.8 / max(len(series), 1)
+        for i, (name, values) in enumerate(series.items()):
+            xs = [g + (i - (len(series) - 1) / 2) * width for g in range(len(groups))]
+            bars = ax.bar(xs, values, width, label=name)
+            ax.bar_label(bars, labels=[_short(v) for v in values], fontsize=7, padding=1)
+        ax.set_xticks(range(len(groups)), groups, fontsize=8)
+        ax.set_ylabel(ylabel)
+        ax.margins(y=0.15)
+        ax.grid(axis="y", alpha=0.3)
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8,
+               bbox_to_anchor=(0.5, 0.94), frameon=False)
+    fig.suptitle(title, fontsize=10)
+    lines = textwrap.wrap(caption, width=int(width_in * 17)) if caption else []
+    for i, line in enumerate(lines):
+        fig.text(0.5, 0.01 + 0.035 * (len(lines) - 1 - i), line, ha="center", fontsize=7,
+                 color="0.35")
+    fig.tight_layout(rect=(0, 0.01 + 0.035 * len(lines), 1, 0.88))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"plot: {path}")
+    return path
+
+
+def _short(value: float) -> str:
+    return f"{value:.0f}" if abs(value) >= 100 else f"{value:.2g}" if abs(value) < 1 else (
+        f"{value:.1f}")
