@@ -80,7 +80,7 @@ def create_app(manager: TokenizerManager, api_key: str | None = None,
     app = FastAPI(title="radixrt", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = HTTPMetrics(manager, pins)
     install_error_handlers(app, metrics)
-    app.add_middleware(BodyLimit, max_bytes=MAX_REQUEST_BODY_BYTES)
+    app.add_middleware(BodyLimit, max_bytes=MAX_REQUEST_BODY_BYTES, metrics=metrics)
     if api_key:
         app.add_middleware(BearerAuth, api_key=api_key)
     app.add_middleware(InternalErrors, metrics=metrics)  # the outermost: catches the others'
@@ -202,8 +202,9 @@ def install_error_handlers(app: FastAPI, metrics: HTTPMetrics) -> None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
 
     async def on_body_too_large(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, BodyTooLarge)
         metrics.reject(413)
-        return JSONResponse(error_body(str(exc), code="request_too_large"), status_code=413)
+        return exc.response()
 
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
@@ -284,15 +285,19 @@ class BodyTooLarge(Exception):
         super().__init__(f"the request body is larger than {max_bytes} bytes: send less "
                          "(split a batch of prompts, shorten the prompt)")
 
+    def response(self) -> JSONResponse:
+        return JSONResponse(error_body(str(self), code="request_too_large"), status_code=413)
+
 
 class BodyLimit:
     """Pure ASGI middleware: a request body past `max_bytes` is refused with 413, before the app
     sees it when Content-Length says so, else as soon as the bytes read pass the limit. The rest
     of the body is read and dropped (never kept), so the connection stays usable."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, metrics: HTTPMetrics) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -301,10 +306,8 @@ class BodyLimit:
         declared = dict(scope["headers"]).get(b"content-length", b"0")
         if declared.isdigit() and int(declared) > self.max_bytes:
             await self.drain(receive, {"more_body": True})
-            exc = BodyTooLarge(self.max_bytes)
-            response = JSONResponse(error_body(str(exc), code="request_too_large"),
-                                    status_code=413)
-            await response(scope, receive, send)
+            self.metrics.reject(413)
+            await BodyTooLarge(self.max_bytes).response()(scope, receive, send)
             return
         seen = 0
 
