@@ -95,7 +95,7 @@ class NativeServing:
                            "request where the pinned prefix is not defined): drop 'stop' or "
                            "'pin'", param="pin")
 
-    def params(self, values: dict[str, Any], prompt_tokens: int) -> SamplingParams:
+    def params(self, values: dict[str, Any]) -> SamplingParams:
         unknown = sorted(set(values) - SAMPLING_FIELDS)
         if unknown:
             raise APIError(f"unknown sampling_params field(s) {unknown}; known fields: "
@@ -107,7 +107,7 @@ class NativeServing:
 
     async def generate(self, body: GenerateRequest, request: Request) -> Response:
         ids = self.encode(body)
-        params = self.params(body.sampling_params, len(ids))
+        params = self.params(body.sampling_params)
         if body.pin:
             self.check_pin(params)
         rid = f"gen-{uuid.uuid4().hex}"

@@ -115,7 +115,7 @@ class OpenAIServing:
                            "only): set max_tokens >= 1", param="max_tokens")
         prompts = split_prompts(body.prompt)
         ids_list = [self.encode(p, "prompt") for p in prompts]
-        params = [self.completion_params(body, ids) for ids in ids_list]
+        params = [self.completion_params(body)] * len(ids_list)  # the same for every prompt
         if len(prompts) * params[0].n > MAX_SAMPLES_PER_REQUEST:
             raise APIError(f"{len(prompts)} prompts x n={params[0].n} make "
                            f"{len(prompts) * params[0].n} samples; one request may ask for at "
@@ -148,7 +148,7 @@ class OpenAIServing:
             for j, sample in enumerate(out.samples)
         ]
 
-    def completion_params(self, body: CompletionRequest, ids: list[int]) -> SamplingParams:
+    def completion_params(self, body: CompletionRequest) -> SamplingParams:
         """max_tokens=0 with echo scores the prompt only: the runtime generates one token
         (it needs at least one), which the response leaves out."""
         max_tokens = 1 if scores_only(body) else body.max_tokens
