@@ -29,6 +29,7 @@ from radixrt.runtime.config import PLACEHOLDER_TOKEN, EngineConfig
 from radixrt.runtime.messages import (
     Run,
     RunResult,
+    Scheduling,
     StepPlan,
     StepResult,
     TokenLogprob,
@@ -343,6 +344,7 @@ class Arrival:
     step: int
     prompt: tuple[int, ...]
     params: SamplingParams
+    scheduling: Scheduling = Scheduling()  # priority, tenant
 
 
 class SimExecutor:
@@ -474,7 +476,7 @@ def run(sim: Sim, arrivals: Sequence[Arrival], aborts: Sequence[tuple] = ()) -> 
     while True:
         while queue and queue[0].step <= sim.steps:
             a = queue.pop(0)
-            top.append(sim.sched.add_request(list(a.prompt), a.params))
+            top.append(sim.sched.add_request(list(a.prompt), a.params, a.scheduling))
         if abort(False):
             cross_check(sim)
         if not queue and not sim.sched.has_work and sim.in_flight is None:

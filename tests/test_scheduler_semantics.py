@@ -32,7 +32,7 @@ from sim_worker import (
 )
 
 from radixrt.runtime.config import IN_BATCH_PREFIX_MIN, PLACEHOLDER_TOKEN, EngineConfig
-from radixrt.runtime.messages import RunResult, StepPlan, StepResult, TokenLogprob
+from radixrt.runtime.messages import RunResult, Scheduling, StepPlan, StepResult, TokenLogprob
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.scheduler.request import Request
 from radixrt.runtime.scheduler.scheduler import Scheduler
@@ -197,7 +197,8 @@ def test_dfs_weight_serves_uncached_requests_in_arrival_order(extra_key: str | N
     detached root per request; each used to become a subtree of weight 1, popped newest first,
     so the last request to arrive started first."""
     sim = make_sim(256, schedule_policy="dfs-weight", max_num_batched_tokens=16)
-    reqs = [sim.sched.add_request(tokens(7 + i, 10), ONCE, extra_key=extra_key)
+    reqs = [sim.sched.add_request(tokens(7 + i, 10), ONCE,
+                                  Scheduling(extra_key=extra_key))
             for i in range(3)]
     plan = sim.sched.schedule()
     assert plan is not None

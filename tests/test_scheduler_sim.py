@@ -35,6 +35,7 @@ from sim_worker import (
     step,
 )
 
+from radixrt.runtime.messages import Scheduling
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.scheduler.request import Phase, Request
 
@@ -62,7 +63,9 @@ def request_sets(draw: st.DrawFn, max_requests: int = 10, min_requests: int = 2)
             prompt_logprobs_start=draw(st.none() | st.integers(0, 12)),
             regex=regex,
         )
-        arrivals.append(Arrival(draw(st.integers(0, 20)), prompt, params))
+        scheduling = Scheduling(priority=draw(st.sampled_from([0, 0, 0, 1, -1])),
+                                tenant=draw(st.sampled_from(["", "", "a", "b"])))
+        arrivals.append(Arrival(draw(st.integers(0, 20)), prompt, params, scheduling))
     return arrivals
 
 
@@ -77,6 +80,8 @@ def configs(draw: st.DrawFn) -> dict:
         max_running_requests=draw(st.sampled_from([4, 256, 2])),
         swap_space_tokens=draw(st.sampled_from([1 << 16, 48, 0])),
         overlap=draw(st.booleans()),
+        priority_preemption=draw(st.booleans()),
+        fair_share=draw(st.booleans()),
     )
 
 
@@ -130,6 +135,7 @@ def record_coverage(sim: Sim) -> None:
     event("error" if any(r and r.startswith("error") for r in reasons) else "no error")
     event("overlap" if sim.overlap else "no overlap")
     event("jump-forward" if sim.worker.forced else "no jump-forward")
+    event("priority preemption" if stats.priority_preemptions else "no priority preemption")
     if sim.overlap:
         event("presolved in flight" if sim.worker.known else "nothing presolved")
         event("preempted while presolved" if sim.presolved_preempted else "no presolved victim")

@@ -28,6 +28,16 @@ IN_BATCH_PREFIX_MIN = 32
 DEFAULT_CUDA_GRAPH_MAX_BS = 128
 DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
 DEFAULT_MAX_PINNED_FRACTION = 0.5  # of the KV pool that pins (leases) may keep locked
+# Priorities (lower = more urgent, default 0, vLLM's convention) are bounded to this magnitude.
+MAX_PRIORITY = 1 << 20
+# A request's queue deadline (`timeout`, seconds) is at most this long.
+MAX_QUEUE_TIMEOUT_S = 24 * 3600.0
+# The finish reason of a request that waited past its timeout starts "error: " + this.
+QUEUE_TIMEOUT = "queue timeout"
+# A request refused because a queue is full is told to retry after this many seconds.
+QUEUE_FULL_RETRY_AFTER_S = 1
+# /metrics labels at most this many distinct tenants and priorities; the rest are "other".
+MAX_METRIC_LABELS = 32
 # Stands for a token a step in flight will sample (overlap scheduling); never reaches the worker.
 PLACEHOLDER_TOKEN = -1
 
@@ -112,6 +122,13 @@ class EngineConfig:
     # pins (DSL forks, HTTP pin: true) may keep at most this fraction of the KV pool locked;
     # a pin past it is refused (the request still runs; its prefix is just not kept)
     max_pinned_fraction: float = DEFAULT_MAX_PINNED_FRACTION
+    # a waiting request may preempt running requests of a strictly less urgent priority
+    priority_preemption: bool = True
+    # interleave tenants' admissions by the tokens each was served (within a priority level)
+    fair_share: bool = True
+    # waiting requests (in all, per tenant) past which a new request is refused (QueueFull, 429)
+    max_queued_requests: int | None = None
+    max_queued_per_tenant: int | None = None
 
     def __post_init__(self) -> None:
         def bad(field: str, value: Any, allowed: str) -> ValueError:
@@ -147,6 +164,10 @@ class EngineConfig:
         if not 0.0 <= self.max_pinned_fraction <= 1.0:
             raise bad("max_pinned_fraction", self.max_pinned_fraction,
                       "must be in [0, 1] (0 refuses every pin)")
+        for name in ("max_queued_requests", "max_queued_per_tenant"):
+            cap = getattr(self, name)
+            if cap is not None and cap < 1:
+                raise bad(name, cap, "must be >= 1 (None: unbounded)")
         if self.cuda_graph_max_bs < 0:
             raise bad("cuda_graph_max_bs", self.cuda_graph_max_bs, "must be >= 0 (0 disables)")
 

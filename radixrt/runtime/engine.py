@@ -15,7 +15,8 @@ from typing import Any
 from radixrt.runtime.config import GRAMMAR_POLL_S, EngineConfig
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.constrained.token_table import TokenTable
-from radixrt.runtime.messages import OutputDelta
+from radixrt.runtime.errors import QueueFull
+from radixrt.runtime.messages import OutputDelta, Scheduling
 from radixrt.runtime.models.loader import LoadedModel
 from radixrt.runtime.outputs import RequestOutput, StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
@@ -39,7 +40,7 @@ class _Deferred:
     future: Future
     ids: list[int]
     params: SamplingParams
-    extra_key: str | None
+    scheduling: Scheduling
     pin: bool
 
 
@@ -86,20 +87,30 @@ class Engine:
         params: SamplingParams | None = None,
         extra_key: str | None = None,
         pin: bool = False,
+        priority: int = 0,
+        tenant: str = "",
+        timeout: float | None = None,
     ) -> int:
-        """Queue one prompt; returns its request id. Raises ValueError on bad input.
-        pin=True: once it finishes, its prefix stays in the radix cache until `unpin(rid)`."""
+        """Queue one prompt; returns its request id. Raises ValueError on bad input, QueueFull
+        past max_queued_requests / max_queued_per_tenant.
+        pin=True: once it finishes, its prefix stays in the radix cache until `unpin(rid)`.
+        extra_key: the radix cache's namespace (requests with different keys share nothing);
+        priority: lower is more urgent (default 0); tenant: whose request it is (fair share);
+        timeout: seconds it may wait in the queue before it ends with an error."""
+        scheduling = Scheduling(priority=priority, tenant=tenant, extra_key=extra_key,
+                                timeout_s=timeout)
         params = params or SamplingParams()
         params.validate_for_vocab(self.model_config.vocab_size)
         ids = encode_checked(self.tokenizer, prompt, self.model_config.vocab_size)
         constraint = params.constraint
         if constraint is None:
-            rid = self.scheduler.add_request(ids, params, extra_key, pin=pin).rid
+            rid = self.scheduler.add_request(ids, params, scheduling, pin=pin).rid
         else:  # compiled off the hot path: the request waits apart until its grammar is ready
             self.scheduler.check_limits(ids, params)
+            self.scheduler.check_queue(tenant)
             future = self.grammars.compile_async(constraint)  # refuses a broken pattern
             rid = self.scheduler.new_rid()
-            self._compiling[rid] = _Deferred(future, ids, params, extra_key, pin)
+            self._compiling[rid] = _Deferred(future, ids, params, scheduling, pin)
         self._trackers[rid] = OutputTracker(self.tokenizer, rid, ids, params)
         return rid
 
@@ -124,8 +135,11 @@ class Engine:
             if error is not None:
                 self._end_outside(rid, f"error: the grammar failed to compile: {error}")
                 continue
-            self.scheduler.add_request(deferred.ids, deferred.params, deferred.extra_key,
-                                       rid=rid, pin=deferred.pin)
+            try:
+                self.scheduler.add_request(deferred.ids, deferred.params, deferred.scheduling,
+                                           rid=rid, pin=deferred.pin)
+            except QueueFull as exc:  # the queue filled up while its grammar compiled
+                self._end_outside(rid, f"error: {exc}")
 
     def _end_outside(self, rid: int, reason: str) -> None:
         """End a request the scheduler does not hold (still waiting for its grammar)."""
@@ -199,6 +213,8 @@ class Engine:
         self,
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        priority: int = 0,
+        tenant: str = "",
     ) -> list[RequestOutput]:
         """Generate for one prompt or a list of prompts; returns one output per prompt."""
         batch = [prompts] if is_single_prompt(prompts) else list(prompts)  # type: ignore[list-item]
@@ -211,7 +227,7 @@ class Engine:
         rids: list[int] = []
         try:
             for prompt, p in zip(batch, params_list):
-                rids.append(self.submit(prompt, p))
+                rids.append(self.submit(prompt, p, priority=priority, tenant=tenant))
         except Exception:
             for rid in rids:
                 self.abort(rid)
@@ -222,14 +238,16 @@ class Engine:
         return [self._trackers.pop(rid).output for rid in rids]
 
     async def generate_stream(
-        self, prompt: Prompt, params: SamplingParams | None = None, pin: bool = False
+        self, prompt: Prompt, params: SamplingParams | None = None, pin: bool = False,
+        priority: int = 0, tenant: str = "", timeout: float | None = None,
+        extra_key: str | None = None,
     ) -> AsyncIterator[StreamChunk]:
         """Yield text as it is generated. Several streams may run at once in one event loop:
         whichever is waiting drives the engine's steps, on the event loop's thread (a step
         blocks the loop while it runs; with overlap=True the forward pass itself runs on the
         worker thread, but planning and folding still run here). With pin, the final chunk says
         whether the prefix was pinned; a stream closed before that chunk was taken unpins it."""
-        rid = self.submit(prompt, params, pin=pin)
+        rid = self.submit(prompt, params, extra_key, pin, priority, tenant, timeout)
         tracker = self._trackers[rid]
         queue: asyncio.Queue[StreamChunk] = asyncio.Queue()
         self._queues[rid] = queue

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from radixrt.runtime.engine import Engine
+from radixrt.runtime.messages import Scheduling
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.tokenizer.manager_base import ClientIds, RequestMetrics
@@ -35,13 +36,17 @@ class EngineManager:
         params: SamplingParams,
         rid_hint: str | None = None,
         pin: bool = False,
+        scheduling: Scheduling | None = None,
     ) -> AsyncIterator[StreamChunk]:
-        metrics = RequestMetrics(arrival=time.monotonic(), prompt_tokens=len(prompt_ids))
+        s = scheduling or Scheduling()
+        metrics = RequestMetrics(arrival=time.monotonic(), prompt_tokens=len(prompt_ids),
+                                 priority=s.priority, tenant=s.tenant)
         submitted = False
         rid: int | None = None
         try:
             async with contextlib.aclosing(
-                self.engine.generate_stream(prompt_ids, params, pin=pin)
+                self.engine.generate_stream(prompt_ids, params, pin, s.priority, s.tenant,
+                                            s.timeout_s, s.extra_key)
             ) as stream:
                 async for chunk in stream:
                     if not submitted:

@@ -8,7 +8,11 @@ decode entry names the request, one new slot and nothing else.
 
 from __future__ import annotations
 
+import math
+
 import msgspec
+
+from radixrt.runtime.config import MAX_NAME_CHARS, MAX_PRIORITY, MAX_QUEUE_TIMEOUT_S
 
 
 class WorkerRequest(msgspec.Struct, frozen=True):
@@ -116,11 +120,48 @@ class WorkerReady(msgspec.Struct, frozen=True, tag=True):
 
 
 # --- tokenizer <-> scheduler ---------------------------------------------------------------------
+class Scheduling(msgspec.Struct, frozen=True):
+    """How the scheduler treats a request, beside what it generates (its SamplingParams):
+
+    - priority: lower is more urgent (default 0, vLLM's convention); the waiting queue orders
+      by it first, and a waiting request may preempt running requests of a larger priority;
+    - tenant: whose request it is (an API key's name, the OpenAI `user`, "" for everyone else);
+      within a priority level, admissions interleave tenants by the tokens each was served;
+    - extra_key: the radix cache's namespace (`cache_salt` over HTTP): requests with different
+      keys never share cached KV;
+    - timeout_s: a request still waiting (never admitted) this many seconds after it was queued
+      ends with an error.
+
+    Every field is bounded here, so a bad value is refused before anything is queued."""
+
+    priority: int = 0
+    tenant: str = ""
+    extra_key: str | None = None
+    timeout_s: float | None = None
+
+    def __post_init__(self) -> None:
+        if not -MAX_PRIORITY <= self.priority <= MAX_PRIORITY:
+            raise ValueError(f"priority={self.priority} is out of range: use an integer in "
+                             f"[{-MAX_PRIORITY}, {MAX_PRIORITY}] (lower is more urgent)")
+        for name in ("tenant", "extra_key"):
+            value = getattr(self, name)
+            if value is not None and len(value) > MAX_NAME_CHARS:
+                shown = "cache_salt" if name == "extra_key" else name
+                raise ValueError(f"{shown} has {len(value)} characters; at most "
+                                 f"{MAX_NAME_CHARS} are allowed")
+        timeout = self.timeout_s
+        if timeout is not None and not (math.isfinite(timeout)
+                                        and 0 < timeout <= MAX_QUEUE_TIMEOUT_S):
+            raise ValueError(f"timeout={timeout} is invalid: give seconds in "
+                             f"(0, {MAX_QUEUE_TIMEOUT_S:.0f}] (how long it may wait in the "
+                             "queue), or leave it out")
+
+
 class SubmitRequest(msgspec.Struct, frozen=True, tag=True):
     rid: int  # chosen by the tokenizer process (>= 0); n > 1 children get negative rids
     prompt_ids: list[int]
     params: dict  # SamplingParams.to_dict()
-    extra_key: str | None = None
+    scheduling: Scheduling = Scheduling()
     pin: bool = False  # keep the finished prefix locked in the radix tree until UnpinRequest
 
 
@@ -145,6 +186,7 @@ class DeltaBatch(msgspec.Struct, frozen=True, tag=True):
 class SubmitError(msgspec.Struct, frozen=True, tag=True):
     rid: int
     message: str
+    retry_after_s: int = 0  # > 0: refused because a queue is full (QueueFull), not invalid
 
 
 class ControlReply(msgspec.Struct, frozen=True, tag=True):

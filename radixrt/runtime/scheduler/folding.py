@@ -130,6 +130,8 @@ class ResultFolder:
                 params=parent.params.with_(n=1),
                 arrival=parent.arrival,
                 extra_key=parent.extra_key,
+                priority=parent.priority,
+                tenant=parent.tenant,
                 seed_offset=i,
                 parent_rid=parent.rid,
                 phase=Phase.RUNNING,

@@ -13,13 +13,19 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from radixrt.runtime.config import IN_BATCH_PREFIX_MIN, PLACEHOLDER_TOKEN, EngineConfig
+from radixrt.runtime.config import (
+    IN_BATCH_PREFIX_MIN,
+    PLACEHOLDER_TOKEN,
+    QUEUE_TIMEOUT,
+    EngineConfig,
+)
 from radixrt.runtime.messages import Run, SlotCopy, StepPlan, Swap, WorkerRequest
 from radixrt.runtime.scheduler.kv_manager import KVManager
 from radixrt.runtime.scheduler.policy import SchedulePolicy
+from radixrt.runtime.scheduler.queue_order import admission_order, most_urgent
 from radixrt.runtime.scheduler.request import Phase, Request
 from radixrt.runtime.scheduler.request_table import RequestTable
-from radixrt.runtime.scheduler.stats import SchedulerStats
+from radixrt.runtime.scheduler.stats import SchedulerStats, count_capped
 
 POOL_TOO_SMALL = "the KV pool is too small for this request"
 
@@ -62,16 +68,20 @@ class Planner:
         table = self.table
         draft = _StepDraft(budget=self.config.max_num_batched_tokens,
                            prefilling_in_flight=set().union(*table.prefills_in_flight.values()))
-        self._swap_back(draft)
+        self._expire_waiting()
+        urgent = most_urgent(table.waiting)  # the most urgent priority waiting
+        self._swap_back(draft, urgent)
+        if urgent is not None and self.config.priority_preemption:
+            self._preempt_for_urgent(draft)
         for req in [r for r in table.running if r.is_decoding and not self._awaits_end(r)]:
             if req.phase is Phase.RUNNING and req.rid not in draft.planned:
                 self._plan_chunk(req, 1, draft)
-        for req in [r for r in table.running if not r.is_decoding and r.remaining > 0]:
-            if draft.budget <= 0:
-                break
-            if req.phase is Phase.RUNNING and req.rid not in draft.planned:
-                self._plan_chunk(req, min(req.remaining, draft.budget), draft)
-        self._admit(draft)
+        prefills = sorted((r for r in table.running if not r.is_decoding and r.remaining > 0),
+                          key=lambda r: r.priority)  # stable: admission order within a level
+        ahead = [r for r in prefills if urgent is None or r.priority <= urgent]
+        self._plan_prefills(ahead, draft)
+        self._admit(draft)  # more urgent waiting requests go before less urgent prefills
+        self._plan_prefills(prefills[len(ahead):], draft)
         free = table.take_pending_free()  # ends during planning are in it too
         self._move_onto_tree_pages(draft, free)
         if not (draft.runs or free or draft.swap_out or draft.copies or draft.swap_in):
@@ -90,6 +100,25 @@ class Planner:
             swap_in=draft.swap_in,
             runs=draft.runs,
         )
+
+    def _plan_prefills(self, requests: list[Request], draft: _StepDraft) -> None:
+        for req in requests:
+            if draft.budget <= 0:
+                break
+            if req.phase is Phase.RUNNING and req.rid not in draft.planned:
+                self._plan_chunk(req, min(req.remaining, draft.budget), draft)
+
+    def _expire_waiting(self) -> None:
+        """Requests never admitted by their deadline end with an error."""
+        now = time.monotonic()
+        for req in [r for r in self.table.waiting
+                    if r.deadline_s is not None and r.admitted_at < 0 and now >= r.deadline_s]:
+            self.stats.timeouts += 1
+            timeout = req.deadline_s - req.submitted_s  # type: ignore[operator]
+            self.table.fail(req, f"{QUEUE_TIMEOUT}: the request was not started within its "
+                                 f"timeout={timeout:g}s ({len(self.table.waiting)} requests were "
+                                 "waiting): retry later, give a longer timeout, or a more urgent "
+                                 "(lower) priority")
 
     def _awaits_end(self, req: Request) -> bool:
         """The step in flight samples this request's last token: nothing more to plan."""
@@ -111,9 +140,15 @@ class Planner:
     # --- admission ---------------------------------------------------------------------------
     def _admit(self, draft: _StepDraft) -> None:
         table = self.table
-        if not table.waiting or table.swapped:
-            return  # swapped-out requests come back before anything new starts
-        for req in self.policy.order(table.waiting, self.kv):
+        if not table.waiting:
+            return
+        fair = table.fair if self.config.fair_share else None
+        if fair is not None:
+            fair.forget_idle(table.active_tenants())
+        swapped = most_urgent(table.swapped)
+        for req in admission_order(table.waiting, self.kv, self.policy, fair):
+            if swapped is not None and req.priority >= swapped:
+                break  # swapped-out requests come back before anything as urgent starts
             if draft.budget <= 0 or len(table.running) >= self.config.max_running_requests:
                 break
             if self._shares_prefill_in_progress(req, draft):
@@ -213,24 +248,65 @@ class Planner:
             req.output_ids.append(PLACEHOLDER_TOKEN)
             req.pending += 1
         draft.planned.add(req.rid)
+        self.table.fair.charge(req.tenant, chunk)
         if chunk > 1:
             draft.prefilling.add(req.rid)
         draft.budget -= chunk
 
     # --- preemption --------------------------------------------------------------------------
     def _pick_victim(self, req: Request, draft: _StepDraft) -> Request | None:
-        """The most recently admitted running request not planned in this step yet."""
+        """For a running request that needs KV: the least urgent, then most recently admitted
+        running request not planned in this step yet, never one more urgent than `req`."""
         candidates = [
             r
             for r in self.table.running
             if r is not req and r.rid not in draft.planned and r.rid not in draft.swapped_in
+            and r.priority >= req.priority
         ]
-        victim = max(candidates, key=lambda r: r.admitted_at, default=None)
+        victim = max(candidates, key=lambda r: (r.priority, r.admitted_at), default=None)
         if victim is not None and victim.pending:
             # its sampled token is still in flight: preempt only once that step is folded in
             self.table.needs_sync = True
             return None
         return victim
+
+    def _preempt_for_urgent(self, draft: _StepDraft) -> None:
+        """Priority preemption, before anything is planned: make room (running slots, KV pages
+        for a first chunk) for waiting requests by preempting running requests of a strictly
+        less urgent priority, least urgent and most recently admitted first. Equal priorities
+        never preempt each other, so nothing ping-pongs; a preempted request (recompute keeps
+        its tokens in the radix tree) resumes once the urgent ones leave room."""
+        table, kv = self.table, self.kv
+        least = max((r.priority for r in table.running), default=None)
+        swapped = most_urgent(table.swapped)
+        ceiling = least if swapped is None or least is None else min(least, swapped)
+        if ceiling is None:
+            return
+        urgent = sorted((r for r in table.waiting if r.priority < ceiling),
+                        key=lambda r: (r.priority, r.arrival))
+        ps = kv.page_size
+        pages = sum(1 for r in table.running if r.is_decoding and r.kv_len % ps == 0)
+        budget = self.config.max_num_batched_tokens - sum(r.is_decoding for r in table.running)
+        for slots, req in enumerate(urgent, start=1):  # slots: the running slots they take
+            if budget <= 0:
+                return
+            chunk = min(req.num_tokens - kv.match_len(req), budget)
+            budget -= chunk
+            pages += kv.pages_for(chunk) + 1
+            while (len(table.running) + slots > self.config.max_running_requests
+                   or kv.available_pages() < pages):
+                victims = [r for r in table.running
+                           if r.priority > req.priority and r.rid not in draft.swapped_in]
+                if not victims:
+                    break
+                victim = max(victims, key=lambda r: (r.priority, r.admitted_at))
+                if victim.pending:  # its token is in flight: preempt once that step is in
+                    table.needs_sync = True
+                    return
+                self._preempt(victim, draft)
+                self.stats.priority_preemptions += 1
+                count_capped(self.stats.preemptions_caused_by_priority, str(req.priority))
+                count_capped(self.stats.preemptions_caused_by_tenant, req.tenant)
 
     def _preempt(self, victim: Request, draft: _StepDraft) -> None:
         table = self.table
@@ -258,9 +334,13 @@ class Planner:
         victim.phase = Phase.WAITING
         table.waiting.append(victim)
 
-    def _swap_back(self, draft: _StepDraft) -> None:
+    def _swap_back(self, draft: _StepDraft, urgent: int | None) -> None:
+        """Swapped-out requests come back, most urgent then oldest first, unless a more urgent
+        request is waiting (it goes first)."""
         table = self.table
-        for req in sorted(table.swapped, key=lambda r: r.admitted_at):
+        for req in sorted(table.swapped, key=lambda r: (r.priority, r.admitted_at)):
+            if urgent is not None and urgent < req.priority:
+                break
             need = self.kv.pages_for(req.kv_len_swapped) + len(table.running)
             if self.kv.available_pages() < need:
                 break

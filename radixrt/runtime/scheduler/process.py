@@ -17,6 +17,7 @@ from typing import Any
 import zmq
 
 from radixrt.runtime.config import LOG_FORMAT, LOG_INTERVAL_S, PARENT_POLL_MS, EngineConfig
+from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.ipc import (
     RESULTS_IN,
     SCHEDULER_IN,
@@ -132,8 +133,11 @@ class SchedulerService:
                     f"prompt token ids {bad[:5]} are outside the vocabulary "
                     f"[0, {self.ready.vocab_size})"
                 )
-            self.scheduler.add_request(msg.prompt_ids, params, msg.extra_key, rid=msg.rid,
+            self.scheduler.add_request(msg.prompt_ids, params, msg.scheduling, rid=msg.rid,
                                        pin=msg.pin)
+        except QueueFull as exc:
+            self.outbox.send(SubmitError(rid=msg.rid, message=str(exc),
+                                         retry_after_s=exc.retry_after_s))
         except (ValueError, TypeError) as exc:
             self.outbox.send(SubmitError(rid=msg.rid, message=str(exc)))
 

@@ -27,6 +27,9 @@ class Request:
     params: SamplingParams
     arrival: int  # monotonically increasing submission counter (fcfs order)
     extra_key: str | None = None  # radix-cache namespace: different keys never share KV
+    priority: int = 0  # lower is more urgent
+    tenant: str = ""  # whose request it is (fair share between tenants)
+    deadline_s: float | None = None  # monotonic seconds: still never admitted by then -> error
     seed_offset: int = 0  # which of the n samples of its prompt this request is
     parent_rid: int | None = None  # set on the n children of an n > 1 request
     pin: bool = False  # on a normal finish, keep its prefix locked in the tree until unpinned

@@ -25,6 +25,7 @@ import time
 from collections.abc import Sequence
 
 from radixrt.runtime.messages import OutputDelta
+from radixrt.runtime.scheduler.fair_share import FairShare
 from radixrt.runtime.scheduler.kv_manager import KVManager
 from radixrt.runtime.scheduler.radix_cache import RadixNode
 from radixrt.runtime.scheduler.request import Phase, Request
@@ -52,6 +53,7 @@ class RequestTable:
         # step id -> requests whose prompt chunk that step computes (until it is folded in)
         self.prefills_in_flight: dict[int, set[int]] = {}
         self.needs_sync = False
+        self.fair = FairShare()  # tenants' virtual times
         self._rids = itertools.count()
         self._child_rids = itertools.count(-1, -1)  # n > 1 samples: never clash with clients'
         self._arrivals = itertools.count()
@@ -74,7 +76,17 @@ class RequestTable:
             raise ValueError(f"request id {req.rid} is negative or already in use")
         self.requests[req.rid] = req
         req.submitted_s = time.monotonic()
+        self.fair.activate(req.tenant)
         self.waiting.append(req)
+
+    def queued(self, tenant: str | None = None) -> int:
+        """Waiting requests (of `tenant` only, when given)."""
+        if tenant is None:
+            return len(self.waiting)
+        return sum(1 for r in self.waiting if r.tenant == tenant)
+
+    def active_tenants(self) -> set[str]:
+        return {r.tenant for r in (*self.waiting, *self.running, *self.swapped)}
 
     def start(self, req: Request) -> None:
         """WAITING -> RUNNING (its KV was admitted and reserved by the planner)."""

@@ -16,8 +16,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from radixrt.runtime.config import EngineConfig
-from radixrt.runtime.messages import OutputDelta, StepPlan, StepResult, WorkerReady
+from radixrt.runtime.config import QUEUE_FULL_RETRY_AFTER_S, EngineConfig
+from radixrt.runtime.errors import QueueFull
+from radixrt.runtime.messages import (
+    OutputDelta,
+    Scheduling,
+    StepPlan,
+    StepResult,
+    WorkerReady,
+)
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.scheduler.folding import ResultFolder
 from radixrt.runtime.scheduler.kv_manager import KVManager
@@ -88,26 +95,34 @@ class Scheduler:
         self,
         prompt_ids: Sequence[int],
         params: SamplingParams,
-        extra_key: str | None = None,
+        scheduling: Scheduling | None = None,
         rid: int | None = None,
         pin: bool = False,
     ) -> Request:
-        """Queue a request. With pin=True, a request that finishes normally keeps its prefix
-        locked in the radix tree (so forks of a DSL program reuse it) until `unpin(rid)`.
-        Raises ValueError for a prompt that breaks the context limits; a request that can never
-        fit the KV pool finishes at once with an error reason."""
+        """Queue a request. `scheduling`: its priority, tenant, cache namespace and queue
+        timeout (messages.Scheduling). With pin=True, a request that finishes normally keeps its
+        prefix locked in the radix tree (so forks of a DSL program reuse it) until `unpin(rid)`.
+        Raises ValueError for a prompt that breaks the context limits, QueueFull when the
+        waiting queue (or the tenant's part of it) is at its cap; a request that can never fit
+        the KV pool finishes at once with an error reason."""
+        scheduling = scheduling or Scheduling()
         prompt_ids = [int(t) for t in prompt_ids]
         params = params.for_prompt(len(prompt_ids), self.context_length)  # the default rule
         self.check_limits(prompt_ids, params)
+        self.check_queue(scheduling.tenant)
         req = Request(
             rid=self.table.new_rid() if rid is None else rid,
             prompt_ids=prompt_ids,
             params=params,
             arrival=self.table.next_arrival(),
-            extra_key=extra_key,
+            extra_key=scheduling.extra_key,
+            priority=scheduling.priority,
+            tenant=scheduling.tenant,
             pin=pin,
         )
         self.table.enqueue(req)
+        if scheduling.timeout_s is not None:
+            req.deadline_s = req.submitted_s + scheduling.timeout_s
         need = len(prompt_ids) + params.n * (params.max_tokens + self.kv.page_size)
         if need > self.kv.capacity_tokens:
             self.table.fail(
@@ -117,6 +132,22 @@ class Scheduler:
                 f"{self.kv.capacity_tokens}; lower max_tokens or n, or raise max_total_tokens",
             )
         return req
+
+    def check_queue(self, tenant: str) -> None:
+        """Raise QueueFull when the waiting queue, or `tenant`'s part of it, is at its cap."""
+        cfg = self.config
+        cap, tenant_cap = cfg.max_queued_requests, cfg.max_queued_per_tenant
+        if cap is not None and self.table.queued() >= cap:
+            self.stats.queue_full += 1
+            raise QueueFull(f"the server is at capacity: {cap} requests are waiting "
+                            f"(--max-queued-requests); retry after {QUEUE_FULL_RETRY_AFTER_S}s",
+                            QUEUE_FULL_RETRY_AFTER_S)
+        if tenant_cap is not None and self.table.queued(tenant) >= tenant_cap:
+            self.stats.queue_full += 1
+            who = f"tenant {tenant!r}" if tenant else "the shared tenant"
+            raise QueueFull(f"{who} has {tenant_cap} requests waiting, its cap "
+                            f"(--max-queued-per-tenant); retry after "
+                            f"{QUEUE_FULL_RETRY_AFTER_S}s", QUEUE_FULL_RETRY_AFTER_S)
 
     def new_rid(self) -> int:
         """A request id for a request that will be added later (with add_request(rid=...))."""
@@ -208,6 +239,13 @@ class Scheduler:
             "preemptions": s.preemptions,
             "swaps": s.swaps,
             "swap_fallbacks": s.swap_fallbacks,
+            "priority_preemptions": s.priority_preemptions,
+            "preemptions_caused_by_priority": dict(s.preemptions_caused_by_priority),
+            "preemptions_caused_by_tenant": dict(s.preemptions_caused_by_tenant),
+            "queue_timeouts": s.timeouts,
+            "queue_full": s.queue_full,
+            "max_queued_requests": self.config.max_queued_requests,
+            "max_queued_per_tenant": self.config.max_queued_per_tenant,
             "pinned": len(self.table.pins),
             "pinned_tokens": self.kv.pinned_tokens(self.table.pins.values()),
             "pin_budget_tokens": self.table.pin_budget_tokens,

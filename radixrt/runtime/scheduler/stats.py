@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from radixrt.runtime.config import MAX_METRIC_LABELS
+
+OTHER_LABEL = "other"  # counts past MAX_METRIC_LABELS distinct keys
+
+
+def count_capped(counts: dict[str, int], key: str) -> None:
+    """counts[key] += 1, with at most MAX_METRIC_LABELS distinct keys (the rest: "other")."""
+    if key not in counts and len(counts) >= MAX_METRIC_LABELS:
+        key = OTHER_LABEL
+    counts[key] = counts.get(key, 0) + 1
 
 
 @dataclass
@@ -15,3 +26,9 @@ class SchedulerStats:
     preemptions: int = 0
     swaps: int = 0
     swap_fallbacks: int = 0  # swap mode, host swap space full: preempted by recompute instead
+    # preemptions made for a more urgent waiting request, by that request's priority / tenant
+    priority_preemptions: int = 0
+    preemptions_caused_by_priority: dict[str, int] = field(default_factory=dict)
+    preemptions_caused_by_tenant: dict[str, int] = field(default_factory=dict)
+    timeouts: int = 0  # requests that waited past their timeout
+    queue_full: int = 0  # requests refused because a queue was at its cap

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from radixrt.runtime.messages import Scheduling
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.tokenizer.prompts import Prompt
@@ -25,6 +26,8 @@ class RequestMetrics:
     last_token: float | None = None
     finished: float | None = None
     prompt_tokens: int = 0
+    priority: int = 0
+    tenant: str = ""
     cached_tokens: int = 0
     completion_tokens: int = 0
     queue: float | None = None  # submission to first admission, as the scheduler measured it
@@ -91,14 +94,17 @@ class TokenizerManager(Protocol):
         params: SamplingParams,
         rid_hint: str | None = None,
         pin: bool = False,
+        scheduling: Scheduling | None = None,
     ) -> AsyncIterator[StreamChunk]:
-        """Submit and stream. With pin, the finished prompt stays cached until `unpin(rid)`
+        """Submit and stream, with `scheduling`'s priority, tenant, cache namespace and queue
+        timeout. With pin, the finished prompt stays cached until `unpin(rid)`
         when the final chunk says `pinned` (else its `pin_error` says why not); the on_pinned
         callbacks hear of the pin even when the stream was closed before that chunk.
-        Raises ValueError (before yielding anything) when the runtime
-        refuses the request: prompt or max_tokens past the context, ids outside the vocabulary,
-        bad params. Closing the iterator early (client gone) aborts the request and frees its
-        KV. Every sample ends with a chunk whose finish_reason is set."""
+        Raises QueueFull when a queue is at its cap, ValueError (both before yielding
+        anything) when the runtime refuses the request: prompt or max_tokens past the context,
+        ids outside the vocabulary, bad params. Closing the iterator early (client gone)
+        aborts the request and frees its KV. Every sample ends with a chunk whose
+        finish_reason is set."""
         ...
 
     async def abort(self, rid: int | str) -> int:

@@ -15,6 +15,7 @@ import zmq.asyncio
 
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.constrained.token_table import TokenTable
+from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.ipc import TOKENIZER_IN, Addresses, TypedSocket
 from radixrt.runtime.messages import (
     AbortRequest,
@@ -22,6 +23,7 @@ from radixrt.runtime.messages import (
     ControlRequest,
     DeltaBatch,
     SchedulerReady,
+    Scheduling,
     SubmitError,
     SubmitRequest,
     UnpinRequest,
@@ -91,7 +93,9 @@ class ZmqTokenizerManager:
         params: SamplingParams,
         rid_hint: str | None = None,
         pin: bool = False,
+        scheduling: Scheduling | None = None,
     ) -> AsyncIterator[StreamChunk]:
+        scheduling = scheduling or Scheduling()
         if params.constraint is not None:  # refused here if broken; compiled off the loop
             await asyncio.wrap_future(self.grammars().compile_async(params.constraint))
         rid = next(self._rids)
@@ -99,15 +103,18 @@ class ZmqTokenizerManager:
         tracker = OutputTracker(self.tokenizer, rid, list(prompt_ids), params)
         queue: asyncio.Queue = asyncio.Queue()
         self._streams[rid] = (tracker, queue)
-        metrics = RequestMetrics(arrival=time.monotonic(), prompt_tokens=len(prompt_ids))
+        metrics = RequestMetrics(arrival=time.monotonic(), prompt_tokens=len(prompt_ids),
+                                 priority=scheduling.priority, tenant=scheduling.tenant)
         refused = False
         await self._send(SubmitRequest(rid=rid, prompt_ids=list(prompt_ids),
-                                       params=params.to_dict(), pin=pin))
+                                       params=params.to_dict(), scheduling=scheduling, pin=pin))
         try:
             while not (tracker.finished and queue.empty()):  # a slow reader still gets all
                 item = await queue.get()
                 if isinstance(item, SubmitError):
                     refused = True
+                    if item.retry_after_s > 0:
+                        raise QueueFull(item.message, item.retry_after_s)
                     raise ValueError(item.message)
                 metrics.record(item, time.monotonic())
                 yield item

@@ -1,0 +1,296 @@
+"""Priorities, fair share between tenants, admission control and cache namespaces, on the
+scheduler driven by the simulated worker (tests/sim_worker.py): every step cross-checks the
+scheduler against the worker and runs the KV integrity check; every output is the oracle's, so a
+preempted request that resumes must produce exactly what it would have alone."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sim_worker import Arrival, Sim, check_idle, check_outputs, make_sim, run, step
+
+from radixrt.runtime.config import QUEUE_TIMEOUT
+from radixrt.runtime.errors import QueueFull
+from radixrt.runtime.messages import Scheduling
+from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.scheduler.fair_share import FairShare
+from radixrt.runtime.scheduler.policy import make_policy
+from radixrt.runtime.scheduler.queue_order import admission_order
+from radixrt.runtime.scheduler.request import Request
+
+LONG = SamplingParams(max_tokens=40, ignore_eos=True)
+SHORT = SamplingParams(max_tokens=4, ignore_eos=True)
+
+
+def prompt(i: int, n: int = 6) -> tuple[int, ...]:
+    return tuple(1 + (i * 7 + k) % 20 for k in range(n))
+
+
+def first_token_step(sim: Sim, req: Request, limit: int = 400) -> int:
+    """Step until `req` has its first output token; the number of steps it took."""
+    start = sim.steps
+    while req.num_known_outputs == 0 and not req.finished:
+        assert sim.steps - start < limit, "no first token"
+        step(sim)
+    return sim.steps - start
+
+
+def drain(sim: Sim) -> None:
+    while sim.sched.has_work or sim.in_flight is not None:
+        step(sim)
+    step(sim)
+
+
+def fill_slots(sim: Sim, count: int, priority: int, params: SamplingParams = LONG) -> list:
+    reqs = [sim.sched.add_request(list(prompt(i)), params, Scheduling(priority=priority))
+            for i in range(count)]
+    for _ in range(3):
+        step(sim)
+    assert all(r.num_known_outputs > 0 for r in reqs)
+    return reqs
+
+
+# --- priority ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_an_urgent_request_preempts_less_urgent_ones_for_a_running_slot(
+    overlap: bool, preemption: str
+) -> None:
+    sim = make_sim(512, overlap, max_running_requests=4, preemption=preemption)
+    background = fill_slots(sim, 4, priority=1)
+    arrivals = [Arrival(0, prompt(i), LONG, Scheduling(priority=1)) for i in range(4)]
+    urgent = sim.sched.add_request([9, 9, 9, 9], SHORT, Scheduling(priority=0))
+    # overlap: one more step, to fold in the victim's token in flight before preempting it
+    assert first_token_step(sim, urgent) <= 3 + overlap
+    assert sim.sched.stats.priority_preemptions >= 1
+    drain(sim)
+    check_idle(sim)
+    # the preempted requests resumed and wrote what they would have alone
+    check_outputs(sim, [*arrivals, Arrival(0, (9, 9, 9, 9), SHORT)], [*background, urgent])
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_an_urgent_request_preempts_for_kv_memory(preemption: str) -> None:
+    # after 20 steps, 4 background requests of 6 + 40 tokens hold 4 x 29 of a 160-token pool:
+    # the urgent 60-token prompt does not fit beside them
+    sim = make_sim(160, max_running_requests=16, preemption=preemption)
+    background = fill_slots(sim, 4, priority=5)
+    for _ in range(17):
+        step(sim)
+    assert sim.sched.stats.preemptions == 0
+    urgent_prompt = tuple(21 + k % 3 for k in range(60))  # shares nothing with them
+    urgent = sim.sched.add_request(list(urgent_prompt), SHORT, Scheduling(priority=-3))
+    assert first_token_step(sim, urgent) <= 3
+    caused = sim.sched.stats.priority_preemptions
+    assert caused >= 1
+    assert sim.sched.stats.preemptions_caused_by_priority == {"-3": caused}
+    drain(sim)
+    check_idle(sim)
+    arrivals = [Arrival(0, prompt(i), LONG) for i in range(4)]
+    check_outputs(sim, [*arrivals, Arrival(0, urgent_prompt, SHORT)], [*background, urgent])
+
+
+def test_equal_priorities_never_preempt_each_other() -> None:
+    sim = make_sim(512, max_running_requests=4)
+    background = fill_slots(sim, 4, priority=1)
+    same = sim.sched.add_request([9, 9, 9, 9], SHORT, Scheduling(priority=1))
+    waited = first_token_step(sim, same)
+    assert sim.sched.stats.preemptions == 0
+    assert waited >= LONG.max_tokens - 5  # it waited for a running request to finish
+    drain(sim)
+    assert all(r.num_preemptions == 0 for r in background)
+
+
+def test_priority_preemption_can_be_switched_off() -> None:
+    sim = make_sim(512, max_running_requests=4, priority_preemption=False)
+    fill_slots(sim, 4, priority=1)
+    urgent = sim.sched.add_request([9, 9, 9, 9], SHORT, Scheduling(priority=0))
+    assert first_token_step(sim, urgent) >= LONG.max_tokens - 5
+    assert sim.sched.stats.preemptions == 0
+
+
+def test_the_queue_orders_by_priority_before_the_policy() -> None:
+    sim = make_sim(512, max_running_requests=1, schedule_policy="fcfs")
+    fill_slots(sim, 1, priority=-10, params=SHORT)
+    order = []
+    reqs = {p: sim.sched.add_request(list(prompt(p + 5)), SHORT, Scheduling(priority=p))
+            for p in (3, 1, 2, 0)}
+    while any(not r.finished for r in reqs.values()):
+        step(sim)
+        for p, r in reqs.items():
+            if r.num_known_outputs and p not in order:
+                order.append(p)
+    assert order == [0, 1, 2, 3]
+
+
+def test_priority_mix_with_tenants_keeps_every_invariant_in_random_streams() -> None:
+    @settings(max_examples=120, deadline=None)
+    @given(
+        arrivals=st.lists(
+            st.tuples(st.integers(0, 30), st.integers(0, 9), st.integers(1, 30),
+                      st.sampled_from([-1, 0, 0, 2]), st.sampled_from(["", "a", "b"])),
+            min_size=2, max_size=14),
+        preemption=st.sampled_from(["recompute", "swap"]),
+        overlap=st.booleans(),
+        pool=st.integers(96, 256),
+    )
+    def check(arrivals: list, preemption: str, overlap: bool, pool: int) -> None:
+        sim = make_sim(pool, overlap, max_running_requests=3, preemption=preemption,
+                       max_num_batched_tokens=24)
+        plan = [Arrival(at, prompt(i, 4 + i), SamplingParams(max_tokens=n, ignore_eos=True),
+                        Scheduling(priority=p, tenant=t))
+                for at, i, n, p, t in arrivals]
+        top = run(sim, plan)
+        check_idle(sim)
+        check_outputs(sim, plan, top)
+
+    check()
+
+
+# --- fair share --------------------------------------------------------------------------------
+def _flood(fair_share: bool) -> tuple[int, Sim]:
+    sim = make_sim(4096, max_running_requests=4, fair_share=fair_share, schedule_policy="fcfs")
+    for i in range(64):
+        sim.sched.add_request(list(prompt(i)), SHORT, Scheduling(tenant="A"))
+    step(sim)
+    b = [sim.sched.add_request(list(prompt(100 + i)), SHORT, Scheduling(tenant="B"))
+         for i in range(2)]
+    steps = first_token_step(sim, b[0])
+    drain(sim)
+    check_idle(sim)
+    return steps, sim
+
+
+def test_a_flooding_tenant_does_not_delay_another_tenants_first_request() -> None:
+    fair_steps, _ = _flood(fair_share=True)
+    unfair_steps, _ = _flood(fair_share=False)
+    # A's 4 running requests finish within SHORT.max_tokens steps; then B is next in line
+    assert fair_steps <= SHORT.max_tokens + 3
+    assert unfair_steps >= 60  # behind A's whole queue: 64 / 4 slots x 4 tokens
+    assert fair_steps * 5 < unfair_steps
+
+
+def test_with_one_tenant_the_order_is_the_policys() -> None:
+    @settings(max_examples=80, deadline=None)
+    @given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 12)), min_size=1, max_size=20),
+           st.sampled_from(["fcfs", "lpm", "dfs-weight"]))
+    def check(shapes: list, policy_name: str) -> None:
+        sim = make_sim(1024, schedule_policy=policy_name)
+        waiting = [Request(rid=i, prompt_ids=list(prompt(base, n)), params=SHORT, arrival=i,
+                           tenant="only") for i, (base, n) in enumerate(shapes)]
+        policy = make_policy(policy_name)
+        fair = FairShare()
+        fair.activate("only")
+        fair.charge("only", 1000)
+        assert admission_order(waiting, sim.sched.kv, policy, fair) == \
+            policy.order(waiting, sim.sched.kv)
+
+    check()
+
+
+def test_fair_share_keeps_each_tenants_policy_order_and_interleaves_them() -> None:
+    @settings(max_examples=80, deadline=None)
+    @given(st.lists(st.tuples(st.sampled_from("abc"), st.integers(1, 9)), min_size=2,
+                    max_size=24),
+           st.dictionaries(st.sampled_from("abc"), st.integers(0, 50)))
+    def check(shapes: list, served: dict) -> None:
+        fair = FairShare()
+        for tenant in "abc":
+            fair.activate(tenant)
+            fair.charge(tenant, served.get(tenant, 0))
+        ordered = [Request(rid=i, prompt_ids=[1] * n, params=SHORT, arrival=i, tenant=t)
+                   for i, (t, n) in enumerate(shapes)]
+        out = fair.interleave(ordered)
+        assert sorted(r.rid for r in out) == list(range(len(ordered)))
+        for tenant in "abc":  # each tenant's own requests keep their order
+            assert [r for r in out if r.tenant == tenant] == \
+                [r for r in ordered if r.tenant == tenant]
+        # the first request placed is from a tenant with the least virtual time
+        present = {r.tenant for r in ordered}
+        least = min(fair.virtual[t] for t in present)
+        assert fair.virtual[out[0].tenant] == least
+
+    check()
+
+
+def test_a_returning_tenant_gets_no_credit_for_its_idle_time() -> None:
+    fair = FairShare()
+    fair.activate("a")
+    fair.charge("a", 500)
+    fair.activate("b")  # joins at a's clock, not at zero
+    assert fair.virtual["b"] == 500
+    fair.forget_idle(["b"])
+    assert set(fair.virtual) == {"b"}
+
+
+# --- admission control -------------------------------------------------------------------------
+def test_the_queue_cap_refuses_with_queue_full_and_serves_on() -> None:
+    sim = make_sim(512, max_running_requests=1, max_queued_requests=3)
+    reqs = [sim.sched.add_request(list(prompt(i)), SHORT) for i in range(3)]
+    with pytest.raises(QueueFull, match="max-queued-requests") as info:
+        sim.sched.add_request(list(prompt(9)), SHORT)
+    assert info.value.retry_after_s >= 1
+    step(sim)  # one admitted: room for one more
+    reqs.append(sim.sched.add_request(list(prompt(9)), SHORT))
+    drain(sim)
+    check_idle(sim)
+    assert all(r.finish_reason == "length" for r in reqs)
+    assert sim.sched.stats.queue_full == 1
+
+
+def test_the_per_tenant_cap_leaves_other_tenants_alone() -> None:
+    sim = make_sim(512, max_running_requests=1, max_queued_per_tenant=2)
+    for i in range(2):
+        sim.sched.add_request(list(prompt(i)), SHORT, Scheduling(tenant="a"))
+    with pytest.raises(QueueFull, match="tenant 'a'"):
+        sim.sched.add_request(list(prompt(5)), SHORT, Scheduling(tenant="a"))
+    sim.sched.add_request(list(prompt(6)), SHORT, Scheduling(tenant="b"))
+    drain(sim)
+    check_idle(sim)
+
+
+def test_a_request_waiting_past_its_timeout_ends_with_a_clear_error() -> None:
+    sim = make_sim(512, max_running_requests=1)
+    fill_slots(sim, 1, priority=0)
+    late = sim.sched.add_request(list(prompt(7)), SHORT, Scheduling(timeout_s=0.05))
+    patient = sim.sched.add_request(list(prompt(8)), SHORT, Scheduling(timeout_s=600))
+    step(sim)
+    assert not late.finished
+    time.sleep(0.06)
+    step(sim)
+    step(sim)
+    assert late.finish_reason is not None and late.finish_reason.startswith(
+        f"error: {QUEUE_TIMEOUT}")
+    assert "timeout=0.05s" in late.finish_reason and late.rid in sim.reported
+    drain(sim)
+    assert patient.finish_reason == "length"
+    check_idle(sim)
+
+
+def test_scheduling_fields_are_bounded() -> None:
+    with pytest.raises(ValueError, match="priority"):
+        Scheduling(priority=1 << 40)
+    with pytest.raises(ValueError, match="cache_salt"):
+        Scheduling(extra_key="x" * 1000)
+    for bad in (0, -1, float("nan"), float("inf"), 1e9):
+        with pytest.raises(ValueError, match="timeout"):
+            Scheduling(timeout_s=bad)
+
+
+# --- cache namespaces --------------------------------------------------------------------------
+def test_requests_with_different_cache_salts_never_share_a_prefix() -> None:
+    sim = make_sim(1024)
+    shared = list(range(1, 40))
+    first = sim.sched.add_request(shared + [1], SHORT, Scheduling(extra_key="tenant-a"))
+    drain(sim)
+    other = sim.sched.add_request(shared + [2], SHORT, Scheduling(extra_key="tenant-b"))
+    drain(sim)
+    same = sim.sched.add_request(shared + [3], SHORT, Scheduling(extra_key="tenant-a"))
+    drain(sim)
+    assert first.cached_len == 0
+    assert other.cached_len == 0
+    assert same.cached_len >= len(shared) - 1
+    check_idle(sim)
