@@ -40,8 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--dsl-port", type=int, default=None,
         help="also serve DSL clients (ZeroMQ) on tcp://HOST:PORT; they can always use the ipc "
         "endpoint the log names")
-    add("--api-key", default=None,
-        help="require `Authorization: Bearer KEY` on every endpoint but /health")
+    keys = serve.add_mutually_exclusive_group()
+    keys.add_argument("--api-key", default=None,
+                      help="require `Authorization: Bearer KEY` on every endpoint but /health")
+    keys.add_argument("--api-key-file", default=None,
+                      help="named keys instead, one `name:key` per line: each key's name is "
+                      "the tenant of its requests (fair share, per-tenant caps, metrics)")
     add("--dtype", default="auto", choices=DTYPES,
         help="weights and KV dtype; auto = float32 on CPU, bfloat16 on CUDA")
     add("--device", default="auto", help="cpu, cuda, cuda:N; auto = cuda when available")
@@ -82,6 +86,15 @@ def build_parser() -> argparse.ArgumentParser:
     add("--max-pinned-fraction", type=float, default=DEFAULT_MAX_PINNED_FRACTION,
         help="share of the KV pool that pinned prefixes (DSL forks, HTTP pin: true) may keep "
         "locked; a pin past it is refused with a message and the request runs unpinned")
+    add("--priority-preemption", action=argparse.BooleanOptionalAction, default=True,
+        help="a waiting request may preempt running requests of a less urgent (larger) "
+        "priority; equal priorities never preempt each other")
+    add("--fair-share", action=argparse.BooleanOptionalAction, default=True,
+        help="within a priority, interleave tenants' admissions by the tokens each was served")
+    add("--max-queued-requests", type=int, default=None,
+        help="waiting requests past which a new one is refused with 429 and Retry-After")
+    add("--max-queued-per-tenant", type=int, default=None,
+        help="the same cap for each tenant's waiting requests")
     add("--exit-with-parent", action="store_true",
         help="stop when the process that started this server exits, however it exits "
         "(rx.Runtime() sets it, so a program's runtime never outlives the program)")
@@ -111,6 +124,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         except (ValueError, OSError) as exc:
             print(f"radixrt serve: {as_flags(str(exc), names)}", file=sys.stderr)
             return 2
+        if args.api_key_file is not None:
+            from radixrt.runtime.server.tenants import ApiKeys
+
+            try:
+                ApiKeys.from_file(args.api_key_file)
+            except (ValueError, OSError) as exc:
+                print(f"radixrt serve: --api-key-file: {exc}", file=sys.stderr)
+                return 2
         if not 0 < args.pin_lease_ttl <= 86400:
             print(f"radixrt serve: --pin-lease-ttl={args.pin_lease_ttl} is invalid: use "
                   "(0, 86400] seconds", file=sys.stderr)
@@ -123,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             host=args.host,
             port=args.port,
             api_key=args.api_key,
+            api_key_file=args.api_key_file,
             served_model_name=args.served_model_name,
             log_level=args.log_level,
             dsl_port=args.dsl_port,

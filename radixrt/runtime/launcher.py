@@ -36,6 +36,7 @@ class ServerOptions:
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: str | None = None
+    api_key_file: str | None = None  # named keys (`name:key` lines): each names a tenant
     served_model_name: str | None = None
     log_level: str = "info"
     dsl_port: int | None = None  # also serve DSL clients on tcp://host:dsl_port
@@ -101,6 +102,7 @@ async def _serve_http(
 ) -> int:
     from radixrt.runtime.server.dsl_endpoint import DslEndpoint
     from radixrt.runtime.server.http_server import create_app
+    from radixrt.runtime.server.tenants import ApiKeys
     from radixrt.runtime.tokenizer.pin_leases import PinService
 
     def alive() -> bool:
@@ -114,8 +116,10 @@ async def _serve_http(
         log.error("%s: %s", exc, _dead(procs) or "start-up timed out")
         return 1
     pins = PinService(manager, options.pin_lease_ttl_s)  # HTTP and DSL pins: the same leases
-    app = create_app(manager, api_key=options.api_key, pins=pins)
-    dsl = DslEndpoint(manager, dsl_addresses, options.api_key, pins)
+    keys = ApiKeys.from_file(options.api_key_file) if options.api_key_file else (
+        ApiKeys.single(options.api_key) if options.api_key else None)
+    app = create_app(manager, pins=pins, keys=keys)
+    dsl = DslEndpoint(manager, dsl_addresses, keys, pins)
     dsl.start()
     server = _Server(
         uvicorn.Config(

@@ -220,6 +220,7 @@ class DslRequest(msgspec.Struct, frozen=True, tag=True):
     unconditional: bool = False
     api_key: str | None = None  # required (compared in constant time) when the server has one
     pin_ids: list[int] = []  # op "renew": the pins whose leases to extend
+    priority: int = 0  # op "generate": lower is more urgent (Scheduling.priority)
 
 
 class DslReply(msgspec.Struct, frozen=True, tag=True):

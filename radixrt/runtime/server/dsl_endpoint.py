@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
 import logging
 from typing import Any
 
@@ -17,9 +16,11 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from radixrt.runtime.messages import DslReply, DslRequest, DslSample
+from radixrt.runtime.errors import QueueFull
+from radixrt.runtime.messages import DslReply, DslRequest, DslSample, Scheduling
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.server.dsl_scoring import score_choices
+from radixrt.runtime.server.tenants import ApiKeys
 from radixrt.runtime.tokenizer.chat_roles import chat_roles
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 from radixrt.runtime.tokenizer.pin_leases import PinService
@@ -29,12 +30,13 @@ log = logging.getLogger("radixrt.dsl")
 
 class DslEndpoint:
     def __init__(self, manager: TokenizerManager, addresses: list[str],
-                 api_key: str | None = None, pins: PinService | None = None) -> None:
-        """api_key: every request must carry it (the server's --api-key), or nothing runs.
+                 keys: ApiKeys | str | None = None, pins: PinService | None = None) -> None:
+        """keys: every request must carry one of them (the server's --api-key or
+        --api-key-file), or nothing runs; a named key names its requests' tenant.
         pins: the process's pin leases (shared with the HTTP server)."""
         self.manager = manager
         self.pins = pins if pins is not None else PinService(manager)
-        self._api_key = api_key.encode() if api_key is not None else None
+        self._keys = ApiKeys.single(keys) if isinstance(keys, str) else keys
         self._ctx = zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -66,7 +68,8 @@ class DslEndpoint:
                 await self._reply(identity, DslReply(call_id=-1, done=True,
                                                      error=f"malformed request: {exc}"))
                 continue
-            if not self._authorized(req):
+            found, tenant = self._authorize(req)
+            if not found:
                 await self._reply(identity, DslReply(
                     call_id=req.call_id, done=True,
                     error="this runtime needs its API key: pass api_key=... to "
@@ -79,7 +82,7 @@ class DslEndpoint:
                     task.cancel()
             elif req.op in ("info", "generate", "score", "unpin", "renew"):
                 handler = getattr(self, f"_{req.op}")
-                task = asyncio.create_task(self._run(handler, identity, req))
+                task = asyncio.create_task(self._run(handler, identity, req, tenant or ""))
                 self._calls[key] = task
                 task.add_done_callback(lambda _t, k=key: self._calls.pop(k, None))
             else:
@@ -88,17 +91,21 @@ class DslEndpoint:
                     error=f"unknown op {req.op!r}: use generate, score, unpin, renew, abort or "
                           "info"))
 
-    def _authorized(self, req: DslRequest) -> bool:
-        if self._api_key is None:
-            return True
-        given = (req.api_key or "").encode()
-        return hmac.compare_digest(given, self._api_key)
+    def _authorize(self, req: DslRequest) -> tuple[bool, str | None]:
+        """(whether the request may run, its tenant: the name of its key, if named)."""
+        if self._keys is None:
+            return True, None
+        return self._keys.match((req.api_key or "").encode())
 
-    async def _run(self, handler: Any, identity: bytes, req: DslRequest) -> None:
-        """Run one op; a refusal (ValueError) or a cancel becomes the call's final reply."""
+    async def _run(self, handler: Any, identity: bytes, req: DslRequest, tenant: str) -> None:
+        """Run one op; a refusal (ValueError, QueueFull) or a cancel becomes the call's final
+        reply."""
         try:
-            await handler(identity, req)
-        except (ValueError, TypeError) as exc:
+            if req.op in ("generate", "score"):
+                await handler(identity, req, Scheduling(priority=req.priority, tenant=tenant))
+            else:
+                await handler(identity, req)
+        except (ValueError, TypeError, QueueFull) as exc:
             await self._reply(identity, DslReply(call_id=req.call_id, done=True, error=str(exc)))
         except asyncio.CancelledError:
             await self._reply(identity, DslReply(call_id=req.call_id, done=True,
@@ -123,15 +130,17 @@ class DslEndpoint:
         await self._reply(identity, DslReply(call_id=req.call_id, done=True,
                                              info={"lost": lost}))
 
-    async def _score(self, identity: bytes, req: DslRequest) -> None:
+    async def _score(self, identity: bytes, req: DslRequest, scheduling: Scheduling) -> None:
         if self._cache_on is None:
             info = await self.manager.server_info()
             self._cache_on = not info.get("disable_radix_cache", False)
         choices = await score_choices(self.manager, req.text or "", list(req.choices),
-                                      req.unconditional, prefill_first=self._cache_on)
+                                      req.unconditional, prefill_first=self._cache_on,
+                                      scheduling=scheduling)
         await self._reply(identity, DslReply(call_id=req.call_id, done=True, choices=choices))
 
-    async def _generate(self, identity: bytes, req: DslRequest) -> None:
+    async def _generate(self, identity: bytes, req: DslRequest,
+                        scheduling: Scheduling) -> None:
         params = SamplingParams.from_dict(req.params)
         prompt: Any = req.input_ids if req.input_ids is not None else req.text
         if prompt is None:
@@ -140,7 +149,7 @@ class DslEndpoint:
         samples = [[[], [], [], None] for _ in range(params.n)]  # text, ids, logprobs, reason
         cached = 0
         pin_id, pin_error = -1, None
-        stream = self.manager.generate(ids, params, pin=req.pin)
+        stream = self.manager.generate(ids, params, pin=req.pin, scheduling=scheduling)
         async with contextlib.aclosing(stream):
             async for chunk in stream:
                 text, tokens, lps, _ = samples[chunk.index]

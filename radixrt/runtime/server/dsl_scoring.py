@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 from typing import Any
 
-from radixrt.runtime.messages import DslChoice, TokenLogprob
+from radixrt.runtime.messages import DslChoice, Scheduling, TokenLogprob
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 
@@ -20,11 +20,13 @@ _GREEDY_ONE = SamplingParams(max_tokens=1, temperature=0.0)
 
 async def score_choices(
     manager: TokenizerManager, text: str, choices: list[str], unconditional: bool,
-    prefill_first: bool = True,
+    prefill_first: bool = True, scheduling: Scheduling | None = None,
 ) -> list[DslChoice]:
     """Log-probabilities of each choice's tokens after `text` (and alone, if unconditional).
     prefill_first: compute the shared text before the choices (pointless without a radix cache).
+    scheduling: the priority and tenant every scoring request runs with.
     Raises ValueError for empty text or choices, or when the runtime refuses a request."""
+    scheduling = scheduling or Scheduling()
     if not text:
         raise ValueError("select needs some text before it to score the choices against")
     if not choices or any(not isinstance(c, str) or not c for c in choices):
@@ -33,10 +35,10 @@ async def score_choices(
     full_ids = [manager.encode(text + c) for c in choices]
     start = max(1, min(min(common_len(prefix_ids, ids), len(ids) - 1) for ids in full_ids))
     if prefill_first and start > 1:  # the shared text once; the choices find it in the cache
-        await _prompt_logprobs(manager, prefix_ids[:start], None)
-    tasks = [_prompt_logprobs(manager, ids, start) for ids in full_ids]
+        await _prompt_logprobs(manager, prefix_ids[:start], None, scheduling)
+    tasks = [_prompt_logprobs(manager, ids, start, scheduling) for ids in full_ids]
     if unconditional:
-        tasks += [_prompt_logprobs(manager, _alone(manager, c), 1) for c in choices]
+        tasks += [_prompt_logprobs(manager, _alone(manager, c), 1, scheduling) for c in choices]
     results = await _gather_or_cancel(tasks)
     out = []
     for i, ids in enumerate(full_ids):
@@ -74,11 +76,11 @@ def _alone(manager: TokenizerManager, choice: str) -> list[int]:
 
 
 async def _prompt_logprobs(
-    manager: TokenizerManager, ids: list[int], start: int | None
+    manager: TokenizerManager, ids: list[int], start: int | None, scheduling: Scheduling
 ) -> list[TokenLogprob]:
     params = _GREEDY_ONE if start is None else _GREEDY_ONE.with_(prompt_logprobs_start=start)
     logprobs: list[TokenLogprob] = []
-    async with contextlib.aclosing(manager.generate(ids, params)) as stream:
+    async with contextlib.aclosing(manager.generate(ids, params, scheduling=scheduling)) as stream:
         async for chunk in stream:
             logprobs.extend(chunk.prompt_logprobs)
     return logprobs

@@ -4,7 +4,9 @@ Gauges (running and waiting requests, KV usage, cache hit rate, preemptions by m
 prefixes and tokens, pins refused) are read from manager.server_info() at scrape time, lease
 counts from the pin service; latency histograms (queue, prefill, TTFT, ITL, e2e), token counters
 and finish reasons are fed by the manager's on_finish callback, once per finished request;
-refused requests are counted by the app's error handlers, by status code.
+refused requests are counted by the app's error handlers, by status code. Requests, tokens and
+queue time are also counted by class of service (priority, tenant), and preemptions caused by
+urgent requests by their priority and tenant.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from radixrt.runtime.config import E2E_BUCKETS, ITL_BUCKETS, TTFT_BUCKETS
+from radixrt.runtime.config import E2E_BUCKETS, ITL_BUCKETS, MAX_METRIC_LABELS, TTFT_BUCKETS
+from radixrt.runtime.scheduler.stats import OTHER_LABEL
 from radixrt.runtime.tokenizer.manager_base import RequestMetrics, TokenizerManager
 from radixrt.runtime.tokenizer.pin_leases import PinService
 
@@ -77,12 +80,52 @@ class HTTPMetrics:
         self.leases_expired = Gauge(f"{PREFIX}_pin_leases_expired",
                                     "Pin leases that ran out (their clients stopped renewing)",
                                     registry=r)
+        # by class of service (labels: at most MAX_METRIC_LABELS tenants / priorities each)
+        by_class = ["priority", "tenant"]
+        self.class_requests = Counter(f"{PREFIX}_class_requests",
+                                      "Finished requests by priority and tenant", by_class,
+                                      registry=r)
+        self.class_tokens = Counter(f"{PREFIX}_class_tokens",
+                                    "Prompt and generated tokens of finished requests, by "
+                                    "priority and tenant", by_class + ["kind"], registry=r)
+        self.class_queue = Counter(f"{PREFIX}_class_queue_seconds",
+                                   "Seconds finished requests waited in the queue, by priority "
+                                   "and tenant (divide by class_requests for the mean)",
+                                   by_class, registry=r)
+        self.class_queue_time = Histogram(f"{PREFIX}_queue_time_by_priority_seconds",
+                                          "Submission to first admission, by priority",
+                                          ["priority"], buckets=TTFT_BUCKETS, registry=r)
+        self.preempts_caused = Gauge(f"{PREFIX}_preemptions_caused",
+                                     "Running requests preempted for more urgent ones so far, "
+                                     "by the urgent request's priority or tenant",
+                                     ["by", "value"], registry=r)
+        self.queue_timeouts = Gauge(f"{PREFIX}_queue_timeouts",
+                                    "Requests that waited past their timeout", registry=r)
+        self.queue_full = Gauge(f"{PREFIX}_queue_full_refusals",
+                                "Requests refused because a queue was at its cap", registry=r)
+        self._labels: dict[str, set[str]] = {"priority": set(), "tenant": set()}
         manager.on_finish(self.record)
+
+    def _label(self, kind: str, value: str) -> str:
+        """`value` as a label of `kind`; past MAX_METRIC_LABELS distinct values, "other"."""
+        seen = self._labels[kind]
+        if value not in seen:
+            if len(seen) >= MAX_METRIC_LABELS:
+                return OTHER_LABEL
+            seen.add(value)
+        return value
 
     def record(self, m: RequestMetrics) -> None:
         """on_finish callback. A request the runtime refused (no first token and nothing
         generated) is left out of the latency figures."""
         self.requests.inc()
+        priority = self._label("priority", str(m.priority))
+        tenant = self._label("tenant", m.tenant)
+        self.class_requests.labels(priority, tenant).inc()
+        self.class_tokens.labels(priority, tenant, "generated").inc(m.completion_tokens)
+        if m.queue is not None:
+            self.class_queue.labels(priority, tenant).inc(m.queue)
+            self.class_queue_time.labels(priority).observe(m.queue)
         for reason in m.finish_reasons:
             self.finished.labels(reason="error" if reason.startswith("error") else reason).inc()
         if m.queue is not None and m.prefill is not None:
@@ -98,6 +141,7 @@ class HTTPMetrics:
         self.prompt_tokens.inc(m.prompt_tokens)
         self.cached_tokens.inc(m.cached_tokens)
         self.generation_tokens.inc(m.completion_tokens)
+        self.class_tokens.labels(priority, tenant, "prompt").inc(m.prompt_tokens)
 
     async def scrape(self) -> bytes:
         self.update_gauges(await self.manager.server_info())
@@ -119,6 +163,11 @@ class HTTPMetrics:
         self.pinned.set(info.get("pinned", 0))
         self.pinned_tokens.set(info.get("pinned_tokens", 0))
         self.pins_refused.set(info.get("pins_refused", 0))
+        for by in ("priority", "tenant"):
+            for value, count in info.get(f"preemptions_caused_by_{by}", {}).items():
+                self.preempts_caused.labels(by, value).set(count)
+        self.queue_timeouts.set(info.get("queue_timeouts", 0))
+        self.queue_full.set(info.get("queue_full", 0))
         self.leases.set(len(self.pins))
         self.leases_expired.set(self.pins.expired_total)
 

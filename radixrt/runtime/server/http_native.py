@@ -1,10 +1,11 @@
 """POST /generate: the native API.
 
 Request: {"text": str} or {"input_ids": [int]}, "sampling_params": {any SamplingParams field},
-"stream": bool, "pin": bool. Response: {"text", "output_ids", "meta_info": {rid, prompt_tokens,
-cached_tokens, completion_tokens, finish_reason}}, a list of those when n > 1. Streamed, each
-event carries the new text and ids of one sample ("index") and meta_info so far, then
-`data: [DONE]`.
+"stream": bool, "pin": bool, and the scheduling fields "priority", "cache_salt", "timeout",
+"user" (as on the OpenAI endpoints). Response: {"text", "output_ids", "meta_info": {rid,
+prompt_tokens, cached_tokens, completion_tokens, finish_reason}}, a list of those when n > 1.
+Streamed, each event carries the new text and ids of one sample ("index") and meta_info so far,
+then `data: [DONE]`.
 
 Pins: with "pin": true (n = 1, no stop strings) the finished prompt and output stay locked in the
 radix cache, so later requests that start with them never recompute them; meta_info then has
@@ -25,7 +26,7 @@ from pydantic import BaseModel, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from radixrt.runtime.config import INT64_MAX, MAX_PINS_PER_RENEWAL
+from radixrt.runtime.config import INT64_MAX, MAX_NAME_CHARS, MAX_PINS_PER_RENEWAL
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.server.http_streaming import (
     SSE_DONE,
@@ -44,6 +45,7 @@ from radixrt.runtime.server.openai_protocol import (
     build_sampling_params,
     parse_logit_bias,
 )
+from radixrt.runtime.server.tenants import scheduling_for
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 
 SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))
@@ -55,6 +57,11 @@ class GenerateRequest(BaseModel):
     sampling_params: dict[str, Any] = Field(default_factory=dict)
     stream: bool = False
     pin: bool = False
+    # scheduling, as on the OpenAI endpoints: see tenants.scheduling_for
+    priority: int | None = None
+    cache_salt: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    timeout: float | None = None
+    user: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
 
 
 class UnpinBody(BaseModel):
@@ -111,8 +118,9 @@ class NativeServing:
         if body.pin:
             self.check_pin(params)
         rid = f"gen-{uuid.uuid4().hex}"
+        scheduling = scheduling_for(request, body)
         streams = await until_disconnected(
-            request, open_streams(self.manager, [ids], [params], rid, pin=body.pin)
+            request, open_streams(self.manager, [ids], [params], rid, scheduling, pin=body.pin)
         )
         if body.stream:
             return SSEResponse(self.stream(streams[0], len(ids), body.pin))

@@ -16,7 +16,6 @@ middleware is used, so a client that disconnects is noticed and its request abor
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from typing import Annotated, Any
 
@@ -34,6 +33,7 @@ from radixrt.runtime.config import (
     INT64_MIN,
     MAX_REQUEST_BODY_BYTES,
 )
+from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.server.dsl_scoring import start_text
 from radixrt.runtime.server.http_metrics import HTTPMetrics
@@ -51,6 +51,7 @@ from radixrt.runtime.server.openai_protocol import (
     error_body,
 )
 from radixrt.runtime.server.openai_serving import OpenAIServing, model_card
+from radixrt.runtime.server.tenants import TENANT_STATE, ApiKeys
 from radixrt.runtime.tokenizer.chat_roles import chat_roles
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 from radixrt.runtime.tokenizer.pin_leases import PinService
@@ -74,15 +75,19 @@ class AbortRequest(BaseModel):
 
 
 def create_app(manager: TokenizerManager, api_key: str | None = None,
-               pins: PinService | None = None) -> FastAPI:
-    """pins: the process's pin leases, shared with the DSL endpoint (made here if not given)."""
+               pins: PinService | None = None, keys: ApiKeys | None = None) -> FastAPI:
+    """api_key: the one key every request needs; keys: named keys instead (--api-key-file),
+    each naming its requests' tenant. pins: the process's pin leases, shared with the DSL
+    endpoint (made here if not given)."""
     pins = pins if pins is not None else PinService(manager)
+    if keys is None and api_key:
+        keys = ApiKeys.single(api_key)
     app = FastAPI(title="radixrt", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = HTTPMetrics(manager, pins)
     install_error_handlers(app, metrics)
     app.add_middleware(BodyLimit, max_bytes=MAX_REQUEST_BODY_BYTES, metrics=metrics)
-    if api_key:
-        app.add_middleware(BearerAuth, api_key=api_key)
+    if keys is not None:
+        app.add_middleware(BearerAuth, keys=keys)
     app.add_middleware(InternalErrors, metrics=metrics)  # the outermost: catches the others'
     add_openai_routes(app, OpenAIServing(manager), manager)
     add_native_routes(app, NativeServing(manager), manager, pins)
@@ -149,6 +154,10 @@ def add_operations_routes(app: FastAPI, manager: TokenizerManager, metrics: HTTP
     async def health_generate() -> Response:
         try:
             await asyncio.wait_for(generate_one_token(manager), HEALTH_GENERATE_TIMEOUT_S)
+        except QueueFull as exc:  # it works, but takes no more requests now
+            return JSONResponse(error_body(f"overloaded: {exc}", "server_error",
+                                           code="overloaded"), status_code=503,
+                                headers={"Retry-After": str(exc.retry_after_s)})
         except Exception as exc:
             message = f"generation failed: {type(exc).__name__}: {exc}"
             return JSONResponse(error_body(message, "server_error"), status_code=503)
@@ -180,7 +189,7 @@ def install_error_handlers(app: FastAPI, metrics: HTTPMetrics) -> None:
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, APIError)
         metrics.reject(exc.status)
-        return JSONResponse(exc.body(), status_code=exc.status)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
 
     async def on_validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
@@ -255,18 +264,23 @@ def is_type_tag(part: Any) -> bool:
 
 
 class BearerAuth:
-    """Pure ASGI middleware: every path but /health needs `Authorization: Bearer <api_key>`."""
+    """Pure ASGI middleware: every path but /health needs `Authorization: Bearer <key>` with
+    one of the keys; a named key's name becomes the request's tenant (scope state)."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, keys: ApiKeys) -> None:
         self.app = app
-        self.expected = f"Bearer {api_key}".encode()
+        self.keys = keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in UNAUTHENTICATED_PATHS:
             await self.app(scope, receive, send)
             return
         given = dict(scope["headers"]).get(b"authorization", b"")
-        if hmac.compare_digest(given, self.expected):
+        scheme, _, token = given.partition(b" ")
+        found, name = self.keys.match(token if scheme == b"Bearer" else b"")
+        if found:
+            if name is not None:
+                scope.setdefault("state", {})[TENANT_STATE] = name
             await self.app(scope, receive, send)
             return
         message = ("a valid API key is required: send the header 'Authorization: Bearer <key>'"

@@ -18,8 +18,9 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from radixrt.runtime.config import DISCONNECT_POLL_S
-from radixrt.runtime.messages import TokenLogprob
+from radixrt.runtime.config import DISCONNECT_POLL_S, QUEUE_TIMEOUT
+from radixrt.runtime.errors import QueueFull
+from radixrt.runtime.messages import Scheduling, TokenLogprob
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.server.openai_protocol import APIError, error_message, param_of
@@ -57,15 +58,19 @@ class PrimedStream:
 
 async def open_stream(
     manager: TokenizerManager, ids: list[int], params: SamplingParams, rid_hint: str | None,
-    pin: bool = False,
+    scheduling: Scheduling, pin: bool = False,
 ) -> PrimedStream:
-    """Submit and wait for the first chunk: a refusal (ValueError, or an "error: ..." finish
-    before any output) raises APIError 400 while the HTTP response can still say so."""
-    source = manager.generate(ids, params, rid_hint, pin=pin)
+    """Submit and wait for the first chunk: a refusal raises APIError while the HTTP response
+    can still say so: 400 for bad input (ValueError, or an "error: ..." finish before any
+    output), 429 with Retry-After for a full queue, 408 for a queue timeout."""
+    source = manager.generate(ids, params, rid_hint, pin=pin, scheduling=scheduling)
     try:
         first = await source.__anext__()
     except StopAsyncIteration:
         first = None
+    except QueueFull as exc:
+        raise APIError(str(exc), status=429, code="queue_full", type="rate_limit_exceeded",
+                       headers={"Retry-After": str(exc.retry_after_s)}) from None
     except ValueError as exc:
         raise APIError(str(exc), param=param_of(str(exc))) from None
     except BaseException:
@@ -74,6 +79,8 @@ async def open_stream(
     message = error_message(first.finish_reason) if first is not None else None
     if message is not None and not first.token_ids:  # type: ignore[union-attr]
         await PrimedStream(source, None).aclose()
+        if message.startswith(QUEUE_TIMEOUT):
+            raise APIError(message, status=408, code="queue_timeout", param="timeout")
         raise APIError(message)
     return PrimedStream(source, first)
 
@@ -83,11 +90,12 @@ async def open_streams(
     ids_list: Sequence[list[int]],
     params_list: Sequence[SamplingParams],
     rid_hint: str | None,
+    scheduling: Scheduling,
     pin: bool = False,
 ) -> list[PrimedStream]:
     """Submit several prompts concurrently (so they batch); if one is refused or the caller is
     cancelled, close the ones already open."""
-    tasks = [asyncio.ensure_future(open_stream(manager, ids, p, rid_hint, pin))
+    tasks = [asyncio.ensure_future(open_stream(manager, ids, p, rid_hint, scheduling, pin))
              for ids, p in zip(ids_list, params_list)]
     try:
         await asyncio.wait(tasks)

@@ -33,8 +33,10 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         type: str = "invalid_request_error",
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
+        self.headers = headers
         self.message = message
         self.status = status
         self.param = param
@@ -93,6 +95,11 @@ class SamplingFields(BaseModel):
     regex: str | None = None
     json_schema: dict[str, Any] | str | None = None
     choices: list[str] | None = None
+    # scheduling (extra body fields, as vLLM takes them): lower priority = more urgent; requests
+    # with different cache_salt never share cached KV; timeout: seconds it may wait in the queue
+    priority: int | None = None
+    cache_salt: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    timeout: float | None = None
 
     @property
     def include_usage(self) -> bool:

@@ -52,6 +52,7 @@ from radixrt.runtime.server.openai_protocol import (
     finish_reason_out,
     to_sampling_params,
 )
+from radixrt.runtime.server.tenants import scheduling_for
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 from radixrt.runtime.tokenizer.prompts import Prompt
 
@@ -94,10 +95,11 @@ class OpenAIServing:
         )
 
     async def open(
-        self, request: Request, ids_list: list[list[int]], params_list: list[SamplingParams],
-        rid: str,
+        self, request: Request, body: SamplingFields, ids_list: list[list[int]],
+        params_list: list[SamplingParams], rid: str,
     ) -> list[PrimedStream]:
-        opening = open_streams(self.manager, ids_list, params_list, rid)
+        scheduling = scheduling_for(request, body)
+        opening = open_streams(self.manager, ids_list, params_list, rid, scheduling)
         return await until_disconnected(request, opening)
 
     async def collect(
@@ -123,7 +125,7 @@ class OpenAIServing:
         echoes = [self.echo_of(body, p, ids) for p, ids in zip(prompts, ids_list)]
         rid = f"cmpl-{uuid.uuid4().hex}"
         n = params[0].n
-        streams = await self.open(request, ids_list, params, rid)
+        streams = await self.open(request, body, ids_list, params, rid)
         if body.stream:
             return SSEResponse(self.stream_completions(body, streams, n, echoes, ids_list, rid))
         outputs = await self.collect(request, streams, ids_list, n)
@@ -222,7 +224,7 @@ class OpenAIServing:
             max_tokens = body.max_tokens
         params = self.params_for(body, max_tokens, body.top_logprobs, body.logprobs)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        streams = await self.open(request, [ids], [params], rid)
+        streams = await self.open(request, body, [ids], [params], rid)
         if body.stream:
             return SSEResponse(self.stream_chat(body, streams[0], len(ids), rid))
         out = (await self.collect(request, streams, [ids], params.n))[0]
