@@ -18,6 +18,7 @@ tokens it really produced). The summary is also drawn as docs/plots/serving*.png
     python benchmarks/serving.py --request-rate 2      # Poisson arrivals instead of concurrency
     python benchmarks/serving.py --llama-cpp-venv DIR  # a venv with llama-cpp-python[server]
     python benchmarks/serving.py --install-llama-cpp   # build it into benchmarks/.llama-venv
+    python benchmarks/serving.py --scenario sharing    # priorities and tenants on vs off
 """
 
 from __future__ import annotations
@@ -108,12 +109,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(builds from source: minutes)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
+    from serving_sharing import add_sharing_args  # imports this module: not at the top
+
+    add_sharing_args(p)
     add_plot_dir(p)
     args = p.parse_args(argv)
     if args.quick:
         args.num_prompts, args.groups = 8, 2
         args.random_input, args.random_output = (32, 96), (8, 8)
         args.question_len, args.shared_output = (8, 16), (8, 8)
+        args.flood, args.flood_output, args.probes, args.gap = 16, 8, 2, 1.0
     if args.request_rate is None and args.max_concurrency is None:
         args.max_concurrency = DEFAULT_CONCURRENCY
     return args
@@ -384,6 +389,10 @@ def exit_on_sigterm(signum: int, frame: Any) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, exit_on_sigterm)
+    if args.scenario == "sharing":
+        from serving_sharing import run_sharing
+
+        return run_sharing(args)
     datasets = build_datasets(args)
     systems, notes = build_systems(args)
     rows: list[tuple[RunResult, dict[str, Any]]] = []

@@ -21,12 +21,14 @@ class EchoBackend:
         self.calls = 0
         self.pins: list[str] = []
         self.unpinned = 0
+        self.priorities: list[tuple[str, int]] = []  # (gen or select, priority) per call
 
     def chat_format(self) -> rx.ChatFormat:
         return CHAT
 
     def generate(self, text: str, params: dict[str, Any], constraint: Any,
-                 on_piece: Any) -> rx.GenResult:
+                 on_piece: Any, priority: int = 0) -> rx.GenResult:
+        self.priorities.append(("gen", priority))
         if params.get("max_tokens") == 7:
             raise rx.BackendError("the runtime refused max_tokens=7")
         if params.get("max_tokens") == 9:  # accepted, then ended by the runtime with an error
@@ -34,7 +36,9 @@ class EchoBackend:
         self.calls += 1
         return rx.GenResult(f"<{self.calls}>", "length")
 
-    def score(self, text: str, choices: list[str], unconditional: bool) -> list[Any]:
+    def score(self, text: str, choices: list[str], unconditional: bool,
+              priority: int = 0) -> list[Any]:
+        self.priorities.append(("select", priority))
         return [rx.ChoiceLogprobs([float(len(c))]) for c in choices]
 
     def pin(self, text: str) -> int:
@@ -123,3 +127,40 @@ def test_run_batch_pins_the_traced_prefix_once():
     states = few_shot.run_batch([{"q": str(i)} for i in range(5)], backend=backend)
     assert backend.pins == ["Example 1. Example 2. Q: "] and backend.unpinned == 1
     assert sorted(s["a"] for s in states) == sorted(f"<{i}>" for i in range(1, 6))
+
+
+def test_priorities_reach_the_backend_from_the_run_each_call_and_forks():
+    @rx.function
+    def prog(s):
+        s += "Q" + rx.gen("a", max_tokens=2)
+        s += rx.gen("b", max_tokens=2, priority=-4)
+        s += rx.select("c", ["x", "yy"])
+        forks = s.fork(2)
+        for f in forks:
+            f += rx.gen("d", max_tokens=2)
+        forks.join()
+
+    backend = EchoBackend()
+    prog.run(backend=backend, priority=3)
+    assert backend.priorities[:3] == [("gen", 3), ("gen", -4), ("select", 3)]
+    assert backend.priorities[3:] == [("gen", 3), ("gen", 3)]  # the forks inherit the run's
+    backend.priorities.clear()
+    prog.run_batch([{}, {}], backend=backend, priority=1, prefix_cache=False)
+    assert sorted(set(backend.priorities)) == [("gen", -4), ("gen", 1), ("select", 1)]
+    backend.priorities.clear()
+    prog.run(backend=backend)
+    assert ("gen", 0) in backend.priorities
+
+
+def test_a_bad_priority_is_refused_where_the_program_names_it():
+    with pytest.raises(ValueError, match="priority"):
+        rx.gen("x", priority=1 << 40)
+    with pytest.raises(TypeError, match="priority must be an int"):
+        rx.select("x", ["a"], priority="high")
+
+    @rx.function
+    def prog(s):
+        s += "x"
+
+    with pytest.raises(ValueError, match="priority"):
+        prog.run(backend=EchoBackend(), priority=1 << 40)

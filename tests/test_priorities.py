@@ -294,3 +294,11 @@ def test_requests_with_different_cache_salts_never_share_a_prefix() -> None:
     assert other.cached_len == 0
     assert same.cached_len >= len(shared) - 1
     check_idle(sim)
+
+
+def test_tenants_with_nothing_left_are_forgotten() -> None:
+    sim = make_sim(512)
+    for i in range(50):  # one request per tenant, one at a time: nothing ever waits long
+        sim.sched.add_request(list(prompt(i)), SHORT, Scheduling(tenant=f"user-{i}"))
+        drain(sim)
+    assert len(sim.sched.table.fair.virtual) <= 1

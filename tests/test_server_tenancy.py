@@ -136,10 +136,13 @@ def test_the_dsl_endpoint_takes_named_keys_as_tenants(server: Server) -> None:
     @rx.function
     def hello(s):
         s += "Hello, my name is" + rx.gen("name", max_tokens=3, temperature=0)
+        s += " and I like" + rx.gen("like", max_tokens=3, temperature=0, priority=-1)
 
     try:
-        assert hello.run(backend=runtime)["name"]
+        assert hello.run(backend=runtime, priority=2)["name"]
     finally:
         runtime.close()
     text = httpx.get(f"{server.url}/metrics", headers=server.headers()).text
-    assert 'radixrt_class_requests_total{priority="0",tenant="carol"} 1.0' in text
+    # the run's priority, and the gen that names its own, under the key's tenant
+    assert 'radixrt_class_requests_total{priority="2",tenant="carol"} 1.0' in text
+    assert 'radixrt_class_requests_total{priority="-1",tenant="carol"} 1.0' in text

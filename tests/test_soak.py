@@ -1,10 +1,12 @@
 """Soak test: `radixrt serve --check-integrity` on a KV pool far too small for its load, over
 loopback, in each preemption mode. A few hundred seeded, mixed requests (chat and completions,
-streamed or not, n = 1..3, stop strings, logprobs, a regex) run 16 at a time; a quarter of the
+streamed or not, n = 1..3, stop strings, logprobs, a regex, three priorities, two tenants) run
+16 at a time; a quarter of the
 clients walk away at a random moment. Nothing may be lost: every request not abandoned ends with
 HTTP 200 and a proper finish for each of its samples; every greedy answer equals the same
 request sent alone on the idle server afterwards; preemptions happened; the pool ends idle and
-the server alive, with no traceback in its log, and exits cleanly.
+the server alive, with no traceback in its log, and exits cleanly. Urgent requests preempted
+less urgent ones along the way.
 
 A longer run, or another draw:
 
@@ -63,6 +65,8 @@ def draw(rng: random.Random) -> tuple[str, dict, int | None]:
     if rng.random() < 0.3:
         body.update({"logprobs": True, "top_logprobs": 2} if chat else {"logprobs": 2})
     body["stream"] = rng.random() < 0.5
+    body["priority"] = rng.choice([-1, 0, 0, 2])
+    body["user"] = rng.choice(["tenant-a", "tenant-b"])
     abandon_after = rng.randint(0, 12) if rng.random() < ABANDONED else None
     return ("/v1/chat/completions" if chat else "/v1/completions"), body, abandon_after
 
@@ -183,8 +187,10 @@ def test_soak_under_preemption(mode: str) -> None:
                     f"batched {got} != alone {reference} for {key}"
         print(f"\n{mode}: {len(requests)} requests ({sum(r[2] is not None for r in requests)} "
               f"abandoned) in {elapsed:.1f} s; {len(keys)} greedy sent alone in {alone_s:.1f} s; "
-              f"preemptions {info['preemptions']}, swaps {info['swaps']}")
+              f"preemptions {info['preemptions']} ({info['priority_preemptions']} for urgent "
+              f"requests), swaps {info['swaps']}")
         assert info["preemptions"] > 0, info
+        assert info["priority_preemptions"] > 0, info
         assert (info["swaps"] > 0) == (mode == "swap"), info
         server.wait_idle()
         assert server.proc.poll() is None, "".join(log)

@@ -9,6 +9,7 @@ from dataclasses import fields
 from typing import Any
 
 from radixrt.frontend.ir import Concat, Expr, Gen, RoleBegin, RoleEnd, Select, as_expr
+from radixrt.runtime.messages import Scheduling
 from radixrt.runtime.sampling_params import SamplingParams
 
 SELECT_METHODS = ("token_length_normalized", "greedy", "unconditional_likelihood_normalized")
@@ -21,6 +22,7 @@ def gen(
     regex: str | None = None,
     json_schema: Any = None,
     choices: Sequence[str] | None = None,
+    priority: int | None = None,
     **sampling: Any,
 ) -> Gen:
     """Generate text (into variable `name`). Takes every SamplingParams field (max_tokens, stop,
@@ -29,7 +31,11 @@ def gen(
     options raise here.
 
     Constrained decoding (one of): regex= (the output matches it in full), json_schema= (a dict
-    or JSON text: the output is JSON valid under it), choices= (the output is one of them)."""
+    or JSON text: the output is JSON valid under it), choices= (the output is one of them).
+
+    priority: lower is more urgent in the runtime's queue (default: the run's, run(priority=...),
+    itself 0 by default)."""
+    check_priority(priority)
     known = {f.name for f in fields(SamplingParams)}
     unknown = sorted(set(sampling) - known)
     if unknown:
@@ -52,20 +58,31 @@ def gen(
             pattern = json.dumps(pattern)
         SamplingParams(**{**sampling, kind: pattern})  # the same checks the runtime makes
         constraint = (kind, pattern)
-    return Gen(name, sampling, constraint)
+    return Gen(name, sampling, constraint, priority)
 
 
 def select(
-    name: str | None, choices: Sequence[str], method: str = "token_length_normalized"
+    name: str | None, choices: Sequence[str], method: str = "token_length_normalized",
+    priority: int | None = None,
 ) -> Select:
     """Append whichever of `choices` the model finds most likely here (and store it in `name`).
 
     method: token_length_normalized (mean token log-probability; the default), greedy (best
     first token, ties broken by the next ones) or unconditional_likelihood_normalized (mean
-    log-probability minus that of the choice on its own)."""
+    log-probability minus that of the choice on its own). priority: as gen's."""
     if method not in SELECT_METHODS:
         raise ValueError(f"select method {method!r} is unknown: use one of {SELECT_METHODS}")
-    return Select(name, _check_choices(choices), method)
+    check_priority(priority)
+    return Select(name, _check_choices(choices), method, priority)
+
+
+def check_priority(priority: Any) -> None:
+    """Raise here, where the program names it, for a priority the runtime would refuse."""
+    if priority is None:
+        return
+    if not isinstance(priority, int) or isinstance(priority, bool):
+        raise TypeError(f"priority must be an int (lower is more urgent), got {priority!r}")
+    Scheduling(priority=priority)  # ValueError naming the range
 
 
 def _check_choices(choices: Any) -> tuple[str, ...]:

@@ -58,12 +58,14 @@ class Backend(Protocol):
 
     def generate(
         self, text: str, params: dict[str, Any], constraint: tuple[str, Any] | None,
-        on_piece: PieceCallback | None,
+        on_piece: PieceCallback | None, priority: int = 0,
     ) -> GenResult:
-        """Continue `text`; stream pieces of the output to on_piece when given."""
+        """Continue `text`; stream pieces of the output to on_piece when given. priority:
+        lower is more urgent in the runtime's queue."""
         ...
 
-    def score(self, text: str, choices: list[str], unconditional: bool) -> list[ChoiceLogprobs]:
+    def score(self, text: str, choices: list[str], unconditional: bool,
+              priority: int = 0) -> list[ChoiceLogprobs]:
         """Token log-probabilities of each choice as the continuation of text, in one batch."""
         ...
 

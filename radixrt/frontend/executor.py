@@ -28,8 +28,10 @@ class StreamExecutor:
         transcript: Transcript,
         variables: dict[str, Any] | None = None,
         stream: bool = False,
+        priority: int = 0,
     ) -> None:
         self.backend = backend
+        self.priority = priority  # of every gen / select that does not name its own
         self.transcript = transcript
         self.variables: dict[str, Any] = dict(variables or {})
         self.meta: dict[str, dict[str, Any]] = {}
@@ -151,7 +153,8 @@ class StreamExecutor:
             self._log_piece(leaf.name, piece)
 
         result = self.backend.generate(self.transcript.text, leaf.params, leaf.constraint,
-                                       on_piece if self.stream else None)
+                                       on_piece if self.stream else None,
+                                       self._priority(leaf.priority))
         reason = result.finish_reason or ""
         if reason.startswith("error"):  # the runtime ended it: never a silent empty answer
             what = f"gen {leaf.name!r}" if leaf.name else "gen"
@@ -169,7 +172,8 @@ class StreamExecutor:
 
     def _select(self, leaf: Select) -> None:
         unconditional = leaf.method == "unconditional_likelihood_normalized"
-        scored = self.backend.score(self.transcript.text, list(leaf.choices), unconditional)
+        scored = self.backend.score(self.transcript.text, list(leaf.choices), unconditional,
+                                    self._priority(leaf.priority))
         best, scores = pick(leaf.method, scored)
         choice = leaf.choices[best]
         self._append(leaf.name, choice)
@@ -179,6 +183,9 @@ class StreamExecutor:
             "token_logprobs": [c.logprobs for c in scored],
             "unconditional_token_logprobs": [c.unconditional for c in scored],
         })
+
+    def _priority(self, own: int | None) -> int:
+        return self.priority if own is None else own
 
     def _append(self, name: str | None, text: str, add: bool = True) -> None:
         if add:

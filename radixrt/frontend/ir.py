@@ -35,6 +35,7 @@ class Gen(Expr):
     name: str | None
     params: dict[str, Any] = field(default_factory=dict)
     constraint: tuple[str, Any] | None = None
+    priority: int | None = None  # None: the run's priority
 
 
 @dataclass(frozen=True)
@@ -44,6 +45,7 @@ class Select(Expr):
     name: str | None
     choices: tuple[str, ...]
     method: str
+    priority: int | None = None  # None: the run's priority
 
 
 @dataclass(frozen=True)

@@ -54,8 +54,10 @@ class OpenAICompatible:
         return self._chat
 
     def generate(self, text: str, params: dict[str, Any], constraint: tuple[str, Any] | None,
-                 on_piece: PieceCallback | None) -> GenResult:
+                 on_piece: PieceCallback | None, priority: int = 0) -> GenResult:
         body = {k: v for k, v in params.items() if k not in _NOT_SENT}
+        if priority:  # an extra field (radixrt's, vLLM's): sent only when a program sets one
+            body["priority"] = priority
         body.setdefault("max_tokens", DEFAULT_MAX_TOKENS)  # the runtime's rule, as far as it goes
         body.update(model=self.model, prompt=text, **constraint_fields(constraint))
         if on_piece is None:
@@ -72,14 +74,18 @@ class OpenAICompatible:
             check_constrained(constraint, result, self.base_url)
         return result
 
-    def score(self, text: str, choices: list[str], unconditional: bool) -> list[ChoiceLogprobs]:
+    def score(self, text: str, choices: list[str], unconditional: bool,
+              priority: int = 0) -> list[ChoiceLogprobs]:
         # alone = after the model's start token, as radixrt's /server_info names it (so the
         # scores equal RuntimeEndpoint's); elsewhere the choice's first token goes unscored
         start = self._score_start() if unconditional else ""
         prompts = [text + c for c in choices] + ([start + c for c in choices]
                                                   if unconditional else [])
-        data = self._post({"model": self.model, "prompt": prompts, "echo": True, "logprobs": 1,
-                           "max_tokens": 0, "temperature": 0.0})
+        body = {"model": self.model, "prompt": prompts, "echo": True, "logprobs": 1,
+                "max_tokens": 0, "temperature": 0.0}
+        if priority:
+            body["priority"] = priority
+        data = self._post(body)
         by_index = sorted(data["choices"], key=lambda c: c["index"])
         scored = []
         for i in range(len(choices)):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from radixrt.frontend.api import DEFAULT_BACKEND
+from radixrt.frontend.api import DEFAULT_BACKEND, check_priority
 from radixrt.frontend.backend import Backend
 from radixrt.frontend.executor import StreamExecutor
 from radixrt.frontend.state import ProgramState
@@ -30,12 +30,16 @@ class Program:
         functools.update_wrapper(self, func)
 
     def run(self, *args: Any, backend: Backend | None = None, stream: bool = False,
-            **kwargs: Any) -> ProgramState:
+            priority: int = 0, **kwargs: Any) -> ProgramState:
         """Run once; returns the finished state. With stream=True it returns at once while the
-        program runs in the background: iterate `state.text_iter(name)` to follow it."""
+        program runs in the background: iterate `state.text_iter(name)` to follow it.
+        priority: of every gen / select of the run that does not name its own (lower is more
+        urgent in the runtime's queue)."""
         backend = backend or DEFAULT_BACKEND.get()
+        check_priority(priority)
         bound = self._bind(args, kwargs)
-        state = ProgramState(StreamExecutor(backend, Transcript(backend.chat_format), None, stream))
+        state = ProgramState(StreamExecutor(backend, Transcript(backend.chat_format), None, stream,
+                                            priority))
         if stream:
             threading.Thread(target=self._run_quietly, args=(state, bound), daemon=True,
                              name=f"radixrt-{self.func.__name__}").start()
@@ -53,11 +57,13 @@ class Program:
         num_threads: int | None = None,
         progress_bar: bool = False,
         prefix_cache: bool = True,
+        priority: int = 0,
     ) -> list[ProgramState]:
         """Run once per kwargs dict, concurrently (num_threads programs at a time, default all up
         to 64). The program's constant prefix (found by tracing) is computed once first and kept
         cached for the batch. Raises the first program failure after the batch has finished."""
         backend = backend or DEFAULT_BACKEND.get()
+        check_priority(priority)
         if not batch:
             return []
         bounds = [self._bind((), dict(kw)) for kw in batch]
@@ -69,7 +75,8 @@ class Program:
         progress = _Progress(len(bounds), progress_bar, self.func.__name__)
         try:
             with ThreadPoolExecutor(max_workers=threads) as pool:
-                futures = [pool.submit(self._run_one, backend, b, progress) for b in bounds]
+                futures = [pool.submit(self._run_one, backend, b, progress, priority)
+                           for b in bounds]
                 outcomes = [f.result() for f in futures]
         finally:
             progress.close()
@@ -112,9 +119,10 @@ class Program:
                 ex.error = ex.error or exc
                 ex._cond.notify_all()
 
-    def _run_one(self, backend: Backend, bound: dict[str, Any],
-                 progress: _Progress) -> tuple[ProgramState, BaseException | None]:
-        state = ProgramState(StreamExecutor(backend, Transcript(backend.chat_format)))
+    def _run_one(self, backend: Backend, bound: dict[str, Any], progress: _Progress,
+                 priority: int) -> tuple[ProgramState, BaseException | None]:
+        state = ProgramState(StreamExecutor(backend, Transcript(backend.chat_format),
+                                            priority=priority))
         try:
             self._run_state(state, bound)
             return state, None

@@ -55,19 +55,20 @@ class RuntimeEndpoint:
         return self._chat
 
     def generate(self, text: str, params: dict[str, Any], constraint: tuple[str, Any] | None,
-                 on_piece: PieceCallback | None) -> GenResult:
+                 on_piece: PieceCallback | None, priority: int = 0) -> GenResult:
         if constraint is not None:  # the runtime compiles it; a broken pattern is refused
             kind, pattern = constraint
             params = {**params, kind: list(pattern) if kind == "choices" else pattern}
         forward = None if on_piece is None else (lambda reply: on_piece(reply.text))
         reply = self._client.call(forward, op="generate", text=text, params=params,
-                                  stream=on_piece is not None)
+                                  stream=on_piece is not None, priority=priority)
         return GenResult(reply.text, reply.finish_reason, reply.prompt_tokens,
                          reply.cached_tokens, len(reply.token_ids))
 
-    def score(self, text: str, choices: list[str], unconditional: bool) -> list[ChoiceLogprobs]:
+    def score(self, text: str, choices: list[str], unconditional: bool,
+              priority: int = 0) -> list[ChoiceLogprobs]:
         reply = self._client.call(op="score", text=text, choices=choices,
-                                  unconditional=unconditional)
+                                  unconditional=unconditional, priority=priority)
         return [ChoiceLogprobs(list(c.logprobs), list(c.unconditional_logprobs))
                 for c in reply.choices]
 

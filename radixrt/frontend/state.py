@@ -52,7 +52,8 @@ class ProgramState:
         ex.sync()
         handle = ex.backend.pin(ex.transcript.text) if ex.transcript.text else None
         children = [
-            ProgramState(StreamExecutor(ex.backend, ex.transcript.copy(), ex.variables, ex.stream))
+            ProgramState(StreamExecutor(ex.backend, ex.transcript.copy(), ex.variables, ex.stream,
+                                        ex.priority))
             for _ in range(n)
         ]
         group = ForkGroup(self, children, handle)

@@ -140,11 +140,12 @@ class Planner:
     # --- admission ---------------------------------------------------------------------------
     def _admit(self, draft: _StepDraft) -> None:
         table = self.table
+        fair = table.fair if self.config.fair_share else None
+        held = len(table.waiting) + len(table.running) + len(table.swapped)
+        if table.waiting or len(table.fair.virtual) > held:  # more clocks than requests: idle
+            table.fair.forget_idle(table.active_tenants())
         if not table.waiting:
             return
-        fair = table.fair if self.config.fair_share else None
-        if fair is not None:
-            fair.forget_idle(table.active_tenants())
         swapped = most_urgent(table.swapped)
         for req in admission_order(table.waiting, self.kv, self.policy, fair):
             if swapped is not None and req.priority >= swapped:
