@@ -31,44 +31,25 @@ import shlex
 import signal
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from plots import add_plot_dir, bar_panels, plot_path
+from serving_requests import Prompt, RequestResult, one_request, random_text, stats_ms, token_count
+from serving_sharing import add_sharing_args, run_sharing
 from serving_systems import LLAMA_VENV, SYSTEMS, System, build_systems, http_json, running
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 DATASETS = ("random", "shared-prefix")
 DEFAULT_CONCURRENCY = 8
-FIRST_TOKEN_ID = 100  # random prompts use ids FIRST_TOKEN_ID..vocab-1, clear of special tokens
 REQUEST_TIMEOUT_S = 600.0
-
-
-@dataclass(frozen=True)
-class Prompt:
-    text: str
-    prompt_len: int  # by the local tokenizer; the server's own count comes back in usage
-    output_len: int
 
 
 @dataclass(frozen=True)
 class Dataset:
     name: str
     prompts: list[Prompt]
-
-
-@dataclass
-class RequestResult:
-    ok: bool = False
-    error: str = ""
-    prompt_len: int = 0
-    output_tokens: int = 0
-    ttft: float = 0.0
-    e2e: float = 0.0
-    itls: list[float] = field(default_factory=list)
-    cached_tokens: int | None = None
 
 
 @dataclass
@@ -109,8 +90,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "(builds from source: minutes)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
-    from serving_sharing import add_sharing_args  # imports this module: not at the top
-
     add_sharing_args(p)
     add_plot_dir(p)
     args = p.parse_args(argv)
@@ -125,15 +104,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # --- datasets ----------------------------------------------------------------------------------
-def random_text(tok: Any, rng: random.Random, n: int) -> str:
-    vocab = len(tok)
-    return tok.decode([rng.randrange(FIRST_TOKEN_ID, vocab) for _ in range(n)])
-
-
-def token_count(tok: Any, text: str) -> int:
-    return len(tok.encode(text, add_special_tokens=True))
-
-
 def random_dataset(args: argparse.Namespace, tok: Any) -> Dataset:
     rng = random.Random(args.seed)
     prompts = []
@@ -165,46 +135,6 @@ def build_datasets(args: argparse.Namespace) -> list[Dataset]:
 
 
 # --- systems -----------------------------------------------------------------------------------
-async def one_request(client: Any, system: System, prompt: Prompt) -> RequestResult:
-    result = RequestResult(prompt_len=prompt.prompt_len)
-    chunks, usage = 0, None
-    start = last = time.perf_counter()
-    try:
-        stream = await client.completions.create(
-            model="default", prompt=prompt.text, max_tokens=prompt.output_len, temperature=0.0,
-            stream=True, extra_body=system.extra_body,
-            **({"stream_options": {"include_usage": True}} if system.stream_usage else {}),
-        )
-        async for chunk in stream:
-            now = time.perf_counter()
-            if chunk.choices and chunk.choices[0].text:
-                if chunks == 0:
-                    result.ttft = now - start
-                else:
-                    result.itls.append(now - last)
-                chunks, last = chunks + 1, now
-            usage = chunk.usage or usage
-    except Exception as exc:  # a failed request is reported, not fatal
-        result.error = f"{type(exc).__name__}: {exc}"
-        return result
-    result.e2e = time.perf_counter() - start
-    result.ok = chunks > 0
-    result.error = "" if result.ok else "no text came back"
-    fill_usage(result, usage, chunks)
-    return result
-
-
-def fill_usage(result: RequestResult, usage: Any, chunks: int) -> None:
-    """Token counts from usage when the server sends it, else one token per text chunk."""
-    if usage is None:
-        result.output_tokens = chunks
-        return
-    result.output_tokens = usage.completion_tokens
-    result.prompt_len = usage.prompt_tokens
-    details = usage.prompt_tokens_details
-    result.cached_tokens = details.cached_tokens if details is not None else None
-
-
 async def generate_load(
     client: Any, system: System, prompts: list[Prompt], args: argparse.Namespace
 ) -> tuple[list[RequestResult], float]:
@@ -261,14 +191,6 @@ def hit_rate_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) 
 
 
 # --- metrics -----------------------------------------------------------------------------------
-def stats_ms(values: list[float]) -> tuple[float, float, float]:
-    """(mean, median, p99) in milliseconds; zeros for an empty list."""
-    if not values:
-        return 0.0, 0.0, 0.0
-    ms = np.asarray(values) * 1000.0
-    return float(ms.mean()), float(np.median(ms)), float(np.percentile(ms, 99))
-
-
 def metrics(run: RunResult) -> dict[str, Any]:
     ok = [r for r in run.requests if r.ok]
     inputs = sum(r.prompt_len for r in ok)
@@ -390,8 +312,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     signal.signal(signal.SIGTERM, exit_on_sigterm)
     if args.scenario == "sharing":
-        from serving_sharing import run_sharing
-
         return run_sharing(args)
     datasets = build_datasets(args)
     systems, notes = build_systems(args)

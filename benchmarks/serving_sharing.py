@@ -28,7 +28,7 @@ import time
 from typing import Any
 
 from plots import bar_panels, plot_path
-from serving import Prompt, RequestResult, one_request, random_text, stats_ms, token_count
+from serving_requests import Prompt, RequestResult, one_request, random_text, stats_ms, token_count
 from serving_systems import System, radixrt_system, running
 
 CLASSES = ("urgent", "flooded tenant", "flood")

@@ -203,3 +203,15 @@ def test_a_key_file_is_checked_line_by_line(tmp_path: Path) -> None:
     assert keys.match(b"k1") == (True, "a")
     assert keys.match(b"k2:with:colons") == (True, "b")
     assert keys.match(b"k3") == (False, None)
+
+
+def test_the_tenant_is_the_keys_name_else_user_else_shared() -> None:
+    from starlette.requests import Request
+
+    from radixrt.runtime.server.tenants import TENANT_STATE, tenant_of
+
+    named = Request({"type": "http", "state": {TENANT_STATE: "alice"}})
+    anonymous = Request({"type": "http"})
+    assert tenant_of(named, "someone") == "alice"  # a named key wins over `user`
+    assert tenant_of(anonymous, "someone") == "someone"
+    assert tenant_of(anonymous, None) == ""

@@ -1,0 +1,91 @@
+"""One streamed request of the serving benchmarks and what it measures: the prompt, the result
+(TTFT, inter-token gaps, end-to-end time, token counts from usage), random prompt text, and the
+statistics the tables print. Shared by serving.py and serving_sharing.py."""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from serving_systems import System
+
+FIRST_TOKEN_ID = 100  # random prompts use ids FIRST_TOKEN_ID..vocab-1, clear of special tokens
+
+
+@dataclass(frozen=True)
+class Prompt:
+    text: str
+    prompt_len: int  # by the local tokenizer; the server's own count comes back in usage
+    output_len: int
+
+
+@dataclass
+class RequestResult:
+    ok: bool = False
+    error: str = ""
+    prompt_len: int = 0
+    output_tokens: int = 0
+    ttft: float = 0.0
+    e2e: float = 0.0
+    itls: list[float] = field(default_factory=list)
+    cached_tokens: int | None = None
+
+
+def random_text(tok: Any, rng: random.Random, n: int) -> str:
+    vocab = len(tok)
+    return tok.decode([rng.randrange(FIRST_TOKEN_ID, vocab) for _ in range(n)])
+
+
+def token_count(tok: Any, text: str) -> int:
+    return len(tok.encode(text, add_special_tokens=True))
+
+
+async def one_request(client: Any, system: System, prompt: Prompt) -> RequestResult:
+    result = RequestResult(prompt_len=prompt.prompt_len)
+    chunks, usage = 0, None
+    start = last = time.perf_counter()
+    try:
+        stream = await client.completions.create(
+            model="default", prompt=prompt.text, max_tokens=prompt.output_len, temperature=0.0,
+            stream=True, extra_body=system.extra_body,
+            **({"stream_options": {"include_usage": True}} if system.stream_usage else {}),
+        )
+        async for chunk in stream:
+            now = time.perf_counter()
+            if chunk.choices and chunk.choices[0].text:
+                if chunks == 0:
+                    result.ttft = now - start
+                else:
+                    result.itls.append(now - last)
+                chunks, last = chunks + 1, now
+            usage = chunk.usage or usage
+    except Exception as exc:  # a failed request is reported, not fatal
+        result.error = f"{type(exc).__name__}: {exc}"
+        return result
+    result.e2e = time.perf_counter() - start
+    result.ok = chunks > 0
+    result.error = "" if result.ok else "no text came back"
+    fill_usage(result, usage, chunks)
+    return result
+
+
+def fill_usage(result: RequestResult, usage: Any, chunks: int) -> None:
+    """Token counts from usage when the server sends it, else one token per text chunk."""
+    if usage is None:
+        result.output_tokens = chunks
+        return
+    result.output_tokens = usage.completion_tokens
+    result.prompt_len = usage.prompt_tokens
+    details = usage.prompt_tokens_details
+    result.cached_tokens = details.cached_tokens if details is not None else None
+
+
+def stats_ms(values: list[float]) -> tuple[float, float, float]:
+    """(mean, median, p99) in milliseconds; zeros for an empty list."""
+    if not values:
+        return 0.0, 0.0, 0.0
+    ms = np.asarray(values) * 1000.0
+    return float(ms.mean()), float(np.median(ms)), float(np.percentile(ms, 99))
