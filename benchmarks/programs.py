@@ -9,6 +9,9 @@ verdict) and multi-turn-chat (4 user/assistant turns on a shared system prompt).
 Systems, each warmed up with one tiny program before it is timed:
   radixrt           `rx.Runtime()` (radix cache on), run_batch with --threads programs at a time
   radixrt-no-cache  `rx.Runtime(disable_radix_cache=True)`, the same calls
+  llama.cpp         its C++ llama-server on the same GGUF file through rx.OpenAICompatible (select
+                    scored from next-token logprobs: llama-server does not echo prompt logprobs),
+                    on the --llama-workloads only (default few-shot), run_batch as radixrt's
   hf                the same @rx.function programs on a plain transformers backend: gen is
                     model.generate (greedy, batch size 1, stop strings checked on the decoded
                     text), select is one forward pass per choice over text + choice (mean token
@@ -22,6 +25,8 @@ same number of tokens. Hit rate = cached / prompt tokens from the runtime's info
     python benchmarks/programs.py --quick          # tiny sizes, ~3-4 minutes on 2 cores
     python benchmarks/programs.py --quick --torch-threads 1   # the same on a busy shared machine
     python benchmarks/programs.py --workloads few-shot --num-programs 64 --hf-num-programs 8
+    python benchmarks/programs.py --asyncio        # few-shot at 64 and 512 programs: threads
+                                                   # (run_batch) vs asyncio (arun_batch)
 """
 
 from __future__ import annotations
@@ -42,8 +47,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from offline_throughput import load_hf  # noqa: E402
 from plots import add_plot_dir, bar_panels, plot_path  # noqa: E402
+from programs_asyncio import run_asyncio_study  # noqa: E402
 from programs_workloads import WORKLOADS, Sizes, Workload, build_workloads  # noqa: E402
 from programs_workloads import warm_up_program as warm_up  # noqa: E402
+from serving_systems import LLAMA_SERVER, llama_server_system, running  # noqa: E402
 from transformers import StoppingCriteria, StoppingCriteriaList  # noqa: E402
 
 import radixrt as rx  # noqa: E402
@@ -91,7 +98,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "for the runtimes); default: torch's. 1 helps on a busy shared machine")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
-    p.add_argument("--skip-hf", action="store_true", help="run the two radixrt systems only")
+    p.add_argument("--skip-hf", action="store_true", help="leave HF transformers out")
+    p.add_argument("--skip-llama-cpp", action="store_true", help="leave llama.cpp out")
+    p.add_argument("--llama-server", default=None,
+                   help="llama-server binary (default: ../shared/llama-server/ if it is there)")
+    p.add_argument("--llama-workloads", nargs="+", choices=WORKLOADS, default=["few-shot"],
+                   help="the workloads llama.cpp runs")
+    p.add_argument("--asyncio", action="store_true",
+                   help="instead: the few-shot workload with threads vs asyncio "
+                   "(programs_asyncio.py)")
     add_plot_dir(p)
     args = p.parse_args(argv)
     args.sizes = Sizes(shots=args.shots)
@@ -162,7 +177,7 @@ class HFBackend:
 
     @torch.inference_mode()
     def generate(self, text: str, params: dict[str, Any], constraint: tuple[str, Any] | None,
-                 on_piece: Callable[[str], None] | None) -> GenResult:
+                 on_piece: Callable[[str], None] | None, priority: int = 0) -> GenResult:
         if constraint is not None:
             raise BackendError("the HF baseline has no constrained decoding")
         p = SamplingParams(**params)
@@ -189,7 +204,8 @@ class HFBackend:
         return GenResult(result, reason, len(ids), 0, len(new))
 
     @torch.inference_mode()
-    def score(self, text: str, choices: list[str], unconditional: bool) -> list[ChoiceLogprobs]:
+    def score(self, text: str, choices: list[str], unconditional: bool,
+              priority: int = 0) -> list[ChoiceLogprobs]:
         if unconditional:
             raise BackendError("the HF baseline scores conditional log-probabilities only")
         prefix = self._encode(text)
@@ -211,14 +227,37 @@ class HFBackend:
             self.counters["prompt_tokens"] += prompt
             self.counters["computed_tokens"] += computed
 
-    def pin(self, text: str) -> None:
-        return None  # nothing is kept between calls
+    def pin(self, text: str, priority: int = 0) -> None:
+        return None  # nothing is kept between calls (one request at a time: no priority)
 
     def unpin(self, handle: Any) -> None:
         pass
 
     def info(self) -> dict[str, Any]:
         return dict(self.counters)
+
+
+def run_llama_cpp(works: list[Workload], args: argparse.Namespace) -> list[Result | None]:
+    """The --llama-workloads on llama-server (None for the others, or for all without it)."""
+    binary = args.llama_server or (LLAMA_SERVER if os.access(LLAMA_SERVER, os.X_OK) else None)
+    if binary is None:
+        print("[llama.cpp] skipped: no llama-server (--llama-server PATH)", flush=True)
+        return [None] * len(works)
+    results: list[Result | None] = []
+    with running(llama_server_system(binary)) as base:
+        backend = rx.OpenAICompatible(base + "/v1", "default", chat_format="chatml")
+        warm_up.run(backend=backend)
+        for work in works:
+            if work.name not in args.llama_workloads:
+                results.append(None)
+                continue
+            t0 = time.perf_counter()
+            states = work.program.run_batch(work.inputs, backend=backend,
+                                            num_threads=args.threads)
+            results.append(Result("llama.cpp", len(states), time.perf_counter() - t0, 0, 0, 0,
+                                  outcomes=[work.outcome(st) for st in states]))
+            report_progress(work, results[-1])
+    return results
 
 
 def run_hf(works: list[Workload], args: argparse.Namespace) -> list[Result]:
@@ -264,22 +303,25 @@ def print_workload(work: Workload, results: dict[str, Result]) -> None:
         print(f"{r.system:<17} {r.programs:>8} {r.seconds:>9.2f} {r.per_s:>10.2f} "
               f"{r.hit_rate:>9.1%} {r.computed_tokens:>12} {agreement(ref, r):>15}")
     over = [f"{ratio(ref, results[name])} over {label}"
-            for name, label in (("radixrt-no-cache", "no-cache"), ("hf", "HF")) if name in results]
+            for name, label in (("radixrt-no-cache", "no-cache"), ("llama.cpp", "llama.cpp"),
+                                ("hf", "HF")) if name in results]
     print("radixrt speed-up: " + ", ".join(over))
 
 
 def print_summary(rows: list[tuple[Workload, dict[str, Result]]], args: argparse.Namespace,
                   seconds: float) -> None:
-    print("\n| workload | programs | radixrt prog/s | cache hit | no-cache prog/s | HF prog/s "
-          "| vs no-cache | vs HF |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("\n| workload | programs | radixrt prog/s | cache hit | no-cache prog/s "
+          "| llama.cpp prog/s (same picks) | HF prog/s | vs no-cache | vs llama.cpp | vs HF |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for work, res in rows:
         rt, nc, hf = res["radixrt"], res.get("radixrt-no-cache"), res.get("hf")
+        cpp = res.get("llama.cpp")
         programs = f"{rt.programs}" + (f" (HF {hf.programs})" if hf and hf.programs != rt.programs
                                        else "")
+        cpp_cell = f"{cpp.per_s:.2f} ({agreement(rt, cpp)})" if cpp else "-"
         print(f"| {work.name} | {programs} | {rt.per_s:.2f} | {rt.hit_rate:.0%} | "
-              f"{nc.per_s if nc else 0:.2f} | {f'{hf.per_s:.2f}' if hf else '-'} | "
-              f"{ratio(rt, nc)} | {ratio(rt, hf)} |")
+              f"{nc.per_s if nc else 0:.2f} | {cpp_cell} | {f'{hf.per_s:.2f}' if hf else '-'} | "
+              f"{ratio(rt, nc)} | {ratio(rt, cpp)} | {ratio(rt, hf)} |")
     sizes = ", ".join(f"{k}={v}" for k, v in dataclasses.asdict(args.sizes).items())
     print(f"\nfloat32 on CPU ({os.cpu_count()} cores, torch threads {torch.get_num_threads()}); "
           f"radixrt run_batch threads {args.threads}, HF one program at a time; {sizes}")
@@ -296,6 +338,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.torch_threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(args.torch_threads)  # the runtimes inherit it
         torch.set_num_threads(args.torch_threads)
+    if args.asyncio:
+        run_asyncio_study(args)
+        return
     start = time.perf_counter()
     works = build_workloads(args.workloads, args.num_programs, args.sizes, args.seed)
     by_system = {
@@ -303,9 +348,11 @@ def main(argv: list[str] | None = None) -> None:
         "radixrt-no-cache": run_radixrt("radixrt-no-cache", works, args,
                                         disable_radix_cache=True),
     }
+    if not args.skip_llama_cpp:
+        by_system["llama.cpp"] = run_llama_cpp(works, args)
     if not args.skip_hf:
         by_system["hf"] = run_hf(works, args)
-    rows = [(work, {name: res[i] for name, res in by_system.items()})
+    rows = [(work, {name: res[i] for name, res in by_system.items() if res[i] is not None})
             for i, work in enumerate(works)]
     for work, results in rows:
         print_workload(work, results)

@@ -72,3 +72,15 @@ def test_a_second_tenant_is_served_before_a_flooding_tenants_queue(make_engine: 
     while not engine.loop.idle:
         engine.step()
     assert len(engine.take_finished()) == 17
+
+
+def test_the_queue_cap_counts_requests_whose_grammar_is_compiling(make_engine: Any) -> None:
+    from radixrt import QueueFull
+
+    engine = make_engine(max_queued_requests=1)
+    first = engine.submit("Pick a number:", SamplingParams(max_tokens=3, regex="[0-9]+"))
+    with pytest.raises(QueueFull, match="max-queued-requests"):
+        engine.submit("Pick a word:", SamplingParams(max_tokens=3, regex="[a-z]+"))
+    while not engine.loop.idle or engine._compiling:
+        engine.step()
+    assert engine.take_output(first).finish_reason in ("stop", "length")

@@ -41,7 +41,8 @@ class EchoBackend:
         self.priorities.append(("select", priority))
         return [rx.ChoiceLogprobs([float(len(c))]) for c in choices]
 
-    def pin(self, text: str) -> int:
+    def pin(self, text: str, priority: int = 0) -> int:
+        self.priorities.append(("pin", priority))
         self.pins.append(text)
         return len(self.pins)
 
@@ -142,11 +143,12 @@ def test_priorities_reach_the_backend_from_the_run_each_call_and_forks():
 
     backend = EchoBackend()
     prog.run(backend=backend, priority=3)
-    assert backend.priorities[:3] == [("gen", 3), ("gen", -4), ("select", 3)]
-    assert backend.priorities[3:] == [("gen", 3), ("gen", 3)]  # the forks inherit the run's
+    assert backend.priorities[:4] == [("gen", 3), ("gen", -4), ("select", 3), ("pin", 3)]
+    assert backend.priorities[4:] == [("gen", 3), ("gen", 3)]  # the forks inherit the run's
     backend.priorities.clear()
     prog.run_batch([{}, {}], backend=backend, priority=1, prefix_cache=False)
-    assert sorted(set(backend.priorities)) == [("gen", -4), ("gen", 1), ("select", 1)]
+    assert sorted(set(backend.priorities)) == [("gen", -4), ("gen", 1), ("pin", 1),
+                                               ("select", 1)]
     backend.priorities.clear()
     prog.run(backend=backend)
     assert ("gen", 0) in backend.priorities
@@ -164,3 +166,119 @@ def test_a_bad_priority_is_refused_where_the_program_names_it():
 
     with pytest.raises(ValueError, match="priority"):
         prog.run(backend=EchoBackend(), priority=1 << 40)
+
+
+# --- asyncio ------------------------------------------------------------------------------------
+class AsyncEcho(EchoBackend):
+    """EchoBackend whose answers depend on the text only, with async twins that wait on the
+    event loop (as RuntimeEndpoint's do); counts the calls cancelled while in flight."""
+
+    def __init__(self, delay: float = 0.001) -> None:
+        super().__init__()
+        self.delay = delay
+        self.cancelled = 0
+        self.in_flight = 0
+
+    def generate(self, text: str, params: dict[str, Any], constraint: Any,
+                 on_piece: Any, priority: int = 0) -> rx.GenResult:
+        return rx.GenResult(f"<{len(text) % 97}>", "length")
+
+    async def agenerate(self, *args: Any) -> rx.GenResult:
+        import asyncio
+
+        self.in_flight += 1
+        try:
+            await asyncio.sleep(self.delay)
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        finally:
+            self.in_flight -= 1
+        return self.generate(*args)
+
+    async def ascore(self, *args: Any) -> list[Any]:
+        import asyncio
+
+        await asyncio.sleep(0)
+        return self.score(*args)
+
+    async def apin(self, text: str, priority: int = 0) -> int:
+        return self.pin(text, priority)
+
+    async def aunpin(self, handle: Any) -> None:
+        self.unpin(handle)
+
+
+@rx.function
+def forked_program(s, topic):
+    s += "Topic: " + topic + "\n" + rx.gen("intro", max_tokens=4)
+    forks = s.fork(3)
+    for i, f in enumerate(forks):
+        f += f"Idea {i}:" + rx.gen("idea", max_tokens=4)
+    forks.join()
+    s += rx.select("verdict", ["good", "bad"])
+    with s.var_scope("tail"):
+        s += "End." + rx.gen("end", max_tokens=2)
+
+
+def test_arun_gives_what_run_gives_on_one_loop_without_a_thread_each():
+    import asyncio
+    import threading
+
+    backend = AsyncEcho()
+    topics = [f"topic {i}" * (i % 5 + 1) for i in range(300)]
+    want = [forked_program.run(topic=t, backend=backend).variables for t in topics]
+
+    async def main() -> list[dict]:
+        before = threading.active_count()
+        states = await asyncio.gather(*(forked_program.arun(topic=t, backend=backend)
+                                        for t in topics))
+        assert threading.active_count() <= before + 1  # no thread per program or fork
+        return [s.variables for s in states]
+
+    assert asyncio.run(main()) == want
+    batch = asyncio.run(forked_program.arun_batch([{"topic": t} for t in topics[:20]],
+                                                  backend=backend, max_concurrency=8))
+    assert [s.variables for s in batch] == want[:20]
+    assert backend.pins.count("Topic: ") >= 1  # arun_batch pinned the constant prefix
+
+
+def test_a_cancelled_arun_cancels_its_calls_in_flight():
+    import asyncio
+
+    backend = AsyncEcho(delay=30.0)
+
+    async def main() -> None:
+        task = asyncio.ensure_future(forked_program.arun(topic="x", backend=backend))
+        while backend.in_flight == 0:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(asyncio.wait_for(main(), 10))
+    assert backend.cancelled == 1 and backend.in_flight == 0
+
+
+def test_atext_iter_streams_an_arun_and_errors_reach_the_caller():
+    import asyncio
+
+    @rx.function
+    def streamed(s):
+        s += "A" + rx.gen("x", max_tokens=2) + "B" + rx.gen("y", max_tokens=2)
+
+    async def main() -> tuple[list[str], str]:
+        state = await streamed.arun(backend=AsyncEcho(), stream=True)
+        pieces = [p async for p in state.atext_iter()]
+        await state.await_done()
+        return pieces, state.text()
+
+    pieces, text = asyncio.run(main())
+    assert "".join(pieces) == text
+
+    @rx.function
+    def refused(s):
+        s += "x" + rx.gen("x", max_tokens=7)  # EchoBackend refuses max_tokens=7
+
+    with pytest.raises(rx.BackendError, match="refused"):
+        asyncio.run(refused.arun(backend=EchoBackend()))  # a backend with no async twins

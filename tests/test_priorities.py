@@ -183,7 +183,7 @@ def test_with_one_tenant_the_order_is_the_policys() -> None:
                            tenant="only") for i, (base, n) in enumerate(shapes)]
         policy = make_policy(policy_name)
         fair = FairShare()
-        fair.activate("only")
+        fair.backlogged("only", [])
         fair.charge("only", 1000)
         assert admission_order(waiting, sim.sched.kv, policy, fair) == \
             policy.order(waiting, sim.sched.kv)
@@ -199,7 +199,7 @@ def test_fair_share_keeps_each_tenants_policy_order_and_interleaves_them() -> No
     def check(shapes: list, served: dict) -> None:
         fair = FairShare()
         for tenant in "abc":
-            fair.activate(tenant)
+            fair.backlogged(tenant, [])
             fair.charge(tenant, served.get(tenant, 0))
         ordered = [Request(rid=i, prompt_ids=[1] * n, params=SHORT, arrival=i, tenant=t)
                    for i, (t, n) in enumerate(shapes)]
@@ -216,14 +216,39 @@ def test_fair_share_keeps_each_tenants_policy_order_and_interleaves_them() -> No
     check()
 
 
-def test_a_returning_tenant_gets_no_credit_for_its_idle_time() -> None:
+def test_a_tenant_that_joins_the_queue_gets_no_credit_for_its_idle_time() -> None:
     fair = FairShare()
-    fair.activate("a")
+    fair.backlogged("a", [])
     fair.charge("a", 500)
-    fair.activate("b")  # joins at a's clock, not at zero
+    fair.backlogged("b", ["a"])  # joins at a's clock, not at zero
     assert fair.virtual["b"] == 500
-    fair.forget_idle(["b"])
-    assert set(fair.virtual) == {"b"}
+    fair.idle()  # the queue emptied: the busy period ends
+    fair.charge("a", 300)  # served while nobody waits: not counted
+    assert fair.virtual == {}
+
+
+def test_service_while_nobody_waits_is_not_owed_back() -> None:
+    """A runs alone for a long while (nothing waits); then A and B queue at once: their
+    admissions interleave, A's earlier service is not held against it."""
+    sim = make_sim(4096, max_running_requests=2, schedule_policy="fcfs")
+    long = sim.sched.add_request(list(prompt(1)), LONG, Scheduling(tenant="A"))
+    for _ in range(10):
+        step(sim)
+    assert sim.sched.table.fair.virtual == {}
+    drain(sim)
+    assert long.finish_reason == "length"
+    reqs = [sim.sched.add_request(list(prompt(10 + i)), SHORT, Scheduling(tenant=t))
+            for i, t in enumerate("AAAABBBB")]
+    assert "".join(first_token_order(sim, reqs)) == "ABABABAB"
+
+
+def first_token_order(sim: Sim, reqs: list[Request]) -> list[str]:
+    """Step until every request finished; their tenants in the order of their first tokens."""
+    order: list[Request] = []
+    while any(not r.finished for r in reqs):
+        step(sim)
+        order += [r for r in reqs if r.num_known_outputs and r not in order]
+    return [r.tenant for r in order]
 
 
 # --- admission control -------------------------------------------------------------------------
@@ -302,3 +327,39 @@ def test_tenants_with_nothing_left_are_forgotten() -> None:
         sim.sched.add_request(list(prompt(i)), SHORT, Scheduling(tenant=f"user-{i}"))
         drain(sim)
     assert len(sim.sched.table.fair.virtual) <= 1
+
+
+def test_an_urgent_request_whose_prefix_is_cached_still_preempts() -> None:
+    """The urgent request's cached prefix counts as evictable (available) until it is admitted
+    and locks it: the room it needs must not count it."""
+    sim = make_sim(300, max_running_requests=16)
+    head = [2 + k % 19 for k in range(100)]
+    sim.sched.add_request(head + [1], SHORT)  # caches the 100-token prefix
+    drain(sim)
+    fill_slots(sim, 4, priority=5)
+    for _ in range(25):
+        step(sim)
+    urgent = sim.sched.add_request(head + [3 + k % 5 for k in range(120)], SHORT,
+                                   Scheduling(priority=0))
+    assert first_token_step(sim, urgent) <= 3
+    assert urgent.cached_len >= 99 and sim.sched.stats.priority_preemptions >= 1
+    drain(sim)
+    check_idle(sim)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_victim_is_not_readmitted_ahead_of_the_urgent_request_it_made_room_for(
+    overlap: bool,
+) -> None:
+    """Two urgent requests share a long prefix: the second waits a step for the first to put
+    it in the tree; the slot preempted for it is kept for it, not taken back by its victim."""
+    sim = make_sim(4096, overlap, max_running_requests=3)
+    background = fill_slots(sim, 3, priority=1, params=SamplingParams(max_tokens=60,
+                                                                       ignore_eos=True))
+    head = [2 + k % 17 for k in range(64)]
+    for j in range(2):
+        sim.sched.add_request(head + [3 + j], SHORT, Scheduling(priority=0))
+    drain(sim)
+    assert sim.sched.stats.priority_preemptions == 2
+    assert sorted(r.num_preemptions for r in background) == [0, 1, 1]
+    check_idle(sim)

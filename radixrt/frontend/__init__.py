@@ -1,7 +1,18 @@
 """The DSL: `@function` programs that append text, gen, select and roles to a state, fork it,
 and run on a backend (a local `Runtime`, a `RuntimeEndpoint`, or an `OpenAICompatible` server)."""
 
-from radixrt.frontend.api import assistant, gen, select, set_default_backend, system, user
+from radixrt.frontend.api import (
+    assistant,
+    flush_cache,
+    gen,
+    gen_int,
+    gen_string,
+    get_server_info,
+    select,
+    set_default_backend,
+    system,
+    user,
+)
 from radixrt.frontend.backend import (
     Backend,
     BackendError,
@@ -12,6 +23,12 @@ from radixrt.frontend.backend import (
 from radixrt.frontend.local_runtime import Runtime
 from radixrt.frontend.program import Program, function
 from radixrt.frontend.runtime_endpoint import RuntimeEndpoint
+from radixrt.frontend.select_methods import (
+    SelectMethod,
+    greedy_token_selection,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+)
 from radixrt.frontend.state import ForkGroup, ProgramState
 
 __all__ = [
@@ -25,11 +42,19 @@ __all__ = [
     "ProgramState",
     "Runtime",
     "RuntimeEndpoint",
+    "SelectMethod",
     "assistant",
+    "flush_cache",
     "function",
     "gen",
+    "gen_int",
+    "gen_string",
+    "get_server_info",
+    "greedy_token_selection",
     "select",
     "set_default_backend",
     "system",
+    "token_length_normalized",
+    "unconditional_likelihood_normalized",
     "user",
 ]

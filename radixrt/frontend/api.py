@@ -5,14 +5,14 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Sequence
-from dataclasses import fields
 from typing import Any
 
 from radixrt.frontend.ir import Concat, Expr, Gen, RoleBegin, RoleEnd, Select, as_expr
+from radixrt.frontend.select_methods import SelectMethod, method_name
+from radixrt.frontend.sglang_names import dtype_regex, sampling_fields
 from radixrt.runtime.messages import Scheduling
 from radixrt.runtime.sampling_params import SamplingParams
 
-SELECT_METHODS = ("token_length_normalized", "greedy", "unconditional_likelihood_normalized")
 CONSTRAINT_KINDS = ("regex", "json_schema", "choices")
 
 
@@ -22,27 +22,31 @@ def gen(
     regex: str | None = None,
     json_schema: Any = None,
     choices: Sequence[str] | None = None,
+    dtype: Any = None,
     priority: int | None = None,
     **sampling: Any,
 ) -> Gen:
     """Generate text (into variable `name`). Takes every SamplingParams field (max_tokens, stop,
     temperature, ...) with their defaults, the same at every entry point: max_tokens the rest of
     the context, at most 256; temperature 1.0. n must be 1 (use fork for several samples). Bad
-    options raise here.
+    options raise here. SGLang's names work too (max_new_tokens, return_logprob,
+    top_logprobs_num, logprob_start_len: sglang_names.py).
 
     Constrained decoding (one of): regex= (the output matches it in full), json_schema= (a dict
-    or JSON text: the output is JSON valid under it), choices= (the output is one of them).
+    or JSON text: the output is JSON valid under it), choices= (the output is one of them),
+    dtype= int | float | bool | str (a number, True / False, or a quoted string).
 
     priority: lower is more urgent in the runtime's queue (default: the run's, run(priority=...),
     itself 0 by default)."""
     check_priority(priority)
-    known = {f.name for f in fields(SamplingParams)}
-    unknown = sorted(set(sampling) - known)
-    if unknown:
-        raise TypeError(f"gen() got unknown option(s) {unknown}; options: {sorted(known)}")
+    sampling = sampling_fields(sampling, "gen()")
     params = SamplingParams(**sampling)  # ValueError naming the bad value
     if params.n != 1:
         raise ValueError(f"gen(n={params.n}) is not supported: fork the state to get n samples")
+    if dtype is not None:
+        if regex is not None:
+            raise ValueError("give one of dtype= and regex= (dtype is a regex constraint)")
+        regex = dtype_regex(dtype)
     given = {k: v for k, v in (("regex", regex), ("json_schema", json_schema),
                                 ("choices", choices)) if v is not None}
     if len(given) > 1:
@@ -61,19 +65,45 @@ def gen(
     return Gen(name, sampling, constraint, priority)
 
 
+def gen_int(name: str | None = None, **options: Any) -> Gen:
+    """gen(name, dtype=int): an integer (SGLang's gen_int)."""
+    return gen(name, dtype=int, **options)
+
+
+def gen_string(name: str | None = None, **options: Any) -> Gen:
+    """gen(name, dtype=str): a double-quoted string of letters, digits and spaces (SGLang's
+    gen_string)."""
+    return gen(name, dtype=str, **options)
+
+
 def select(
-    name: str | None, choices: Sequence[str], method: str = "token_length_normalized",
-    priority: int | None = None,
+    name: str | None = None, choices: Sequence[str] | None = None,
+    method: str | SelectMethod = "token_length_normalized", priority: int | None = None,
+    *, choices_method: SelectMethod | str | None = None, temperature: float = 0.0,
 ) -> Select:
     """Append whichever of `choices` the model finds most likely here (and store it in `name`).
 
     method: token_length_normalized (mean token log-probability; the default), greedy (best
     first token, ties broken by the next ones) or unconditional_likelihood_normalized (mean
-    log-probability minus that of the choice on its own). priority: as gen's."""
-    if method not in SELECT_METHODS:
-        raise ValueError(f"select method {method!r} is unknown: use one of {SELECT_METHODS}")
+    log-probability minus that of the choice on its own); SGLang's `choices_method=` objects
+    (rx.greedy_token_selection, ...) say the same. priority: as gen's. temperature: SGLang's
+    argument, where only 0 is meaningful (choices are scored, not sampled)."""
+    if temperature != 0.0:
+        raise ValueError(f"select(temperature={temperature}) is not supported: select scores "
+                         "every choice and takes the best; leave temperature out")
+    if choices is None:
+        raise ValueError("select needs choices: a non-empty list of strings")
+    chosen = method_name(choices_method if choices_method is not None else method)
     check_priority(priority)
-    return Select(name, _check_choices(choices), method, priority)
+    return Select(name, _check_choices(choices), chosen, priority)
+
+
+def _check_choices(choices: Any) -> tuple[str, ...]:
+    if isinstance(choices, str) or not isinstance(choices, Sequence) or not choices:
+        raise ValueError("choices must be a non-empty list of strings")
+    if any(not isinstance(c, str) or not c for c in choices):
+        raise ValueError(f"every choice must be a non-empty str, got {list(choices)!r}")
+    return tuple(choices)
 
 
 def check_priority(priority: Any) -> None:
@@ -83,14 +113,6 @@ def check_priority(priority: Any) -> None:
     if not isinstance(priority, int) or isinstance(priority, bool):
         raise TypeError(f"priority must be an int (lower is more urgent), got {priority!r}")
     Scheduling(priority=priority)  # ValueError naming the range
-
-
-def _check_choices(choices: Any) -> tuple[str, ...]:
-    if isinstance(choices, str) or not isinstance(choices, Sequence) or not choices:
-        raise ValueError("choices must be a non-empty list of strings")
-    if any(not isinstance(c, str) or not c for c in choices):
-        raise ValueError(f"every choice must be a non-empty str, got {list(choices)!r}")
-    return tuple(choices)
 
 
 def _role(role: str, content: Any) -> Expr:
@@ -140,3 +162,13 @@ DEFAULT_BACKEND = _DefaultBackend()
 def set_default_backend(backend: Any) -> None:
     """Programs run on this backend unless run(..., backend=...) says otherwise."""
     DEFAULT_BACKEND.set(backend)
+
+
+def flush_cache(backend: Any = None) -> int:
+    """Drop every unlocked cached prefix of the (default) backend's runtime; the tokens freed."""
+    return int((backend or DEFAULT_BACKEND.get()).flush_cache())
+
+
+def get_server_info(backend: Any = None) -> dict[str, Any]:
+    """The (default) backend's runtime counters and configuration (its /server_info)."""
+    return dict((backend or DEFAULT_BACKEND.get()).info())

@@ -40,6 +40,10 @@ class GenResult:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     completion_tokens: int = 0
+    # asked for logprobs: SGLang's meta info keys (output_token_logprobs, output_top_logprobs,
+    # input_token_logprobs, input_top_logprobs), each entry (logprob, token id, token text), an
+    # id or a text None where the server does not say it
+    logprobs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -69,8 +73,9 @@ class Backend(Protocol):
         """Token log-probabilities of each choice as the continuation of text, in one batch."""
         ...
 
-    def pin(self, text: str) -> Any:
-        """Compute `text` once and keep it cached until unpin(handle); None if unsupported."""
+    def pin(self, text: str, priority: int = 0) -> Any:
+        """Compute `text` once (at `priority`) and keep it cached until unpin(handle); None if
+        unsupported."""
         ...
 
     def unpin(self, handle: Any) -> None: ...

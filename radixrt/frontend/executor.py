@@ -1,4 +1,5 @@
-"""StreamExecutor: runs what a program appends to one state, in order, on its own thread.
+"""StreamExecutor: runs what a program appends to one state, in order, apart from the program
+(on a thread of its own with `run`, as a greenlet on the event loop with `arun`: runners.py).
 
 `s += expr` only queues the expression, so a program's forks run at the same time; reading a
 variable (`s["x"]`) or the text waits for the work it depends on. A failure stops the state: the
@@ -7,14 +8,25 @@ rest of its queue is dropped and every reader gets the exception.
 
 from __future__ import annotations
 
+import asyncio
 import functools
-import queue
-import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from radixrt.frontend.backend import Backend, BackendError
-from radixrt.frontend.ir import Gen, RoleBegin, RoleEnd, Select, Text, as_expr, flatten
+from radixrt.frontend.ir import (
+    Gen,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    SetVar,
+    Text,
+    VarScopeBegin,
+    VarScopeEnd,
+    as_expr,
+    flatten,
+)
+from radixrt.frontend.runners import LoopCondition, LoopRunner, ThreadRunner
 from radixrt.frontend.select_methods import pick
 from radixrt.frontend.transcript import Transcript
 
@@ -29,22 +41,38 @@ class StreamExecutor:
         variables: dict[str, Any] | None = None,
         stream: bool = False,
         priority: int = 0,
+        defaults: dict[str, Any] | None = None,
+        runner: ThreadRunner | LoopRunner | None = None,
     ) -> None:
         self.backend = backend
+        self.runner = runner or ThreadRunner()
         self.priority = priority  # of every gen / select that does not name its own
+        self.defaults: dict[str, Any] = dict(defaults or {})  # the run's sampling options
+        self._scopes: dict[str, list[int]] = {}  # var_scope name -> text positions it began at
         self.transcript = transcript
         self.variables: dict[str, Any] = dict(variables or {})
         self.meta: dict[str, dict[str, Any]] = {}
         self.set_here: list[str] = []  # variables this state set itself (not inherited), in order
         self.stream = stream
         self.error: BaseException | None = None
-        self._cond = threading.Condition()
+        self._cond = self.runner.condition()
         self._pending = 0  # leaves queued and not yet run
         self._done = False
         self._log: list[tuple[str | None, str]] = []  # (variable or None, text) as appended
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._loop, name="radixrt-state", daemon=True)
-        self._thread.start()
+        self._queue = self.runner.queue()
+        self._join = self.runner.start(self._loop, "radixrt-state")
+
+    def child(self) -> StreamExecutor:
+        """A fork's executor: a copy of this state's text and variables, the same backend,
+        priority, sampling defaults and runner."""
+        return StreamExecutor(self.backend, self.transcript.copy(), self.variables, self.stream,
+                              self.priority, self.defaults, self.runner)
+
+    def pin(self, text: str) -> Any:
+        return self.runner.call(self.backend, "pin", text, self.priority)
+
+    def unpin(self, handle: Any) -> None:
+        self.runner.call(self.backend, "unpin", handle)
 
     # --- called by the program's thread -----------------------------------------------------
     def submit(self, expr: Any) -> None:
@@ -82,7 +110,7 @@ class StreamExecutor:
                 self._raise_if_failed()
                 return
         self._queue.put(_END)
-        self._thread.join()
+        self._join()
         with self._cond:
             self._raise_if_failed()
 
@@ -109,6 +137,26 @@ class StreamExecutor:
             if finished:
                 with self._cond:
                     self._raise_if_failed()
+                return
+
+    async def apieces(self, name: str | None) -> AsyncIterator[str]:
+        """`pieces` for async code on the event loop of an arun (a state of `run`: its
+        blocking iterator, one step at a time on a worker thread)."""
+        if not isinstance(self._cond, LoopCondition):
+            pieces, done = self.pieces(name), object()
+            while (piece := await asyncio.to_thread(next, pieces, done)) is not done:
+                yield piece  # type: ignore[misc]
+            return
+        index = 0
+        while True:
+            while not self._has_news(index, name):
+                await self._cond.wait_async()
+            batch, index = self._log[index:], len(self._log)
+            for var, text in batch:
+                if name is None or var == name:
+                    yield text
+            if self._finished_for(name):
+                self._raise_if_failed()
                 return
 
     # --- the executor thread -----------------------------------------------------------------
@@ -138,6 +186,13 @@ class StreamExecutor:
             self._append(None, self.transcript.begin_role(leaf.role), add=False)
         elif isinstance(leaf, RoleEnd):
             self._append(None, self.transcript.end_role(leaf.role), add=False)
+        elif isinstance(leaf, VarScopeBegin):
+            self._scopes.setdefault(leaf.name, []).append(len(self.transcript.text))
+        elif isinstance(leaf, VarScopeEnd):
+            start = self._scopes[leaf.name].pop()
+            self._set(leaf.name, self.transcript.text[start:], {})
+        elif isinstance(leaf, SetVar):
+            self._set(leaf.name, leaf.value, {})
         elif isinstance(leaf, Gen):
             self._gen(leaf)
         elif isinstance(leaf, Select):
@@ -152,9 +207,10 @@ class StreamExecutor:
             streamed.append(piece)
             self._log_piece(leaf.name, piece)
 
-        result = self.backend.generate(self.transcript.text, leaf.params, leaf.constraint,
-                                       on_piece if self.stream else None,
-                                       self._priority(leaf.priority))
+        params = {**self.defaults, **leaf.params}  # the gen's own options win
+        result = self.runner.call(self.backend, "generate", self.transcript.text, params,
+                                  leaf.constraint, on_piece if self.stream else None,
+                                  self._priority(leaf.priority))
         reason = result.finish_reason or ""
         if reason.startswith("error"):  # the runtime ended it: never a silent empty answer
             what = f"gen {leaf.name!r}" if leaf.name else "gen"
@@ -168,12 +224,14 @@ class StreamExecutor:
             "prompt_tokens": result.prompt_tokens,
             "cached_tokens": result.cached_tokens,
             "completion_tokens": result.completion_tokens,
+            **result.logprobs,
         })
 
     def _select(self, leaf: Select) -> None:
         unconditional = leaf.method == "unconditional_likelihood_normalized"
-        scored = self.backend.score(self.transcript.text, list(leaf.choices), unconditional,
-                                    self._priority(leaf.priority))
+        scored = self.runner.call(self.backend, "score", self.transcript.text,
+                                  list(leaf.choices), unconditional,
+                                  self._priority(leaf.priority))
         best, scores = pick(leaf.method, scored)
         choice = leaf.choices[best]
         self._append(leaf.name, choice)

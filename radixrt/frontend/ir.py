@@ -49,6 +49,28 @@ class Select(Expr):
 
 
 @dataclass(frozen=True)
+class VarScopeBegin(Expr):
+    """`with s.var_scope(name):` starts: remember where the text is now."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class VarScopeEnd(Expr):
+    """... and ends: variable `name` is every character appended since its VarScopeBegin."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class SetVar(Expr):
+    """`s.set_var(name, value)`: set a variable in order with what was appended before it."""
+
+    name: str
+    value: Any
+
+
+@dataclass(frozen=True)
 class RoleBegin(Expr):
     role: str
 

@@ -26,9 +26,14 @@ _LOG_TAIL_CHARS = 4000
 
 class Runtime(RuntimeEndpoint):
     def __init__(self, model: str = "default", *, startup_timeout: float = STARTUP_TIMEOUT_S,
-                 **server_config: Any) -> None:
+                 model_path: str | None = None, **server_config: Any) -> None:
         """server_config: `radixrt serve` options by their flag names with underscores
-        (max_total_tokens=4096, schedule_policy="lpm", disable_radix_cache=True, ...)."""
+        (max_total_tokens=4096, schedule_policy="lpm", disable_radix_cache=True, ...).
+        model_path: SGLang's name for `model`."""
+        if model_path is not None:
+            if model != "default":
+                raise TypeError("give model= or SGLang's model_path=, not both")
+            model = model_path
         self.port, dsl_port = _free_port(), _free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "radixrt", "serve", "--model", model, "--host", "127.0.0.1",
@@ -61,6 +66,8 @@ class Runtime(RuntimeEndpoint):
         if self.proc.returncode == 0:
             with contextlib.suppress(OSError):
                 os.remove(self.log_path)
+
+    shutdown = close  # SGLang's name
 
     def __enter__(self) -> Runtime:
         return self

@@ -25,6 +25,7 @@ from radixrt.frontend.backend import (
     GenResult,
     PieceCallback,
 )
+from radixrt.frontend.next_token_scoring import score_by_next_tokens
 from radixrt.runtime.config import DEFAULT_MAX_TOKENS
 
 CHAT_FORMATS = {
@@ -40,14 +41,17 @@ HTTP_TIMEOUT_S = 600.0
 class OpenAICompatible:
     def __init__(self, base_url: str, model: str, api_key: str | None = None,
                  chat_format: str | ChatFormat | None = None,
-                 timeout: float = HTTP_TIMEOUT_S) -> None:
-        """base_url: the API root ending in /v1 (e.g. http://127.0.0.1:30000/v1)."""
+                 timeout: float = HTTP_TIMEOUT_S,
+                 transport: httpx.BaseTransport | None = None) -> None:
+        """base_url: the API root ending in /v1 (e.g. http://127.0.0.1:30000/v1); transport:
+        httpx's, for a proxy, TLS settings or a recorded server."""
         self.base_url = base_url.rstrip("/")
         self.model = model
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(headers=headers, timeout=timeout)
+        self._http = httpx.Client(headers=headers, timeout=timeout, transport=transport)
         self._chat = self._resolve_chat(chat_format)
         self._start: str | None = None  # the start token as text (unconditional scores)
+        self._next_token_scoring = False  # the server does not echo prompt logprobs
 
     # --- Backend ------------------------------------------------------------------------------
     def chat_format(self) -> ChatFormat:
@@ -55,19 +59,29 @@ class OpenAICompatible:
 
     def generate(self, text: str, params: dict[str, Any], constraint: tuple[str, Any] | None,
                  on_piece: PieceCallback | None, priority: int = 0) -> GenResult:
+        if params.get("prompt_logprobs_start") is not None:
+            raise BackendError("OpenAICompatible returns the output's token logprobs only: "
+                               "prompt logprobs (SGLang's logprob_start_len) need "
+                               "rx.RuntimeEndpoint or rx.Runtime")
         body = {k: v for k, v in params.items() if k not in _NOT_SENT}
         if priority:  # an extra field (radixrt's, vLLM's): sent only when a program sets one
             body["priority"] = priority
+        top = int(params.get("top_logprobs") or 0)
+        if params.get("logprobs"):
+            body["logprobs"] = max(top, 1)  # OpenAI's: the top k, the sampled token's as well
         body.setdefault("max_tokens", DEFAULT_MAX_TOKENS)  # the runtime's rule, as far as it goes
         body.update(model=self.model, prompt=text, **constraint_fields(constraint))
-        if on_piece is None:
+        if on_piece is None or "logprobs" in body:
             data = self._post(body)
             choice = data["choices"][0]
             usage = data.get("usage") or {}
             result = GenResult(choice["text"], choice.get("finish_reason"),
                                usage.get("prompt_tokens", 0),
                                (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
-                               usage.get("completion_tokens", 0))
+                               usage.get("completion_tokens", 0),
+                               openai_logprob_meta(choice.get("logprobs"), top))
+            if on_piece is not None and result.text:
+                on_piece(result.text)
         else:
             result = self._stream(body, on_piece)
         if constraint is not None:
@@ -76,6 +90,11 @@ class OpenAICompatible:
 
     def score(self, text: str, choices: list[str], unconditional: bool,
               priority: int = 0) -> list[ChoiceLogprobs]:
+        """One echo request (text + choice prompts, max_tokens 0); a server that does not echo
+        prompt logprobs (llama-server) is scored from next-token logprobs instead
+        (next_token_scoring.py), and remembered as such."""
+        if self._next_token_scoring:
+            return self._score_next_tokens(text, choices, unconditional)
         # alone = after the model's start token, as radixrt's /server_info names it (so the
         # scores equal RuntimeEndpoint's); elsewhere the choice's first token goes unscored
         start = self._score_start() if unconditional else ""
@@ -87,6 +106,9 @@ class OpenAICompatible:
             body["priority"] = priority
         data = self._post(body)
         by_index = sorted(data["choices"], key=lambda c: c["index"])
+        if not _echoed(by_index[0].get("logprobs"), len(prompts[0])):
+            self._next_token_scoring = True
+            return self._score_next_tokens(text, choices, unconditional)
         scored = []
         for i in range(len(choices)):
             cond = _logprobs_after(by_index[i]["logprobs"], len(text))
@@ -98,11 +120,37 @@ class OpenAICompatible:
             scored.append(ChoiceLogprobs(cond, uncond))
         return scored
 
-    def pin(self, text: str) -> None:
+    def _score_next_tokens(self, text: str, choices: list[str],
+                           unconditional: bool) -> list[ChoiceLogprobs]:
+        def post(path: str, body: dict[str, Any]) -> dict[str, Any]:
+            root = self.base_url if path == "/completions" else self._root()
+            return self._post(body, root + path)
+
+        try:
+            return score_by_next_tokens(post, self.model, text, choices, unconditional)
+        except BackendError as exc:
+            raise BackendError(
+                f"{self.base_url} returns no prompt log-probabilities for `select` (it ignores "
+                f"echo), and scoring from next-token logprobs failed too: {exc}. Use "
+                "rx.Runtime / rx.RuntimeEndpoint, or a server that echoes logprobs (vLLM, "
+                "SGLang) or has /tokenize and token-id logprobs (llama.cpp's llama-server)"
+            ) from None
+
+    def pin(self, text: str, priority: int = 0) -> None:
         return None
 
     def unpin(self, handle: Any) -> None:
         return None
+
+    def flush_cache(self) -> int:
+        """A radixrt server's POST /flush_cache (others have none: BackendError)."""
+        try:
+            response = self._http.post(self._root() + "/flush_cache")
+        except httpx.HTTPError as exc:
+            raise BackendError(f"{self.base_url} did not answer: {exc}") from None
+        if response.status_code != 200:
+            raise BackendError(f"{self._root()} has no cache to flush ({error_message(response)})")
+        return int(response.json().get("freed_tokens", 0))
 
     def _score_start(self) -> str:
         if self._start is None:
@@ -140,13 +188,13 @@ class OpenAICompatible:
             return CHAT_FORMATS[chat_format]
         return ChatFormat.from_info(self.info().get("chat", {}))
 
-    def _post(self, body: dict[str, Any]) -> dict[str, Any]:
+    def _post(self, body: dict[str, Any], url: str | None = None) -> dict[str, Any]:
         try:
-            response = self._http.post(self.base_url + "/completions", json=body)
+            response = self._http.post(url or self.base_url + "/completions", json=body)
         except httpx.HTTPError as exc:
             raise BackendError(f"{self.base_url} did not answer: {exc}") from None
         if response.status_code != 200:
-            raise BackendError(_error_message(response))
+            raise BackendError(error_message(response))
         return response.json()
 
     def _stream(self, body: dict[str, Any], on_piece: PieceCallback) -> GenResult:
@@ -157,7 +205,7 @@ class OpenAICompatible:
             with self._http.stream("POST", self.base_url + "/completions", json=body) as resp:
                 if resp.status_code != 200:
                     resp.read()
-                    raise BackendError(_error_message(resp))
+                    raise BackendError(error_message(resp))
                 for line in resp.iter_lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
@@ -211,10 +259,35 @@ def check_constrained(constraint: tuple[str, Any], result: GenResult, base_url: 
             "a server that takes `regex` / `choices` / response_format json_schema")
 
 
+def openai_logprob_meta(logprobs: dict[str, Any] | None, top: int) -> dict[str, Any]:
+    """A completion choice's `logprobs` in SGLang's meta info shape: (logprob, None, token
+    text) entries (the OpenAI API names tokens by their text, not their ids)."""
+    if not logprobs or not logprobs.get("tokens"):
+        return {}
+    meta: dict[str, Any] = {"output_token_logprobs": [
+        (lp, None, token) for token, lp in zip(logprobs["tokens"], logprobs["token_logprobs"])]}
+    if top:
+        meta["output_top_logprobs"] = [
+            sorted(((lp, None, t) for t, lp in (entry or {}).items()), reverse=True)[:top]
+            for entry in logprobs.get("top_logprobs") or []]
+    return meta
+
+
+def _echoed(logprobs: dict[str, Any] | None, prompt_chars: int) -> bool:
+    """Whether a completion's (legacy) logprobs cover its prompt: the server echoed it."""
+    tokens = (logprobs or {}).get("tokens")
+    return bool(tokens) and sum(len(t) for t in tokens) >= prompt_chars
+
+
 def _logprobs_after(logprobs: dict[str, Any], start_char: int) -> list[float]:
-    """Log-probabilities of the tokens that end past character start_char of the echoed text."""
-    offsets = logprobs["text_offset"]
+    """Log-probabilities of the tokens that end past character start_char of the echoed text
+    (where a token starts: `text_offset`, or, for servers without it, the tokens' lengths)."""
     tokens = logprobs["tokens"]
+    offsets = logprobs.get("text_offset")
+    if offsets is None:
+        offsets = [0] * len(tokens)
+        for i in range(1, len(tokens)):
+            offsets[i] = offsets[i - 1] + len(tokens[i - 1])
     out = []
     for offset, token, lp in zip(offsets, tokens, logprobs["token_logprobs"]):
         if offset + len(token) > start_char and lp is not None:
@@ -222,7 +295,7 @@ def _logprobs_after(logprobs: dict[str, Any], start_char: int) -> list[float]:
     return out
 
 
-def _error_message(response: httpx.Response) -> str:
+def error_message(response: httpx.Response) -> str:
     try:
         return str(response.json()["error"]["message"])
     except (ValueError, KeyError, TypeError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import functools
 import inspect
@@ -14,10 +15,13 @@ from typing import Any
 from radixrt.frontend.api import DEFAULT_BACKEND, check_priority
 from radixrt.frontend.backend import Backend
 from radixrt.frontend.executor import StreamExecutor
+from radixrt.frontend.runners import LoopRunner, spawn
+from radixrt.frontend.sglang_names import is_sampling_option, sampling_fields
 from radixrt.frontend.state import ProgramState
 from radixrt.frontend.tracer import constant_prefix
 from radixrt.frontend.transcript import Transcript
 from radixrt.runtime.config import MAX_BATCH_THREADS
+from radixrt.runtime.sampling_params import SamplingParams
 
 
 class Program:
@@ -34,12 +38,15 @@ class Program:
         """Run once; returns the finished state. With stream=True it returns at once while the
         program runs in the background: iterate `state.text_iter(name)` to follow it.
         priority: of every gen / select of the run that does not name its own (lower is more
-        urgent in the runtime's queue)."""
+        urgent in the runtime's queue). Keyword arguments that are not the program's own and
+        are sampling options (temperature=0, max_tokens / SGLang's max_new_tokens, ...) are
+        defaults for every gen of the run; a gen's own options win."""
         backend = backend or DEFAULT_BACKEND.get()
         check_priority(priority)
+        kwargs, defaults = self._split_defaults(kwargs)
         bound = self._bind(args, kwargs)
         state = ProgramState(StreamExecutor(backend, Transcript(backend.chat_format), None, stream,
-                                            priority))
+                                            priority, defaults))
         if stream:
             threading.Thread(target=self._run_quietly, args=(state, bound), daemon=True,
                              name=f"radixrt-{self.func.__name__}").start()
@@ -49,33 +56,107 @@ class Program:
 
     __call__ = run
 
-    def run_batch(
+    async def arun(self, *args: Any, backend: Backend | None = None, stream: bool = False,
+                   priority: int = 0, **kwargs: Any) -> ProgramState:
+        """`run` on asyncio: `await prog.arun(...)` runs the program, its forks and selects as
+        greenlets on this event loop (no thread each: runners.py), so thousands run at once.
+        With stream=True it returns at once while the program runs as a task: follow it with
+        `async for piece in state.atext_iter(name)`, end with `await state.await_done()`.
+        Cancelling the task that awaits it aborts the program's requests in the runtime."""
+        backend = backend or DEFAULT_BACKEND.get()
+        check_priority(priority)
+        kwargs, defaults = self._split_defaults(kwargs)
+        bound = self._bind(args, kwargs)
+        runner = LoopRunner()
+        state = ProgramState(StreamExecutor(backend, Transcript(backend.chat_format), None, stream,
+                                            priority, defaults, runner))
+        if stream:
+            state._task = asyncio.ensure_future(self._arun_state(state, bound, runner))
+            return state
+        await self._arun_state(state, bound, runner)
+        return state
+
+    async def arun_batch(
         self,
-        batch: Sequence[Mapping[str, Any]],
+        batch: Sequence[Mapping[str, Any] | Sequence[Any]],
         *,
         backend: Backend | None = None,
-        num_threads: int | None = None,
+        max_concurrency: int | None = None,
+        prefix_cache: bool = True,
+        priority: int = 0,
+        **sampling: Any,
+    ) -> list[ProgramState]:
+        """`run_batch` on asyncio: every program at once on this event loop (at most
+        max_concurrency at a time, if given). Raises the first failure after the batch."""
+        backend = backend or DEFAULT_BACKEND.get()
+        if not batch:
+            return []
+        limit = asyncio.Semaphore(max_concurrency or len(batch))
+        handle = None
+        if prefix_cache:
+            prefix = constant_prefix(self.func, self.arg_names, backend.chat_format)
+            if prefix:
+                handle = await spawn(LoopRunner().call, backend, "pin", prefix, priority)
+
+        async def one(args: Mapping[str, Any] | Sequence[Any]) -> ProgramState:
+            async with limit:
+                if _is_positional(args):
+                    return await self.arun(*args, backend=backend, priority=priority, **sampling)
+                return await self.arun(backend=backend, priority=priority, **sampling, **args)
+
+        try:
+            outcomes = await asyncio.gather(*(one(args) for args in batch),
+                                            return_exceptions=True)
+        finally:
+            if handle is not None:
+                await spawn(LoopRunner().call, backend, "unpin", handle)
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+        return list(outcomes)  # type: ignore[arg-type]
+
+    async def _arun_state(self, state: ProgramState, bound: dict[str, Any],
+                          runner: LoopRunner) -> None:
+        # cancelled: first the states' expression loops (their calls in flight abort their
+        # requests), then the program where it waits
+        await spawn(self._run_state, state, bound, on_cancel=runner.cancel)
+
+    def run_batch(
+        self,
+        batch: Sequence[Mapping[str, Any] | Sequence[Any]],
+        *,
+        backend: Backend | None = None,
+        num_threads: int | str | None = None,
         progress_bar: bool = False,
         prefix_cache: bool = True,
         priority: int = 0,
+        **sampling: Any,
     ) -> list[ProgramState]:
-        """Run once per kwargs dict, concurrently (num_threads programs at a time, default all up
-        to 64). The program's constant prefix (found by tracing) is computed once first and kept
-        cached for the batch. Raises the first program failure after the batch has finished."""
+        """Run once per kwargs dict (or per list of positional arguments), concurrently
+        (num_threads programs at a time, default or "auto": all, up to 64). The program's
+        constant prefix (found by tracing) is computed once first and kept cached for the batch.
+        `sampling`: defaults for every gen, as run's. Raises the first program failure after
+        the batch has finished."""
         backend = backend or DEFAULT_BACKEND.get()
         check_priority(priority)
+        defaults = sampling_fields(sampling, f"{self.func.__name__}.run_batch()")
         if not batch:
             return []
-        bounds = [self._bind((), dict(kw)) for kw in batch]
+        bounds = [self._bind(tuple(kw), {}) if _is_positional(kw) else self._bind((), dict(kw))
+                  for kw in batch]
+        if num_threads == "auto":
+            num_threads = None
+        if num_threads is not None and (not isinstance(num_threads, int) or num_threads < 1):
+            raise ValueError(f"num_threads={num_threads!r}: give an int >= 1 or 'auto'")
         threads = num_threads or min(len(bounds), MAX_BATCH_THREADS)
         handle = None
         if prefix_cache:
             prefix = constant_prefix(self.func, self.arg_names, backend.chat_format)
-            handle = backend.pin(prefix) if prefix else None
+            handle = backend.pin(prefix, priority) if prefix else None
         progress = _Progress(len(bounds), progress_bar, self.func.__name__)
         try:
             with ThreadPoolExecutor(max_workers=threads) as pool:
-                futures = [pool.submit(self._run_one, backend, b, progress, priority)
+                futures = [pool.submit(self._run_one, backend, b, progress, priority, defaults)
                            for b in bounds]
                 outcomes = [f.result() for f in futures]
         finally:
@@ -88,6 +169,16 @@ class Program:
         return [state for state, _ in outcomes]
 
     # --- internals ---------------------------------------------------------------------------
+    def _split_defaults(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """(the program's keyword arguments, the run's sampling defaults): a keyword the
+        program takes is its own; a sampling option it does not take is a default."""
+        own = set(self.arg_names)
+        mine = {k: v for k, v in kwargs.items() if k in own or not is_sampling_option(k)}
+        options = {k: v for k, v in kwargs.items() if k not in mine}
+        defaults = sampling_fields(options, f"{self.func.__name__}.run()")
+        SamplingParams(**defaults)  # a bad default raises here, naming the field
+        return mine, defaults
+
     def _bind(self, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
         try:
             bound = inspect.signature(self.func).bind(None, *args, **kwargs)
@@ -120,9 +211,10 @@ class Program:
                 ex._cond.notify_all()
 
     def _run_one(self, backend: Backend, bound: dict[str, Any], progress: _Progress,
-                 priority: int) -> tuple[ProgramState, BaseException | None]:
+                 priority: int, defaults: dict[str, Any]
+                 ) -> tuple[ProgramState, BaseException | None]:
         state = ProgramState(StreamExecutor(backend, Transcript(backend.chat_format),
-                                            priority=priority))
+                                            priority=priority, defaults=defaults))
         try:
             self._run_state(state, bound)
             return state, None
@@ -130,6 +222,11 @@ class Program:
             return state, exc
         finally:
             progress.tick()
+
+
+def _is_positional(args: Any) -> bool:
+    """run_batch: a list or tuple of positional arguments (SGLang's form), not a kwargs dict."""
+    return isinstance(args, (list, tuple))
 
 
 def function(func: Callable[..., Any]) -> Program:

@@ -21,18 +21,44 @@ from radixrt.frontend.backend import (
 from radixrt.frontend.lease_keeper import LeaseKeeper
 from radixrt.frontend.zmq_client import DslClient
 from radixrt.runtime.config import DSL_CONNECT_TIMEOUT_S, PIN_LEASE_TTL_S, PIN_RENEWALS_PER_TTL
+from radixrt.runtime.messages import TokenLogprob
 
 _PREFILL_ONLY = {"max_tokens": 1, "temperature": 0.0}
 
 
+def logprob_meta(output: list[TokenLogprob], prompt: list[TokenLogprob]) -> dict[str, Any]:
+    """Token logprobs in SGLang's meta info shape: (logprob, token id, None) entries."""
+    meta: dict[str, Any] = {}
+    for kind, lps in (("output", output), ("input", prompt)):
+        if lps:
+            meta[f"{kind}_token_logprobs"] = [(lp.logprob, lp.token_id, None) for lp in lps]
+            meta[f"{kind}_top_logprobs"] = [[(lp_, tid, None) for tid, lp_ in lp.top]
+                                            for lp in lps]
+    return meta
+
+
 class RuntimeEndpoint:
     """`RuntimeEndpoint("tcp://127.0.0.1:PORT")` for `radixrt serve --dsl-port PORT`, or the
-    ipc:// address its log names; `api_key`: the server's `--api-key`, if it has one."""
+    ipc:// address its log names; `api_key`: the server's `--api-key`, if it has one.
+    `RuntimeEndpoint("http://host:port")` (SGLang's form) talks to the HTTP port instead: it
+    returns an HttpRuntimeEndpoint (http_endpoint.py)."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        address = args[0] if args else kwargs.get("address")
+        if cls is RuntimeEndpoint and isinstance(address, str) and address.startswith(
+                ("http://", "https://")):
+            from radixrt.frontend.http_endpoint import HttpRuntimeEndpoint
+
+            if args[1:] or set(kwargs) - {"api_key", "address"}:
+                raise TypeError("RuntimeEndpoint(http://...) takes only api_key=")
+            return HttpRuntimeEndpoint(address, kwargs.get("api_key"))
+        return super().__new__(cls)
 
     def __init__(self, address: str, connect_timeout: float = DSL_CONNECT_TIMEOUT_S,
                  alive: Callable[[], bool] | None = None, api_key: str | None = None) -> None:
         if not address.startswith(("tcp://", "ipc://")):
-            raise ValueError(f"address {address!r} must be tcp://HOST:PORT or ipc://PATH")
+            raise ValueError(f"address {address!r} must be tcp://HOST:PORT, ipc://PATH or "
+                             "http://HOST:PORT")
         self.address = address
         self._client = DslClient(address, alive, api_key)
         try:
@@ -54,42 +80,89 @@ class RuntimeEndpoint:
     def chat_format(self) -> ChatFormat:
         return self._chat
 
+    # each call is built once and read once; `call` runs it blocking, `acall` on asyncio (the
+    # async twins are what arun's programs use: runners.LoopRunner)
     def generate(self, text: str, params: dict[str, Any], constraint: tuple[str, Any] | None,
                  on_piece: PieceCallback | None, priority: int = 0) -> GenResult:
-        if constraint is not None:  # the runtime compiles it; a broken pattern is refused
-            kind, pattern = constraint
-            params = {**params, kind: list(pattern) if kind == "choices" else pattern}
-        forward = None if on_piece is None else (lambda reply: on_piece(reply.text))
-        reply = self._client.call(forward, op="generate", text=text, params=params,
-                                  stream=on_piece is not None, priority=priority)
-        return GenResult(reply.text, reply.finish_reason, reply.prompt_tokens,
-                         reply.cached_tokens, len(reply.token_ids))
+        forward, fields = self._generate_call(text, params, constraint, on_piece, priority)
+        return self._gen_result(self._client.call(forward, **fields))
+
+    async def agenerate(self, text: str, params: dict[str, Any],
+                        constraint: tuple[str, Any] | None, on_piece: PieceCallback | None,
+                        priority: int = 0) -> GenResult:
+        forward, fields = self._generate_call(text, params, constraint, on_piece, priority)
+        return self._gen_result(await self._client.acall(forward, **fields))
 
     def score(self, text: str, choices: list[str], unconditional: bool,
               priority: int = 0) -> list[ChoiceLogprobs]:
-        reply = self._client.call(op="score", text=text, choices=choices,
-                                  unconditional=unconditional, priority=priority)
-        return [ChoiceLogprobs(list(c.logprobs), list(c.unconditional_logprobs))
-                for c in reply.choices]
+        return self._scores(self._client.call(op="score", text=text, choices=choices,
+                                              unconditional=unconditional, priority=priority))
 
-    def pin(self, text: str) -> int | None:
+    async def ascore(self, text: str, choices: list[str], unconditional: bool,
+                     priority: int = 0) -> list[ChoiceLogprobs]:
+        return self._scores(await self._client.acall(
+            op="score", text=text, choices=choices, unconditional=unconditional,
+            priority=priority))
+
+    def pin(self, text: str, priority: int = 0) -> int | None:
         if not self._cache_on:  # nothing to keep: computing the prefix first would be waste
             return None
-        reply = self._client.call(op="generate", text=text, params=_PREFILL_ONLY, pin=True)
-        if reply.pin_id < 0:
-            if reply.pin_error:  # the pin budget: the program runs on, its forks uncached
-                warnings.warn(f"radixrt: {reply.pin_error}", RuntimeWarning, stacklevel=2)
+        return self._pinned(self._client.call(**self._pin_call(text, priority)))
+
+    async def apin(self, text: str, priority: int = 0) -> int | None:
+        if not self._cache_on:
             return None
-        self._leases.hold(reply.pin_id)  # renewed in the background until unpinned
-        return reply.pin_id
+        return self._pinned(await self._client.acall(**self._pin_call(text, priority)))
 
     def unpin(self, handle: Any) -> None:
         self._leases.drop(int(handle))
         self._client.call(op="unpin", pin_id=int(handle))
 
+    async def aunpin(self, handle: Any) -> None:
+        self._leases.drop(int(handle))
+        await self._client.acall(op="unpin", pin_id=int(handle))
+
+    @staticmethod
+    def _generate_call(text: str, params: dict[str, Any], constraint: tuple[str, Any] | None,
+                       on_piece: PieceCallback | None, priority: int
+                       ) -> tuple[Callable[[Any], None] | None, dict[str, Any]]:
+        if constraint is not None:  # the runtime compiles it; a broken pattern is refused
+            kind, pattern = constraint
+            params = {**params, kind: list(pattern) if kind == "choices" else pattern}
+        forward = None if on_piece is None else (lambda reply: on_piece(reply.text))
+        return forward, dict(op="generate", text=text, params=params,
+                             stream=on_piece is not None, priority=priority)
+
+    @staticmethod
+    def _gen_result(reply: Any) -> GenResult:
+        return GenResult(reply.text, reply.finish_reason, reply.prompt_tokens,
+                         reply.cached_tokens, len(reply.token_ids),
+                         logprob_meta(reply.logprobs, reply.prompt_logprobs))
+
+    @staticmethod
+    def _scores(reply: Any) -> list[ChoiceLogprobs]:
+        return [ChoiceLogprobs(list(c.logprobs), list(c.unconditional_logprobs))
+                for c in reply.choices]
+
+    @staticmethod
+    def _pin_call(text: str, priority: int) -> dict[str, Any]:
+        return dict(op="generate", text=text, params=_PREFILL_ONLY, pin=True, priority=priority)
+
+    def _pinned(self, reply: Any) -> int | None:
+        if reply.pin_id < 0:
+            if reply.pin_error:  # the pin budget: the program runs on, its forks uncached
+                warnings.warn(f"radixrt: {reply.pin_error}", RuntimeWarning, stacklevel=3)
+            return None
+        self._leases.hold(reply.pin_id)  # renewed in the background until unpinned
+        return reply.pin_id
+
     def info(self) -> dict[str, Any]:
         """The runtime's server_info: cache_hit_rate, cached_tokens, kv counters, ..."""
         return dict(self._client.call(op="info").info)
+
+    def flush_cache(self) -> int:
+        """Drop every unlocked cached KV page of the runtime; returns the tokens freed."""
+        return int(self._client.call(op="flush_cache").info.get("freed_tokens", 0))
 
     # --- lifetime -----------------------------------------------------------------------------
     def close(self) -> None:

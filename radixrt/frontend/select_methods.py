@@ -2,7 +2,33 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from radixrt.frontend.backend import ChoiceLogprobs
+
+METHODS = ("token_length_normalized", "greedy", "unconditional_likelihood_normalized")
+
+
+@dataclass(frozen=True)
+class SelectMethod:
+    """A select method as an object (SGLang's `choices_method=sgl.greedy_token_selection`)."""
+
+    name: str
+
+
+token_length_normalized = SelectMethod("token_length_normalized")
+greedy_token_selection = SelectMethod("greedy")
+unconditional_likelihood_normalized = SelectMethod("unconditional_likelihood_normalized")
+
+
+def method_name(method: str | SelectMethod) -> str:
+    """The method's name, from a name or a SelectMethod; ValueError for anything else."""
+    name = method.name if isinstance(method, SelectMethod) else method
+    if name not in METHODS:
+        raise ValueError(f"select method {method!r} is unknown: use one of {METHODS} (or "
+                         "SGLang's token_length_normalized, greedy_token_selection, "
+                         "unconditional_likelihood_normalized objects)")
+    return name
 
 
 def choice_scores(method: str, scored: list[ChoiceLogprobs]) -> list[float]:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
 
-from radixrt.frontend.executor import StreamExecutor
-from radixrt.frontend.ir import RoleBegin, RoleEnd
+from radixrt.frontend.ir import Expr, RoleBegin, RoleEnd, SetVar, VarScopeBegin, VarScopeEnd
+
+if TYPE_CHECKING:
+    from radixrt.frontend.executor import StreamExecutor
 
 
 class ProgramState:
@@ -20,6 +22,7 @@ class ProgramState:
         self.return_value: Any = None  # what the program function returned
         self._groups: list[ForkGroup] = []
         self._finished = threading.Event()  # the program function has returned (or failed)
+        self._task: Any = None  # arun(stream=True): the asyncio task running the program
 
     # --- appending ---------------------------------------------------------------------------
     def __iadd__(self, expr: Any) -> ProgramState:
@@ -42,6 +45,37 @@ class ProgramState:
     def assistant(self) -> contextlib.AbstractContextManager[ProgramState]:
         return self._role("assistant")
 
+    # SGLang's spellings of the same: s.user_begin(); s += ...; s.user_end()
+    def system_begin(self) -> None:
+        self._executor.submit(RoleBegin("system"))
+
+    def system_end(self) -> None:
+        self._executor.submit(RoleEnd("system"))
+
+    def user_begin(self) -> None:
+        self._executor.submit(RoleBegin("user"))
+
+    def user_end(self) -> None:
+        self._executor.submit(RoleEnd("user"))
+
+    def assistant_begin(self) -> None:
+        self._executor.submit(RoleBegin("assistant"))
+
+    def assistant_end(self) -> None:
+        self._executor.submit(RoleEnd("assistant"))
+
+    @contextlib.contextmanager
+    def var_scope(self, name: str) -> Iterator[ProgramState]:
+        """`with s.var_scope("x"): s += ...`: variable x is all the text appended inside."""
+        self._executor.submit(VarScopeBegin(name))
+        yield self
+        self._executor.submit(VarScopeEnd(name))
+
+    def set_var(self, name: str, value: Any) -> ProgramState:
+        """Set a variable, in order with what was appended before (as a gen would)."""
+        self._executor.submit(SetVar(name, value))
+        return self
+
     def fork(self, n: int) -> ForkGroup:
         """n states that continue from the text so far. That text is computed once and kept in
         the runtime's cache until the group is joined (or the program ends); the children run
@@ -50,12 +84,8 @@ class ProgramState:
             raise ValueError(f"fork(n) needs an int n >= 1, got {n!r}")
         ex = self._executor
         ex.sync()
-        handle = ex.backend.pin(ex.transcript.text) if ex.transcript.text else None
-        children = [
-            ProgramState(StreamExecutor(ex.backend, ex.transcript.copy(), ex.variables, ex.stream,
-                                        ex.priority))
-            for _ in range(n)
-        ]
+        handle = ex.pin(ex.transcript.text) if ex.transcript.text else None
+        children = [ProgramState(ex.child()) for _ in range(n)]
         group = ForkGroup(self, children, handle)
         self.forks.extend(children)
         self._groups.append(group)
@@ -91,6 +121,17 @@ class ProgramState:
         """Stream text as it arrives: of the variable `name`, or all of it (name None). Pieces
         come as the model makes them when the program runs with run(stream=True)."""
         return self._executor.pieces(name)
+
+    def atext_iter(self, name: str | None = None) -> AsyncIterator[str]:
+        """`text_iter` for asyncio: `async for piece in state.atext_iter("x")`, on a state of
+        `arun(stream=True)` (or of `run`, read from a worker thread)."""
+        return self._executor.apieces(name)
+
+    async def await_done(self) -> ProgramState:
+        """An `arun(stream=True)` program's end: wait for it; raises its failure."""
+        if self._task is not None:
+            await self._task
+        return self
 
     def sync(self) -> ProgramState:
         """Wait for what has been appended so far."""
@@ -133,16 +174,23 @@ class ProgramState:
         return "ProgramState(<failed>)"
 
 
+JOIN_MODES = ("gather_variable", "concate_and_append")
+
+
 class ForkGroup:
-    """The children of one fork. `forks += expr` appends to each; `join()` waits for all, releases
-    the shared prefix, and gives the parent every variable the children set as a list (one value
-    per child; its get_meta_info is the list of the children's)."""
+    """The children of one fork. `forks += expr` appends to each (`forks += lambda i: ...`: the
+    expression for child i); `forks[i] += expr` to one. `join()` waits for all and releases the
+    shared prefix; mode "gather_variable" (the default) gives the parent every variable the
+    children set as a list (one value per child; its get_meta_info is the list of the
+    children's); mode "concate_and_append" (SGLang's spelling) appends each child's new text to
+    the parent's, in order."""
 
     def __init__(self, parent: ProgramState, states: list[ProgramState], handle: Any) -> None:
         self.parent = parent
         self.states = states
         self._handle = handle
         self._joined = False
+        self._start = len(parent._executor.transcript.text)  # where the children's text starts
 
     def __len__(self) -> int:
         return len(self.states)
@@ -153,18 +201,31 @@ class ForkGroup:
     def __getitem__(self, i: int) -> ProgramState:
         return self.states[i]
 
+    def __setitem__(self, i: int, state: ProgramState) -> None:
+        """`forks[i] += expr` (Python appends to forks[i], then stores it back here)."""
+        if state is not self.states[i]:
+            raise TypeError("a fork's children cannot be replaced: append to them with "
+                            "forks[i] += ...")
+
     def __iadd__(self, expr: Any) -> ForkGroup:
-        for state in self.states:
-            state += expr
+        for i, state in enumerate(self.states):
+            state += expr(i) if callable(expr) and not isinstance(expr, Expr) else expr
         return self
 
-    def join(self) -> ForkGroup:
+    def join(self, mode: str = "gather_variable") -> ForkGroup:
+        if mode not in JOIN_MODES:
+            raise ValueError(f"join(mode={mode!r}) is unknown: use one of {JOIN_MODES}")
         if self._joined:
             return self
         self._joined = True
         try:
             for state in self.states:
                 state.sync()
+            if mode == "concate_and_append":
+                self.parent += "".join(s._executor.transcript.text[self._start:]
+                                       for s in self.states)
+                self.parent._executor.sync()
+                return self
             names: list[str] = []  # every variable a child set after the fork, in order
             for state in self.states:
                 names += [n for n in state._executor.set_here if n not in names]
@@ -173,5 +234,5 @@ class ForkGroup:
             self.parent._executor.merge(values, meta)
         finally:
             if self._handle is not None:
-                self.parent._executor.backend.unpin(self._handle)
+                self.parent._executor.unpin(self._handle)
         return self

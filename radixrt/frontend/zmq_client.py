@@ -1,7 +1,9 @@
 """DslClient: the frontend's ZeroMQ connection to a runtime's DSL endpoint.
 
 One DEALER socket, owned by an asyncio loop on a background thread; any number of program
-threads make calls at once, each waiting on its own queue for the replies with its call id.
+threads make calls at once (`call`), each waiting on its own queue for the replies with its call
+id, and so does async code on any other event loop (`acall`: the replies are handed to that loop),
+so thousands of asyncio programs share the one connection and the one thread.
 A call never waits forever: a silent runtime is pinged, and a runtime that does not answer the
 ping (or a local runtime process that exited) fails the call with a clear error.
 """
@@ -31,7 +33,7 @@ class DslClient:
         self.address = address
         self._api_key = api_key  # sent with every request
         self._alive = alive
-        self._calls: dict[int, queue.SimpleQueue] = {}
+        self._calls: dict[int, Callable[[DslReply], None]] = {}  # call id -> where replies go
         self._ids = itertools.count(1)
         self._ids_lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
@@ -57,9 +59,9 @@ class DslClient:
                 reply = self._decoder.decode(payload)
             except (msgspec.DecodeError, msgspec.ValidationError):
                 continue
-            waiting = self._calls.get(reply.call_id)
-            if waiting is not None:
-                waiting.put(reply)
+            deliver = self._calls.get(reply.call_id)
+            if deliver is not None:
+                deliver(reply)
 
     async def _send(self, request: DslRequest) -> None:
         await self._sock.send(self._encoder.encode(request))
@@ -68,21 +70,58 @@ class DslClient:
              timeout: float | None = None, **fields: Any) -> DslReply:
         """Send one DslRequest(**fields) and wait for its final reply; streamed replies go to
         on_piece. Raises BackendError with the runtime's message when it refuses the call."""
-        if self._closed:
-            raise BackendError("this runtime connection is closed")
-        with self._ids_lock:
-            call_id = next(self._ids)
+        call_id = self._new_call()
         replies: queue.SimpleQueue = queue.SimpleQueue()
-        self._calls[call_id] = replies
+        self._calls[call_id] = replies.put
         try:
             self._submit(DslRequest(call_id=call_id, api_key=self._api_key, **fields))
             return self._wait(call_id, replies, on_piece, timeout, fields.get("op") != "info")
         except BaseException:
-            if not self._closed:  # interrupted or failed here: the runtime can stop working
-                self._submit(DslRequest(call_id=call_id, op="abort", api_key=self._api_key))
+            self._abort(call_id)
             raise
         finally:
             self._calls.pop(call_id, None)
+
+    async def acall(self, on_piece: Callable[[DslReply], None] | None = None,
+                    timeout: float | None = None, **fields: Any) -> DslReply:
+        """`call` for async code: awaits the reply on the caller's event loop. Cancelling it
+        aborts the call in the runtime (its KV is freed)."""
+        call_id = self._new_call()
+        loop = asyncio.get_running_loop()
+        replies: asyncio.Queue[DslReply] = asyncio.Queue()
+        self._calls[call_id] = lambda reply: loop.call_soon_threadsafe(replies.put_nowait, reply)
+        try:
+            request = DslRequest(call_id=call_id, api_key=self._api_key, **fields)
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._send(request),
+                                                                       self._loop))
+            start = last = time.monotonic()
+            while True:
+                try:
+                    reply = await asyncio.wait_for(replies.get(), DSL_POLL_S)
+                except asyncio.TimeoutError:
+                    if self._silent_too_long(start, last, timeout, fields.get("op") != "info"):
+                        await self.acall(op="info", timeout=DSL_PING_TIMEOUT_S)  # or raises
+                        last = time.monotonic()
+                    continue
+                last = time.monotonic()
+                final = self._handle(call_id, reply, on_piece)
+                if final is not None:
+                    return final
+        except BaseException:
+            self._abort(call_id)
+            raise
+        finally:
+            self._calls.pop(call_id, None)
+
+    def _new_call(self) -> int:
+        if self._closed:
+            raise BackendError("this runtime connection is closed")
+        with self._ids_lock:
+            return next(self._ids)
+
+    def _abort(self, call_id: int) -> None:
+        if not self._closed:  # interrupted or failed here: the runtime can stop working
+            self._submit(DslRequest(call_id=call_id, op="abort", api_key=self._api_key))
 
     def _wait(self, call_id: int, replies: queue.SimpleQueue,
               on_piece: Callable[[DslReply], None] | None, timeout: float | None,
@@ -92,27 +131,41 @@ class DslClient:
             try:
                 reply = replies.get(timeout=DSL_POLL_S)
             except queue.Empty:
-                now = time.monotonic()
-                if self._alive is not None and not self._alive():
-                    raise BackendError(f"the runtime at {self.address} exited") from None
-                if timeout is not None and now - start > timeout:
-                    raise BackendError(
-                        f"no reply from the runtime at {self.address} within {timeout:.0f} s"
-                    ) from None
-                if may_ping and now - last > DSL_PING_AFTER_S:
+                if self._silent_too_long(start, last, timeout, may_ping):
                     self.call(op="info", timeout=DSL_PING_TIMEOUT_S)  # raises if it is gone
                     last = time.monotonic()
                 continue
             last = time.monotonic()
-            if not reply.done:
-                if on_piece is not None:
-                    on_piece(reply)
-                continue
-            if reply.error is not None:
-                raise BackendError(reply.error)
-            if reply.finish_reason == "abort":
-                raise BackendError(f"the runtime aborted call {call_id}")
-            return reply
+            final = self._handle(call_id, reply, on_piece)
+            if final is not None:
+                return final
+
+    def _silent_too_long(self, start: float, last: float, timeout: float | None,
+                         may_ping: bool) -> bool:
+        """No reply for a poll interval: raise if the runtime exited or the call timed out;
+        True when it is time to ping the runtime."""
+        now = time.monotonic()
+        if self._alive is not None and not self._alive():
+            raise BackendError(f"the runtime at {self.address} exited")
+        if timeout is not None and now - start > timeout:
+            raise BackendError(f"no reply from the runtime at {self.address} within "
+                               f"{timeout:.0f} s")
+        return may_ping and now - last > DSL_PING_AFTER_S
+
+    @staticmethod
+    def _handle(call_id: int, reply: DslReply,
+                on_piece: Callable[[DslReply], None] | None) -> DslReply | None:
+        """A streamed piece goes to on_piece (None returned); the final reply is returned, or
+        raises BackendError when the runtime refused or aborted the call."""
+        if not reply.done:
+            if on_piece is not None:
+                on_piece(reply)
+            return None
+        if reply.error is not None:
+            raise BackendError(reply.error)
+        if reply.finish_reason == "abort":
+            raise BackendError(f"the runtime aborted call {call_id}")
+        return reply
 
     def _submit(self, request: DslRequest) -> None:
         asyncio.run_coroutine_threadsafe(self._send(request), self._loop).result()

@@ -34,6 +34,8 @@ MAX_PRIORITY = 1 << 20
 MAX_QUEUE_TIMEOUT_S = 24 * 3600.0
 # The finish reason of a request that waited past its timeout starts "error: " + this.
 QUEUE_TIMEOUT = "queue timeout"
+# ... and of one refused past a queue cap after it was accepted (the Engine, a grammar compiled).
+QUEUE_FULL = "queue full"
 # A request refused because a queue is full is told to retry after this many seconds.
 QUEUE_FULL_RETRY_AFTER_S = 1
 # /metrics labels at most this many distinct tenants and priorities; the rest are "other".

@@ -12,7 +12,7 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
-from radixrt.runtime.config import GRAMMAR_POLL_S, EngineConfig
+from radixrt.runtime.config import GRAMMAR_POLL_S, QUEUE_FULL, EngineConfig
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.constrained.token_table import TokenTable
 from radixrt.runtime.errors import QueueFull
@@ -107,7 +107,8 @@ class Engine:
             rid = self.scheduler.add_request(ids, params, scheduling, pin=pin).rid
         else:  # compiled off the hot path: the request waits apart until its grammar is ready
             self.scheduler.check_limits(ids, params)
-            self.scheduler.check_queue(tenant)
+            compiling = [d.scheduling.tenant for d in self._compiling.values()]
+            self.scheduler.check_queue(tenant, compiling)
             future = self.grammars.compile_async(constraint)  # refuses a broken pattern
             rid = self.scheduler.new_rid()
             self._compiling[rid] = _Deferred(future, ids, params, scheduling, pin)
@@ -139,7 +140,7 @@ class Engine:
                 self.scheduler.add_request(deferred.ids, deferred.params, deferred.scheduling,
                                            rid=rid, pin=deferred.pin)
             except QueueFull as exc:  # the queue filled up while its grammar compiled
-                self._end_outside(rid, f"error: {exc}")
+                self._end_outside(rid, f"error: {QUEUE_FULL}: {exc}")
 
     def _end_outside(self, rid: int, reason: str) -> None:
         """End a request the scheduler does not hold (still waiting for its grammar)."""

@@ -234,6 +234,7 @@ class DslReply(msgspec.Struct, frozen=True, tag=True):
     token_ids: list[int] = []
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] = []
+    prompt_logprobs: list[TokenLogprob] = []  # final reply, with params prompt_logprobs_start
     prompt_tokens: int = 0
     cached_tokens: int = 0
     error: str | None = None

@@ -1,16 +1,18 @@
 """Fair share between tenants: a virtual-time fair queue over the tokens each tenant is served.
 
-Every tenant with requests in the scheduler has a virtual time: the tokens computed for it (prompt
-chunks and decodes, as planned) since it became active. Admission within one priority level takes
-the tenant with the least virtual time next (start-time fair queueing), so a tenant that queues
-500 requests at once advances its own clock with each one it is served and another tenant's first
-request goes ahead of the rest of the flood.
+Every tenant has a virtual time: the tokens computed for it (prompt chunks and decodes, as
+planned) in the current busy period. Admission within one priority level takes the tenant with
+the least virtual time next (start-time fair queueing), so a tenant that queues 500 requests at
+once advances its own clock with each one it is served and another tenant's first request goes
+ahead of the rest of the flood.
 
-A tenant that becomes active starts at the smallest virtual time among the active tenants (never
-below its own, if it is still remembered): idling earns no credit, so a newcomer is not owed the
-service everyone else got while it was away, and it cannot starve them either. Tenants with nothing
-in the scheduler are forgotten when the queue is next ordered, so the table stays as small as the
-set of active tenants.
+Idling earns no credit. A busy period lasts while anything is waiting: service is counted only
+then, and when the waiting queue empties every clock is dropped, so tenants that meet in the
+next busy period start level (whatever ran while nobody waited is not counted). Within a busy
+period, a tenant whose first request joins the queue (it becomes backlogged) starts at the least
+clock among the tenants already waiting, never below its own: service it got while it had
+nothing waiting (a long request running alone) or time it spent away is not owed to it, and it
+cannot starve the others either.
 
 With one tenant the interleaving is the identity: the order is exactly the policy's.
 """
@@ -25,22 +27,26 @@ from radixrt.runtime.scheduler.request import Request
 
 class FairShare:
     def __init__(self) -> None:
-        self.virtual: dict[str, float] = {}  # active tenant -> tokens served since activation
+        self.virtual: dict[str, float] = {}  # tenant -> tokens served in this busy period
+        self.busy = False  # something is waiting
 
-    def activate(self, tenant: str) -> None:
-        """A request of `tenant` was queued: start its clock if it had none."""
-        if tenant not in self.virtual:
-            self.virtual[tenant] = min(self.virtual.values(), default=0.0)
+    def backlogged(self, tenant: str, waiting: Iterable[str]) -> None:
+        """`tenant` has its first waiting request; `waiting`: the other tenants with waiting
+        requests. Its clock starts at the least of theirs, never below its own."""
+        self.busy = True
+        own = self.virtual.get(tenant, 0.0)
+        others = [self.virtual.get(t, 0.0) for t in waiting if t != tenant]
+        self.virtual[tenant] = max(own, min(others)) if others else own
 
     def charge(self, tenant: str, tokens: int) -> None:
-        """`tokens` were planned for computation for `tenant`."""
-        if tenant in self.virtual:
-            self.virtual[tenant] += tokens
+        """`tokens` were planned for computation for `tenant` (counted in a busy period)."""
+        if self.busy:
+            self.virtual[tenant] = self.virtual.get(tenant, 0.0) + tokens
 
-    def forget_idle(self, active: Iterable[str]) -> None:
-        """Drop the clocks of tenants with nothing in the scheduler."""
-        keep = set(active)
-        self.virtual = {t: v for t, v in self.virtual.items() if t in keep}
+    def idle(self) -> None:
+        """The waiting queue is empty: the busy period ends, every clock with it."""
+        self.virtual.clear()
+        self.busy = False
 
     def interleave(self, ordered: Sequence[Request]) -> list[Request]:
         """`ordered` (one priority level, in policy order) interleaved between tenants: each

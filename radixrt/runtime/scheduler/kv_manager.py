@@ -64,6 +64,19 @@ class KVManager:
             return 0
         return self.tree.match_prefix(self.match_key(req), req.extra_key).length
 
+    def evictable_in_match(self, req: Request) -> int:
+        """Pages of a waiting request's cached prefix that nothing locks now: they count as
+        available (evictable), but admitting the request locks them."""
+        if self.disable_radix_cache:
+            return 0
+        node: RadixNode | None = self.tree.match_prefix(self.match_key(req), req.extra_key).node
+        pages = 0
+        while node is not None and node.parent is not None:
+            if node.lock_count == 0:
+                pages += len(node.pages)
+            node = node.parent
+        return pages
+
     def match_key(self, req: Request) -> list[int]:
         ids = req.all_ids
         limit = len(ids) - 1  # the last token is always computed: its logits are needed

@@ -44,6 +44,7 @@ class _StepDraft:
     swapped_in: set[int] = field(default_factory=set)  # never preempted in the same plan
     prefilling: set[int] = field(default_factory=set)  # computing more than one token
     prefilling_in_flight: set[int] = field(default_factory=set)  # ... in steps not folded in
+    priority_victims: set[int] = field(default_factory=set)  # preempted for urgent requests
 
 
 class Planner:
@@ -141,18 +142,23 @@ class Planner:
     def _admit(self, draft: _StepDraft) -> None:
         table = self.table
         fair = table.fair if self.config.fair_share else None
-        held = len(table.waiting) + len(table.running) + len(table.swapped)
-        if table.waiting or len(table.fair.virtual) > held:  # more clocks than requests: idle
-            table.fair.forget_idle(table.active_tenants())
         if not table.waiting:
             return
         swapped = most_urgent(table.swapped)
+        held: list[Request] = []  # held back a step to share a prefix being computed
         for req in admission_order(table.waiting, self.kv, self.policy, fair):
             if swapped is not None and req.priority >= swapped:
                 break  # swapped-out requests come back before anything as urgent starts
-            if draft.budget <= 0 or len(table.running) >= self.config.max_running_requests:
+            if req.rid in draft.priority_victims:
+                continue  # preempted for a more urgent request in this very plan
+            # a more urgent request held back keeps its running slot: nothing less urgent
+            # takes it (it would be preempted again next step)
+            reserved = sum(1 for h in held if h.priority < req.priority)
+            if (draft.budget <= 0
+                    or len(table.running) + reserved >= self.config.max_running_requests):
                 break
             if self._shares_prefill_in_progress(req, draft):
+                held.append(req)
                 continue  # next step its prefix is in the tree: compute it once
             self.kv.admit(req)
             chunk = min(req.remaining, draft.budget)
@@ -293,21 +299,32 @@ class Planner:
                 return
             chunk = min(req.num_tokens - kv.match_len(req), budget)
             budget -= chunk
-            pages += kv.pages_for(chunk) + 1
+            # its first chunk, a copy-on-write page, and its cached prefix (evictable now,
+            # locked once it is admitted)
+            pages += kv.pages_for(chunk) + 1 + kv.evictable_in_match(req)
             while (len(table.running) + slots > self.config.max_running_requests
                    or kv.available_pages() < pages):
-                victims = [r for r in table.running
-                           if r.priority > req.priority and r.rid not in draft.swapped_in]
-                if not victims:
-                    break
-                victim = max(victims, key=lambda r: (r.priority, r.admitted_at))
-                if victim.pending:  # its token is in flight: preempt once that step is in
-                    table.needs_sync = True
+                if not self._preempt_less_urgent(req, draft):
                     return
-                self._preempt(victim, draft)
-                self.stats.priority_preemptions += 1
-                count_capped(self.stats.preemptions_caused_by_priority, str(req.priority))
-                count_capped(self.stats.preemptions_caused_by_tenant, req.tenant)
+
+    def _preempt_less_urgent(self, req: Request, draft: _StepDraft) -> bool:
+        """Preempt the least urgent, most recently admitted running request of a strictly less
+        urgent priority than `req`; False when there is none to preempt now."""
+        table = self.table
+        victims = [r for r in table.running
+                   if r.priority > req.priority and r.rid not in draft.swapped_in]
+        if not victims:
+            return False
+        victim = max(victims, key=lambda r: (r.priority, r.admitted_at))
+        if victim.pending:  # its token is in flight: preempt once that step is folded in
+            table.needs_sync = True
+            return False
+        self._preempt(victim, draft)
+        draft.priority_victims.add(victim.rid)
+        self.stats.priority_preemptions += 1
+        count_capped(self.stats.preemptions_caused_by_priority, str(req.priority))
+        count_capped(self.stats.preemptions_caused_by_tenant, req.tenant)
+        return True
 
     def _preempt(self, victim: Request, draft: _StepDraft) -> None:
         table = self.table
@@ -332,18 +349,25 @@ class Planner:
             victim.prompt_logprobs.clear()  # gathered again on re-admission
         self.kv.release(victim)  # its tokens stay in the tree: re-prefill is mostly a cache hit
         table.pending_free.append(victim.rid)
-        victim.phase = Phase.WAITING
-        table.waiting.append(victim)
+        table.requeue(victim)
+
+    def _swap_in_need(self, req: Request) -> int:
+        """Pages to swap `req` back in, and one for each running request to grow by."""
+        return self.kv.pages_for(req.kv_len_swapped) + len(self.table.running)
 
     def _swap_back(self, draft: _StepDraft, urgent: int | None) -> None:
         """Swapped-out requests come back, most urgent then oldest first, unless a more urgent
-        request is waiting (it goes first)."""
+        request is waiting (it goes first); one that does not fit preempts running requests of
+        a strictly less urgent priority (priority preemption)."""
         table = self.table
         for req in sorted(table.swapped, key=lambda r: (r.priority, r.admitted_at)):
             if urgent is not None and urgent < req.priority:
                 break
-            need = self.kv.pages_for(req.kv_len_swapped) + len(table.running)
-            if self.kv.available_pages() < need:
+            while (self.kv.available_pages() < self._swap_in_need(req)
+                   and self.config.priority_preemption):
+                if not self._preempt_less_urgent(req, draft):
+                    break
+            if self.kv.available_pages() < self._swap_in_need(req):
                 break
             slots = self.kv.reserve(req, req.kv_len_swapped, draft.copies)
             if slots is None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections import Counter
 from collections.abc import Sequence
 
 from radixrt.runtime.messages import OutputDelta
@@ -54,6 +55,7 @@ class RequestTable:
         self.prefills_in_flight: dict[int, set[int]] = {}
         self.needs_sync = False
         self.fair = FairShare()  # tenants' virtual times
+        self.waiting_by_tenant: Counter[str] = Counter()
         self._rids = itertools.count()
         self._child_rids = itertools.count(-1, -1)  # n > 1 samples: never clash with clients'
         self._arrivals = itertools.count()
@@ -76,21 +78,30 @@ class RequestTable:
             raise ValueError(f"request id {req.rid} is negative or already in use")
         self.requests[req.rid] = req
         req.submitted_s = time.monotonic()
-        self.fair.activate(req.tenant)
+        self.requeue(req)
+
+    def requeue(self, req: Request) -> None:
+        """Into the waiting queue (new, or preempted by recompute)."""
+        if not self.waiting_by_tenant[req.tenant]:  # the tenant becomes backlogged
+            self.fair.backlogged(req.tenant, +self.waiting_by_tenant)
+        self.waiting_by_tenant[req.tenant] += 1
+        req.phase = Phase.WAITING
         self.waiting.append(req)
+
+    def _unqueue(self, req: Request) -> None:
+        self.waiting.remove(req)
+        self.waiting_by_tenant[req.tenant] -= 1
+        if not self.waiting:
+            self.fair.idle()  # the busy period ends
+            self.waiting_by_tenant.clear()
 
     def queued(self, tenant: str | None = None) -> int:
         """Waiting requests (of `tenant` only, when given)."""
-        if tenant is None:
-            return len(self.waiting)
-        return sum(1 for r in self.waiting if r.tenant == tenant)
-
-    def active_tenants(self) -> set[str]:
-        return {r.tenant for r in (*self.waiting, *self.running, *self.swapped)}
+        return len(self.waiting) if tenant is None else self.waiting_by_tenant[tenant]
 
     def start(self, req: Request) -> None:
         """WAITING -> RUNNING (its KV was admitted and reserved by the planner)."""
-        self.waiting.remove(req)
+        self._unqueue(req)
         req.phase = Phase.RUNNING
         req.admitted_at = next(self._admissions)
         self.running.append(req)
@@ -100,7 +111,7 @@ class RequestTable:
         if req.finished:
             return
         if req.phase is Phase.WAITING:
-            self.waiting.remove(req)
+            self._unqueue(req)
             if req.pages or req.tree_node is not None:
                 self.kv.release(req, cache=False)
         elif req.phase is Phase.SWAPPED:

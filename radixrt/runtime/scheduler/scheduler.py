@@ -133,16 +133,20 @@ class Scheduler:
             )
         return req
 
-    def check_queue(self, tenant: str) -> None:
-        """Raise QueueFull when the waiting queue, or `tenant`'s part of it, is at its cap."""
+    def check_queue(self, tenant: str, not_queued_yet: Sequence[str] = ()) -> None:
+        """Raise QueueFull when the waiting queue, or `tenant`'s part of it, is at its cap.
+        not_queued_yet: the tenants of requests accepted but not queued here yet (the Engine's
+        constrained requests whose grammars compile), counted as waiting."""
         cfg = self.config
         cap, tenant_cap = cfg.max_queued_requests, cfg.max_queued_per_tenant
-        if cap is not None and self.table.queued() >= cap:
+        waiting = self.table.queued() + len(not_queued_yet)
+        if cap is not None and waiting >= cap:
             self.stats.queue_full += 1
             raise QueueFull(f"the server is at capacity: {cap} requests are waiting "
                             f"(--max-queued-requests); retry after {QUEUE_FULL_RETRY_AFTER_S}s",
                             QUEUE_FULL_RETRY_AFTER_S)
-        if tenant_cap is not None and self.table.queued(tenant) >= tenant_cap:
+        mine = self.table.queued(tenant) + sum(t == tenant for t in not_queued_yet)
+        if tenant_cap is not None and mine >= tenant_cap:
             self.stats.queue_full += 1
             who = f"tenant {tenant!r}" if tenant else "the shared tenant"
             raise QueueFull(f"{who} has {tenant_cap} requests waiting, its cap "

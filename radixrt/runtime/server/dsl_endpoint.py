@@ -80,7 +80,7 @@ class DslEndpoint:
                 task = self._calls.get(key)
                 if task is not None:
                     task.cancel()
-            elif req.op in ("info", "generate", "score", "unpin", "renew"):
+            elif req.op in ("info", "generate", "score", "unpin", "renew", "flush_cache"):
                 handler = getattr(self, f"_{req.op}")
                 task = asyncio.create_task(self._run(handler, identity, req, tenant or ""))
                 self._calls[key] = task
@@ -88,8 +88,8 @@ class DslEndpoint:
             else:
                 await self._reply(identity, DslReply(
                     call_id=req.call_id, done=True,
-                    error=f"unknown op {req.op!r}: use generate, score, unpin, renew, abort or "
-                          "info"))
+                    error=f"unknown op {req.op!r}: use generate, score, unpin, renew, abort, "
+                          "flush_cache or info"))
 
     def _authorize(self, req: DslRequest) -> tuple[bool, str | None]:
         """(whether the request may run, its tenant: the name of its key, if named)."""
@@ -121,6 +121,11 @@ class DslEndpoint:
         info.update(self.pins.info())
         await self._reply(identity, DslReply(call_id=req.call_id, done=True, info=info))
 
+    async def _flush_cache(self, identity: bytes, req: DslRequest) -> None:
+        freed = await self.manager.flush_cache()
+        await self._reply(identity, DslReply(call_id=req.call_id, done=True,
+                                             info={"freed_tokens": freed}))
+
     async def _unpin(self, identity: bytes, req: DslRequest) -> None:
         await self.pins.release(req.pin_id)  # unknown: its lease ran out, released already
         await self._reply(identity, DslReply(call_id=req.call_id, done=True))
@@ -148,6 +153,7 @@ class DslEndpoint:
         ids = self.manager.encode(prompt)
         samples = [[[], [], [], None] for _ in range(params.n)]  # text, ids, logprobs, reason
         cached = 0
+        prompt_logprobs: list = []
         pin_id, pin_error = -1, None
         stream = self.manager.generate(ids, params, pin=req.pin, scheduling=scheduling)
         async with contextlib.aclosing(stream):
@@ -158,6 +164,7 @@ class DslEndpoint:
                 lps.extend(chunk.logprobs)
                 samples[chunk.index][3] = chunk.finish_reason
                 cached = chunk.cached_tokens
+                prompt_logprobs = prompt_logprobs or list(chunk.prompt_logprobs)
                 if chunk.pinned:  # under a lease already (the pin service heard of it)
                     pin_id = chunk.rid
                 pin_error = pin_error or chunk.pin_error
@@ -171,7 +178,8 @@ class DslEndpoint:
         await self._reply(identity, DslReply(
             call_id=req.call_id, done=True, text=final[0].text,
             token_ids=final[0].token_ids, finish_reason=final[0].finish_reason,
-            logprobs=final[0].logprobs, prompt_tokens=len(ids), cached_tokens=cached,
+            logprobs=final[0].logprobs, prompt_logprobs=prompt_logprobs,
+            prompt_tokens=len(ids), cached_tokens=cached,
             samples=final, pin_id=pin_id, pin_error=pin_error))
 
     async def _reply(self, identity: bytes, reply: DslReply) -> None:

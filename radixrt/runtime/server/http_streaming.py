@@ -18,7 +18,12 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from radixrt.runtime.config import DISCONNECT_POLL_S, QUEUE_TIMEOUT
+from radixrt.runtime.config import (
+    DISCONNECT_POLL_S,
+    QUEUE_FULL,
+    QUEUE_FULL_RETRY_AFTER_S,
+    QUEUE_TIMEOUT,
+)
 from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.messages import Scheduling, TokenLogprob
 from radixrt.runtime.outputs import StreamChunk
@@ -69,8 +74,7 @@ async def open_stream(
     except StopAsyncIteration:
         first = None
     except QueueFull as exc:
-        raise APIError(str(exc), status=429, code="queue_full", type="rate_limit_exceeded",
-                       headers={"Retry-After": str(exc.retry_after_s)}) from None
+        raise queue_full(str(exc), exc.retry_after_s) from None
     except ValueError as exc:
         raise APIError(str(exc), param=param_of(str(exc))) from None
     except BaseException:
@@ -81,8 +85,16 @@ async def open_stream(
         await PrimedStream(source, None).aclose()
         if message.startswith(QUEUE_TIMEOUT):
             raise APIError(message, status=408, code="queue_timeout", param="timeout")
+        if message.startswith(QUEUE_FULL):
+            raise queue_full(message, QUEUE_FULL_RETRY_AFTER_S)
         raise APIError(message)
     return PrimedStream(source, first)
+
+
+def queue_full(message: str, retry_after_s: int) -> APIError:
+    """429 with Retry-After: a queue is at its cap."""
+    return APIError(message, status=429, code="queue_full", type="rate_limit_exceeded",
+                    headers={"Retry-After": str(retry_after_s)})
 
 
 async def open_streams(

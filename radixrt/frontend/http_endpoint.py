@@ -1,0 +1,78 @@
+"""HttpRuntimeEndpoint: DSL programs on a radixrt server over its HTTP port, what
+`RuntimeEndpoint("http://host:port")` gives (SGLang's RuntimeEndpoint takes an HTTP URL too).
+
+gen and select run as on any OpenAI-compatible server (OpenAICompatible: /v1/completions, the
+choices scored in one echo request), with the role markers from /server_info; what the radixrt
+server adds is used: a fork's prefix is pinned with POST /generate {"pin": true} under the same
+lease as over ZeroMQ (renewed in the background with /renew_pins, released with /unpin), and
+flush_cache / get_server_info reach /flush_cache and /server_info. The ZeroMQ endpoint
+(`--dsl-port`, tcp://) is the faster path: one call per select, no HTTP parsing.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import httpx
+
+from radixrt.frontend.backend import BackendError
+from radixrt.frontend.lease_keeper import LeaseKeeper
+from radixrt.frontend.openai_backend import OpenAICompatible, error_message
+from radixrt.runtime.config import PIN_LEASE_TTL_S, PIN_RENEWALS_PER_TTL
+
+_PREFILL_ONLY = {"max_tokens": 1, "temperature": 0.0}
+
+
+class HttpRuntimeEndpoint(OpenAICompatible):
+    def __init__(self, url: str, api_key: str | None = None) -> None:
+        root = url.rstrip("/").removesuffix("/v1")
+        self.root = root
+        try:
+            response = httpx.get(f"{root}/server_info", timeout=30,
+                                 headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+        except httpx.HTTPError as exc:
+            raise BackendError(f"no radixrt server answered at {root} ({exc}); start one with "
+                               "`radixrt serve`") from None
+        if response.status_code != 200:
+            raise BackendError(f"{root}/server_info: {error_message(response)} (is it a radixrt "
+                               "server? other servers: rx.OpenAICompatible)")
+        info = response.json()
+        super().__init__(f"{root}/v1", info.get("model", "default"), api_key)
+        self._cache_on = not info.get("disable_radix_cache", False)
+        ttl = float(info.get("pin_lease_ttl_s", PIN_LEASE_TTL_S))
+        self._leases = LeaseKeeper(self._renew, ttl / PIN_RENEWALS_PER_TTL)
+
+    def pin(self, text: str, priority: int = 0) -> int | None:
+        if not self._cache_on:
+            return None
+        meta = self._native("/generate", {"text": text, "pin": True, "priority": priority,
+                                          "sampling_params": _PREFILL_ONLY})["meta_info"]
+        if meta.get("pin_id") is None:
+            warnings.warn(f"radixrt: {meta.get('pin_error')}", RuntimeWarning, stacklevel=2)
+            return None
+        self._leases.hold(int(meta["pin_id"]))
+        return int(meta["pin_id"])
+
+    def unpin(self, handle: Any) -> None:
+        self._leases.drop(int(handle))
+        self._native("/unpin", {"pin_id": int(handle)})
+
+    def flush_cache(self) -> int:
+        return int(self._native("/flush_cache", {}).get("freed_tokens", 0))
+
+    def close(self) -> None:
+        self._leases.stop()
+        super().close()
+
+    def _renew(self, pin_ids: list[int]) -> None:
+        self._native("/renew_pins", {"pin_ids": pin_ids})
+
+    def _native(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        try:
+            response = self._http.post(self.root + path, json=body)
+        except httpx.HTTPError as exc:
+            raise BackendError(f"{self.root} did not answer: {exc}") from None
+        if response.status_code != 200:
+            raise BackendError(error_message(response))
+        return response.json()
