@@ -89,8 +89,24 @@ _LAZY = {
 }
 
 
+# SGLang frontend names radixrt does not have, and what to use instead
+_SGLANG_INSTEAD = {
+    "image": "radixrt runs text-only models",
+    "video": "radixrt runs text-only models",
+    "OpenAI": "rx.OpenAICompatible(base_url, model) runs programs on any OpenAI-compatible "
+              "server",
+    "Anthropic": "rx.OpenAICompatible(base_url, model) with an OpenAI-compatible proxy",
+    "VertexAI": "rx.OpenAICompatible(base_url, model) with an OpenAI-compatible proxy",
+    "LiteLLM": "rx.OpenAICompatible(base_url, model) against a LiteLLM proxy",
+    "separate_reasoning": "radixrt's reasoning parser is a server option, not a DSL call",
+}
+
+
 def __getattr__(name: str) -> Any:
     module = _LAZY.get(name)
     if module is None:
+        if name in _SGLANG_INSTEAD:
+            raise AttributeError(f"SGLang's {name} is not part of radixrt: "
+                                 f"{_SGLANG_INSTEAD[name]}")
         raise AttributeError(f"module 'radixrt' has no attribute {name!r}")
     return getattr(importlib.import_module(module), name)

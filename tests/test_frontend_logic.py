@@ -282,3 +282,30 @@ def test_atext_iter_streams_an_arun_and_errors_reach_the_caller():
 
     with pytest.raises(rx.BackendError, match="refused"):
         asyncio.run(refused.arun(backend=EchoBackend()))  # a backend with no async twins
+
+
+def test_sglang_names_radixrt_lacks_say_what_to_use():
+    with pytest.raises(AttributeError, match="OpenAICompatible"):
+        rx.OpenAI  # noqa: B018
+    with pytest.raises(AttributeError, match="text-only"):
+        rx.image  # noqa: B018
+    with pytest.raises(AttributeError, match="has no attribute 'nonsense'"):
+        rx.nonsense  # noqa: B018
+
+
+def test_sglang_sampling_names_translate_and_clash_clearly():
+    from radixrt.frontend.sglang_names import sampling_fields
+
+    assert sampling_fields({"max_new_tokens": 8, "top_logprobs_num": 2, "stop": None},
+                           "gen()") == {"max_tokens": 8, "top_logprobs": 2, "logprobs": True}
+    with pytest.raises(TypeError, match="max_tokens= / max_new_tokens="):
+        sampling_fields({"max_tokens": 1, "max_new_tokens": 2}, "gen()")
+    with pytest.raises(TypeError, match="unknown option"):
+        sampling_fields({"temprature": 0}, "run()")
+
+    @rx.function
+    def prog(s, temperature):  # a program argument of a sampling option's name stays its own
+        s += f"t={temperature}" + rx.gen("x", max_tokens=2)
+
+    state = prog.run(temperature="hot", backend=EchoBackend())
+    assert state.text().startswith("t=hot")
