@@ -50,7 +50,12 @@ from plots import add_plot_dir, bar_panels, plot_path  # noqa: E402
 from programs_asyncio import run_asyncio_study  # noqa: E402
 from programs_workloads import WORKLOADS, Sizes, Workload, build_workloads  # noqa: E402
 from programs_workloads import warm_up_program as warm_up  # noqa: E402
-from serving_systems import LLAMA_SERVER, llama_server_system, running  # noqa: E402
+from serving_systems import (  # noqa: E402
+    LLAMA_SERVER,
+    LLAMA_SERVER_SLOTS,
+    llama_server_system,
+    running,
+)
 from transformers import StoppingCriteria, StoppingCriteriaList  # noqa: E402
 
 import radixrt as rx  # noqa: E402
@@ -244,7 +249,8 @@ def run_llama_cpp(works: list[Workload], args: argparse.Namespace) -> list[Resul
         print("[llama.cpp] skipped: no llama-server (--llama-server PATH)", flush=True)
         return [None] * len(works)
     results: list[Result | None] = []
-    with running(llama_server_system(binary)) as base:
+    # each of its slots holds a few-shot program's ~1,200-token prompt: 2,048 tokens a slot
+    with running(llama_server_system(binary, context=LLAMA_SERVER_SLOTS * 2048)) as base:
         backend = rx.OpenAICompatible(base + "/v1", "default", chat_format="chatml")
         warm_up.run(backend=backend)
         for work in works:

@@ -4,8 +4,8 @@ runtime.
 The same few-shot programs (an MMLU-style shared prefix, then a `select` of A-D) run at 64 and
 at 512 concurrent programs, each way: `run_batch(num_threads=N)` (a thread per program in
 flight, and one per state) and `await arun_batch(max_concurrency=N)` (greenlets on one event
-loop). Measured: programs/s, the threads the process had at its peak, and whether the picks
-agree. The plot goes to docs/plots/programs_asyncio.png.
+loop), each from a cold cache. Measured: programs/s, the threads the process had at its peak,
+and whether the picks agree. The plot goes to docs/plots/programs_asyncio.png.
 """
 
 from __future__ import annotations
@@ -66,8 +66,10 @@ def run_asyncio_study(args: argparse.Namespace) -> list[dict[str, Any]]:
         warm_up.run(backend=rt)
         for n in CONCURRENCY:
             work: Workload = build_workloads(["few-shot"], n, args.sizes, args.seed)[0]
+            rt.flush_cache()  # each way starts cold: the other's prompts are not cached
             threads = timed(functools.partial(work.program.run_batch, work.inputs, backend=rt,
                                               num_threads=n))
+            rt.flush_cache()
             loop = timed(lambda w=work, k=n: asyncio.run(  # type: ignore[misc]
                 w.program.arun_batch(w.inputs, backend=rt, max_concurrency=k)))
             rows.append({"programs": n, "threads": threads, "asyncio": loop})

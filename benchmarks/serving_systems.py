@@ -89,9 +89,10 @@ def llama_cpp_system(python: str) -> System:
     return System(LLAMA_CPP, command, "/v1/models", {}, False, False)
 
 
-def llama_server_system(binary: str) -> System:
-    """The C++ llama-server: LLAMA_SERVER_SLOTS parallel slots, a thread per core."""
-    command = [binary, "-m", gguf_path(), "-c", str(LLAMA_SERVER_CONTEXT), "-np",
+def llama_server_system(binary: str, context: int = LLAMA_SERVER_CONTEXT) -> System:
+    """The C++ llama-server: LLAMA_SERVER_SLOTS parallel slots sharing `context` tokens, a
+    thread per core."""
+    command = [binary, "-m", gguf_path(), "-c", str(context), "-np",
                str(LLAMA_SERVER_SLOTS), "-t", str(os.cpu_count() or 1), "--host", "127.0.0.1",
                "--threads-http", str(2 * LLAMA_SERVER_SLOTS)]  # its default refused connections
     env = {"LD_LIBRARY_PATH": library_dir(os.path.dirname(binary))}

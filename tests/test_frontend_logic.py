@@ -309,3 +309,26 @@ def test_sglang_sampling_names_translate_and_clash_clearly():
 
     state = prog.run(temperature="hot", backend=EchoBackend())
     assert state.text().startswith("t=hot")
+
+
+def test_a_blocking_backend_streams_into_arun_from_its_worker_thread():
+    import asyncio
+
+    class Streaming(EchoBackend):
+        def generate(self, text, params, constraint, on_piece, priority=0):
+            pieces = ["a", "b", "c"]
+            for piece in pieces if on_piece is not None else []:
+                on_piece(piece)
+            return rx.GenResult("".join(pieces), "length")
+
+    @rx.function
+    def streamed(s):
+        s += "X" + rx.gen("x", max_tokens=3)
+
+    async def main() -> list[str]:
+        state = await streamed.arun(backend=Streaming(), stream=True)
+        pieces = [p async for p in state.atext_iter("x")]
+        await state.await_done()
+        return pieces
+
+    assert asyncio.run(main()) == ["a", "b", "c"]

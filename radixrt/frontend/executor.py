@@ -69,7 +69,7 @@ class StreamExecutor:
                               self.priority, self.defaults, self.runner)
 
     def pin(self, text: str) -> Any:
-        return self.runner.call(self.backend, "pin", text, self.priority)
+        return self.runner.call(self.backend, "pin", text, priority=self.priority)
 
     def unpin(self, handle: Any) -> None:
         self.runner.call(self.backend, "unpin", handle)
@@ -161,22 +161,30 @@ class StreamExecutor:
 
     # --- the executor thread -----------------------------------------------------------------
     def _loop(self) -> None:
-        while True:
-            leaf = self._queue.get()
-            if leaf is _END:
-                break
-            try:
-                if self.error is None:
-                    self._run(leaf)
-            except BaseException as exc:  # noqa: BLE001 - any failure ends the state
-                with self._cond:
-                    self.error = exc
-            finally:
-                with self._cond:
-                    self._pending -= 1
-                    self._cond.notify_all()
+        try:
+            while True:
+                leaf = self._queue.get()  # arun: a cancel while idle ends the loop here
+                if leaf is _END:
+                    break
+                try:
+                    if self.error is None:
+                        self._run(leaf)
+                except BaseException as exc:  # noqa: BLE001 - any failure ends the state
+                    with self._cond:
+                        self.error = exc
+                finally:
+                    with self._cond:
+                        self._pending -= 1
+                        self._cond.notify_all()
+        finally:  # however the loop ends, every reader wakes up and sees it
+            with self._cond:
+                self._done = True
+                self._cond.notify_all()
+
+    def fail(self, exc: BaseException) -> None:
+        """The program failed (outside any expression): readers of this state see it."""
         with self._cond:
-            self._done = True
+            self.error = self.error or exc
             self._cond.notify_all()
 
     def _run(self, leaf: Any) -> None:
@@ -210,7 +218,7 @@ class StreamExecutor:
         params = {**self.defaults, **leaf.params}  # the gen's own options win
         result = self.runner.call(self.backend, "generate", self.transcript.text, params,
                                   leaf.constraint, on_piece if self.stream else None,
-                                  self._priority(leaf.priority))
+                                  priority=self._priority(leaf.priority))
         reason = result.finish_reason or ""
         if reason.startswith("error"):  # the runtime ended it: never a silent empty answer
             what = f"gen {leaf.name!r}" if leaf.name else "gen"
@@ -231,7 +239,7 @@ class StreamExecutor:
         unconditional = leaf.method == "unconditional_likelihood_normalized"
         scored = self.runner.call(self.backend, "score", self.transcript.text,
                                   list(leaf.choices), unconditional,
-                                  self._priority(leaf.priority))
+                                  priority=self._priority(leaf.priority))
         best, scores = pick(leaf.method, scored)
         choice = leaf.choices[best]
         self._append(leaf.name, choice)

@@ -25,6 +25,11 @@ from radixrt.frontend.backend import BackendError, ChoiceLogprobs
 
 TOP_K = 100  # alternatives asked for at each scored position
 
+
+class NoScoringRoute(BackendError):
+    """The server lacks what this route needs (/tokenize, token ids in its logprobs)."""
+
+
 Post = Callable[[str, dict[str, Any]], dict[str, Any]]  # (path, body) -> the JSON reply
 
 
@@ -42,7 +47,7 @@ def score_by_next_tokens(post: Post, model: str, text: str, choices: list[str],
                                   "max_tokens": 1, "logprobs": TOP_K, "temperature": 0.0})
     tops = {prefixes[int(c["index"])]: _top_by_id(c) for c in reply.get("choices", [])}
     if len(tops) != len(prefixes):
-        raise BackendError("the server answered a batch of token-id prompts with "
+        raise NoScoringRoute("the server answered a batch of token-id prompts with "
                            f"{len(tops)} completions for {len(prefixes)} prompts")
     scored = [[_lookup(tops[tuple(ids[:i])], ids[i]) for i in range(first, len(ids))]
               for ids, first in sequences]
@@ -51,9 +56,13 @@ def score_by_next_tokens(post: Post, model: str, text: str, choices: list[str],
 
 
 def _tokenize(post: Post, text: str, add_special: bool) -> list[int]:
-    tokens = post("/tokenize", {"content": text, "add_special": add_special}).get("tokens")
+    try:
+        reply = post("/tokenize", {"content": text, "add_special": add_special})
+    except BackendError as exc:
+        raise NoScoringRoute(f"POST /tokenize failed ({exc})") from None
+    tokens = reply.get("tokens")
     if not isinstance(tokens, list):
-        raise BackendError("the server's /tokenize did not return token ids")
+        raise NoScoringRoute("the server's /tokenize did not return token ids")
     return [int(t["id"]) if isinstance(t, dict) else int(t) for t in tokens]
 
 
@@ -61,7 +70,7 @@ def _top_by_id(choice: dict[str, Any]) -> dict[int, float]:
     """The first generated position's alternatives, token id -> logprob."""
     content = (choice.get("logprobs") or {}).get("content") or []
     if not content or "top_logprobs" not in content[0]:
-        raise BackendError("the server's completion logprobs carry no token ids")
+        raise NoScoringRoute("the server's completion logprobs carry no token ids")
     return {int(e["id"]): float(e["logprob"]) for e in content[0]["top_logprobs"]}
 
 

@@ -25,7 +25,7 @@ from radixrt.frontend.backend import (
     GenResult,
     PieceCallback,
 )
-from radixrt.frontend.next_token_scoring import score_by_next_tokens
+from radixrt.frontend.next_token_scoring import NoScoringRoute, score_by_next_tokens
 from radixrt.runtime.config import DEFAULT_MAX_TOKENS
 
 CHAT_FORMATS = {
@@ -128,7 +128,7 @@ class OpenAICompatible:
 
         try:
             return score_by_next_tokens(post, self.model, text, choices, unconditional)
-        except BackendError as exc:
+        except NoScoringRoute as exc:
             raise BackendError(
                 f"{self.base_url} returns no prompt log-probabilities for `select` (it ignores "
                 f"echo), and scoring from next-token logprobs failed too: {exc}. Use "

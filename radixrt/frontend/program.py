@@ -66,7 +66,12 @@ class Program:
         backend = backend or DEFAULT_BACKEND.get()
         check_priority(priority)
         kwargs, defaults = self._split_defaults(kwargs)
-        bound = self._bind(args, kwargs)
+        return await self._arun_bound(backend, self._bind(args, kwargs), defaults, priority,
+                                      stream)
+
+    async def _arun_bound(self, backend: Backend, bound: dict[str, Any],
+                          defaults: dict[str, Any], priority: int,
+                          stream: bool = False) -> ProgramState:
         runner = LoopRunner()
         state = ProgramState(StreamExecutor(backend, Transcript(backend.chat_format), None, stream,
                                             priority, defaults, runner))
@@ -89,24 +94,29 @@ class Program:
         """`run_batch` on asyncio: every program at once on this event loop (at most
         max_concurrency at a time, if given). Raises the first failure after the batch."""
         backend = backend or DEFAULT_BACKEND.get()
+        check_priority(priority)
+        defaults = run_defaults(sampling, f"{self.func.__name__}.arun_batch()")
+        if max_concurrency is not None and max_concurrency < 1:
+            raise ValueError(f"max_concurrency={max_concurrency}: give an int >= 1 (or leave "
+                             "it out: all at once)")
         if not batch:
             return []
+        bounds = [self._bind(tuple(a), {}) if _is_positional(a) else self._bind((), dict(a))
+                  for a in batch]
         limit = asyncio.Semaphore(max_concurrency or len(batch))
         handle = None
         if prefix_cache:
             prefix = constant_prefix(self.func, self.arg_names, backend.chat_format)
             if prefix:
-                handle = await spawn(LoopRunner().call, backend, "pin", prefix, priority)
+                pin = functools.partial(LoopRunner().call, backend, "pin", priority=priority)
+                handle = await spawn(pin, prefix)
 
-        async def one(args: Mapping[str, Any] | Sequence[Any]) -> ProgramState:
+        async def one(bound: dict[str, Any]) -> ProgramState:
             async with limit:
-                if _is_positional(args):
-                    return await self.arun(*args, backend=backend, priority=priority, **sampling)
-                return await self.arun(backend=backend, priority=priority, **sampling, **args)
+                return await self._arun_bound(backend, bound, defaults, priority)
 
         try:
-            outcomes = await asyncio.gather(*(one(args) for args in batch),
-                                            return_exceptions=True)
+            outcomes = await asyncio.gather(*(one(b) for b in bounds), return_exceptions=True)
         finally:
             if handle is not None:
                 await spawn(LoopRunner().call, backend, "unpin", handle)
@@ -139,7 +149,7 @@ class Program:
         the batch has finished."""
         backend = backend or DEFAULT_BACKEND.get()
         check_priority(priority)
-        defaults = sampling_fields(sampling, f"{self.func.__name__}.run_batch()")
+        defaults = run_defaults(sampling, f"{self.func.__name__}.run_batch()")
         if not batch:
             return []
         bounds = [self._bind(tuple(kw), {}) if _is_positional(kw) else self._bind((), dict(kw))
@@ -175,9 +185,7 @@ class Program:
         own = set(self.arg_names)
         mine = {k: v for k, v in kwargs.items() if k in own or not is_sampling_option(k)}
         options = {k: v for k, v in kwargs.items() if k not in mine}
-        defaults = sampling_fields(options, f"{self.func.__name__}.run()")
-        SamplingParams(**defaults)  # a bad default raises here, naming the field
-        return mine, defaults
+        return mine, run_defaults(options, f"{self.func.__name__}.run()")
 
     def _bind(self, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
         try:
@@ -190,7 +198,8 @@ class Program:
     def _run_state(self, state: ProgramState, bound: dict[str, Any]) -> None:
         try:
             state.return_value = self.func(state, **bound)
-        except BaseException:
+        except BaseException as exc:
+            state._executor.fail(exc)  # streamed readers see the program's own failure
             with contextlib.suppress(BaseException):  # the program's own error is the one to see
                 state._end()
             state._finished.set()
@@ -205,10 +214,7 @@ class Program:
         try:
             self._run_state(state, bound)
         except BaseException as exc:  # noqa: BLE001
-            ex = state._executor
-            with ex._cond:
-                ex.error = ex.error or exc
-                ex._cond.notify_all()
+            state._executor.fail(exc)
 
     def _run_one(self, backend: Backend, bound: dict[str, Any], progress: _Progress,
                  priority: int, defaults: dict[str, Any]
@@ -222,6 +228,18 @@ class Program:
             return state, exc
         finally:
             progress.tick()
+
+
+def run_defaults(options: dict[str, Any], where: str) -> dict[str, Any]:
+    """A run's sampling defaults (radixrt's or SGLang's names), checked here: n and the
+    constraints are a gen's own (gen(regex=...), fork for samples), never a run's."""
+    defaults = sampling_fields(options, where)
+    refused = sorted({"n", "regex", "json_schema", "choices"} & set(defaults))
+    if refused:
+        raise TypeError(f"{where}: {refused} cannot be a run's default for every gen: give "
+                        "them to a gen (fork the state for several samples)")
+    SamplingParams(**defaults)  # a bad default raises here, naming the field
+    return defaults
 
 
 def _is_positional(args: Any) -> bool:

@@ -8,7 +8,8 @@ greenlets on the event loop's thread: a wait (a condition, a queue, a backend ca
 to the event loop with the awaitable to wait for (`await_`), and the loop switches back in once
 it is done (`spawn`). So thousands of programs, forks and selects included, run on one loop
 without a thread each: the greenlets are the only stacks, and only the backend's I/O is async.
-This is the pattern of SQLAlchemy's asyncio layer; the `greenlet` package provides the switching.
+This is the pattern of SQLAlchemy's asyncio layer; the `greenlet` package provides the switching,
+and each greenlet sees the context variables of the code that started the program.
 
 The executor asks its runner for a condition (`with cond:`, `wait_for`, `notify_all`), a queue
 (`put`, `get`), a way to start its expression loop (returning a join function) and a way to call
@@ -19,12 +20,34 @@ one, else the blocking method on a worker thread).
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import functools
+import inspect
 import queue
 import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
+import greenlet
+
 T = TypeVar("T")
+
+
+@functools.lru_cache(maxsize=256)
+def _parameters(fn: Any) -> frozenset[str]:
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return frozenset({"**"})
+    return frozenset(p.name for p in params)
+
+
+def invoke(fn: Callable[..., T], args: tuple[Any, ...], priority: int | None) -> T:
+    """fn(*args, priority=priority), or fn(*args) for a backend method written before
+    priorities existed (one that takes no `priority`)."""
+    names = _parameters(getattr(fn, "__func__", fn))
+    if priority is None or not ("priority" in names or "**" in names):
+        return fn(*args)
+    return fn(*args, priority=priority)
 
 
 class ThreadRunner:
@@ -41,48 +64,36 @@ class ThreadRunner:
         thread.start()
         return thread.join
 
-    def call(self, backend: Any, method: str, *args: Any) -> Any:
-        return getattr(backend, method)(*args)
+    def call(self, backend: Any, method: str, *args: Any, priority: int | None = None) -> Any:
+        return invoke(getattr(backend, method), args, priority)
 
     def cancel(self) -> None:
         """Threads cannot be cancelled: a run ends when its calls return."""
 
 
 # --- greenlets on the event loop -----------------------------------------------------------------
-def _greenlet() -> Any:
-    try:
-        import greenlet
-    except ImportError as exc:  # a dependency of radixrt: only a broken install lacks it
-        raise RuntimeError("arun needs the greenlet package: pip install greenlet") from exc
-    return greenlet
-
-
-class _Bridged:
-    """Marks a greenlet started by `spawn`: inside it, `await_` may switch to the loop."""
+class Bridged(greenlet.greenlet):
+    """A greenlet started by `spawn`: inside it, `await_` may switch to the loop."""
 
 
 def await_(awaitable: Awaitable[T]) -> T:
     """Wait for `awaitable` from blocking code running under `spawn`: switch to the event loop,
     which awaits it and switches back with its result (or raises its exception here)."""
-    current = _greenlet().getcurrent()
-    if not isinstance(current, _Bridged):
+    current = greenlet.getcurrent()
+    if not isinstance(current, Bridged):
         raise RuntimeError("a program state of arun was used outside its event loop's "
                            "program: read it after `await prog.arun(...)` returns, or in the "
                            "program itself")
-    return current.parent.switch(awaitable)  # type: ignore[attr-defined]
+    return current.parent.switch(awaitable)  # type: ignore[union-attr]
 
 
 async def spawn(fn: Callable[..., T], *args: Any,
                 on_cancel: Callable[[], None] | None = None) -> T:
-    """Run blocking `fn(*args)` as a greenlet on this event loop, awaiting what it waits for.
-    Cancelling the task that awaits this calls on_cancel, then raises CancelledError inside
-    `fn` where it waits."""
-    greenlet = _greenlet()
-
-    class Bridged(_Bridged, greenlet.greenlet):
-        pass
-
+    """Run blocking `fn(*args)` as a greenlet on this event loop, awaiting what it waits for;
+    it sees the caller's context variables. Cancelling the task that awaits this calls
+    on_cancel, then raises CancelledError inside `fn` where it waits."""
     child = Bridged(fn, greenlet.getcurrent())
+    child.gr_context = contextvars.copy_context()
     pending = child.switch(*args)
     while not child.dead:
         try:
@@ -94,6 +105,12 @@ async def spawn(fn: Callable[..., T], *args: Any,
         else:
             pending = child.switch(value)
     return pending  # fn's return value
+
+
+def _on_loop(loop: asyncio.AbstractEventLoop, fn: Callable[..., Any]) -> Callable[..., None]:
+    def call_on_loop(*args: Any) -> None:
+        loop.call_soon_threadsafe(fn, *args)
+    return call_on_loop
 
 
 class LoopCondition:
@@ -155,11 +172,16 @@ class LoopRunner:
                 await_(asyncio.wait({task}))
         return join
 
-    def call(self, backend: Any, method: str, *args: Any) -> Any:
+    def call(self, backend: Any, method: str, *args: Any, priority: int | None = None) -> Any:
         twin = getattr(backend, f"a{method}", None)
         if twin is not None:
-            return await_(twin(*args))
-        return await_(asyncio.to_thread(getattr(backend, method), *args))
+            return await_(invoke(twin, args, priority))
+        # a blocking backend, on the loop's default executor (as many calls at once as it has
+        # threads; cancelling stops the wait, not the call): its callbacks (streamed pieces)
+        # are handed back to the loop, in order, ahead of the call's own result
+        loop = asyncio.get_running_loop()
+        args = tuple(_on_loop(loop, a) if callable(a) else a for a in args)
+        return await_(asyncio.to_thread(invoke, getattr(backend, method), args, priority))
 
     def cancel(self) -> None:
         """Cancel every state's expression loop (their calls in flight abort their requests)."""

@@ -141,6 +141,9 @@ class ProgramState:
     def wait(self, timeout: float | None = None) -> ProgramState:
         """Wait for the whole program (a run(stream=True) runs in the background); raises its
         failure."""
+        if self._task is not None:
+            raise RuntimeError("an arun(stream=True) state is waited for with "
+                               "`await state.await_done()`, not wait()")
         if not self._finished.wait(timeout):
             raise TimeoutError(f"the program did not finish within {timeout} s")
         self._executor.sync()

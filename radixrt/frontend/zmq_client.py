@@ -11,6 +11,8 @@ ping (or a local runtime process that exited) fails the call with a clear error.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import itertools
 import queue
 import threading
@@ -89,11 +91,14 @@ class DslClient:
         call_id = self._new_call()
         loop = asyncio.get_running_loop()
         replies: asyncio.Queue[DslReply] = asyncio.Queue()
-        self._calls[call_id] = lambda reply: loop.call_soon_threadsafe(replies.put_nowait, reply)
+        def deliver(reply: DslReply) -> None:
+            with contextlib.suppress(RuntimeError):  # the caller's loop closed meanwhile
+                loop.call_soon_threadsafe(replies.put_nowait, reply)
+
+        self._calls[call_id] = deliver
         try:
             request = DslRequest(call_id=call_id, api_key=self._api_key, **fields)
-            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._send(request),
-                                                                       self._loop))
+            await self._asend(request)
             start = last = time.monotonic()
             while True:
                 try:
@@ -113,6 +118,19 @@ class DslClient:
         finally:
             self._calls.pop(call_id, None)
 
+    async def _asend(self, request: DslRequest) -> None:
+        """Send without blocking the caller's loop; a runtime that exited, or that takes no
+        requests for DSL_PING_TIMEOUT_S (its queue full), fails the call."""
+        sent = asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._send(request),
+                                                                    self._loop))
+        start = time.monotonic()
+        try:
+            while not (await asyncio.wait({sent}, timeout=DSL_POLL_S))[0]:
+                self._silent_too_long(start, start, DSL_PING_TIMEOUT_S, False)  # or raises
+        finally:
+            sent.cancel()  # a no-op once sent
+        sent.result()
+
     def _new_call(self) -> int:
         if self._closed:
             raise BackendError("this runtime connection is closed")
@@ -120,8 +138,11 @@ class DslClient:
             return next(self._ids)
 
     def _abort(self, call_id: int) -> None:
-        if not self._closed:  # interrupted or failed here: the runtime can stop working
-            self._submit(DslRequest(call_id=call_id, op="abort", api_key=self._api_key))
+        """Tell the runtime to stop a call (interrupted or failed here), without waiting for the
+        send: a runtime that stopped reading must not stall the caller."""
+        if not self._closed:
+            request = DslRequest(call_id=call_id, op="abort", api_key=self._api_key)
+            asyncio.run_coroutine_threadsafe(self._send(request), self._loop)
 
     def _wait(self, call_id: int, replies: queue.SimpleQueue,
               on_piece: Callable[[DslReply], None] | None, timeout: float | None,
@@ -168,7 +189,13 @@ class DslClient:
         return reply
 
     def _submit(self, request: DslRequest) -> None:
-        asyncio.run_coroutine_threadsafe(self._send(request), self._loop).result()
+        sent = asyncio.run_coroutine_threadsafe(self._send(request), self._loop)
+        try:
+            sent.result(timeout=DSL_PING_TIMEOUT_S)
+        except concurrent.futures.TimeoutError:
+            sent.cancel()
+            raise BackendError(f"the runtime at {self.address} took no request for "
+                               f"{DSL_PING_TIMEOUT_S:.0f} s (its queue is full)") from None
 
     def close(self) -> None:
         if self._closed:
