@@ -332,3 +332,48 @@ def test_a_blocking_backend_streams_into_arun_from_its_worker_thread():
         return pieces
 
     assert asyncio.run(main()) == ["a", "b", "c"]
+
+
+def test_review_regressions_of_the_async_and_sglang_paths():
+    import asyncio
+    import contextvars
+
+    @rx.function
+    def prog(s, temperature=None):
+        s += f"t={temperature}" + rx.gen("x", max_tokens=2)
+        forks = s.fork(2)
+        forks += rx.gen("y", max_tokens=2)
+        forks.join()
+
+    # run-level defaults that only a gen may have are refused, naming them
+    with pytest.raises(TypeError, match=r"\['n'\] cannot be a run's default"):
+        prog.run(backend=EchoBackend(), n=3)
+    # arun_batch binds each item as run_batch does: the program's own argument stays its own
+    states = asyncio.run(prog.arun_batch([{"temperature": "hot"}, ("cold",)],
+                                         backend=AsyncEcho(), max_tokens=2))
+    assert [s.text().split("<")[0] for s in states] == ["t=hot", "t=cold"]
+    with pytest.raises(ValueError, match="max_concurrency"):
+        asyncio.run(prog.arun_batch([{}], backend=AsyncEcho(), max_concurrency=0))
+
+    # a backend written before priorities existed (pin / generate / score without it)
+    class OldBackend(EchoBackend):
+        def pin(self, text):  # type: ignore[override]
+            return super().pin(text)
+
+        def generate(self, text, params, constraint, on_piece):  # type: ignore[override]
+            return rx.GenResult("<old>", "length")
+
+    assert len(prog.run(backend=OldBackend())["y"]) == 2
+
+    # context variables of the caller reach the program on the loop
+    request_id: contextvars.ContextVar[str] = contextvars.ContextVar("request_id")
+
+    @rx.function
+    def tagged(s):
+        s += request_id.get()
+
+    async def main() -> str:
+        request_id.set("req-7")
+        return (await tagged.arun(backend=AsyncEcho())).text()
+
+    assert asyncio.run(main()) == "req-7"
