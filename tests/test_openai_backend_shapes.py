@@ -134,3 +134,39 @@ def test_top_logprobs_come_back_in_sglang_shape() -> None:
     assert meta["output_token_logprobs"] == [(-0.5, None, " blue")]
     assert meta["output_top_logprobs"] == [[(-0.5, None, " blue"), (-2.0, None, " green")]]
     assert not math.isnan(meta["output_token_logprobs"][0][0])
+
+
+def test_arun_on_an_openai_compatible_server_waits_on_the_loop_not_on_threads() -> None:
+    """Under arun the backend's HTTP runs on the caller's event loop (an AsyncClient per loop):
+    64 programs have their requests in flight at once, with no worker thread."""
+    import asyncio
+    import threading
+
+    state = {"in_flight": 0, "peak": 0}
+
+    async def slow_echo(request: httpx.Request) -> httpx.Response:
+        state["in_flight"] += 1
+        state["peak"] = max(state["peak"], state["in_flight"])
+        await asyncio.sleep(0.05)
+        state["in_flight"] -= 1
+        body = json.loads(request.content)
+        if body.get("echo"):
+            return echo_server(True)(request)
+        return httpx.Response(200, json={"choices": [
+            {"index": 0, "text": " very", "finish_reason": "length"}]})
+
+    backend = rx.OpenAICompatible("http://server/v1", "m", chat_format=CHAT,
+                                  transport=httpx.MockTransport(slow_echo))
+
+    @rx.function
+    def pick(s):
+        s += "The sky is" + rx.gen("x", max_tokens=1) + rx.select("c", [" blue", " green"])
+
+    async def main() -> tuple[list[str], int]:
+        before = threading.active_count()
+        states = await asyncio.gather(*(pick.arun(backend=backend) for _ in range(64)))
+        return [s["c"] for s in states], threading.active_count() - before
+
+    picks, extra_threads = asyncio.run(main())
+    assert picks == [" blue"] * 64 and extra_threads == 0
+    assert state["peak"] == 64  # every program's request in flight at once

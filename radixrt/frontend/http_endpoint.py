@@ -70,7 +70,7 @@ class HttpRuntimeEndpoint(OpenAICompatible):
 
     def _native(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         try:
-            response = self._http.post(self.root + path, json=body)
+            response = self._http.request("POST", self.root + path, json=body)
         except httpx.HTTPError as exc:
             raise BackendError(f"{self.root} did not answer: {exc}") from None
         if response.status_code != 200:

@@ -12,6 +12,7 @@ it has one, does the reuse. Roles need the model's chat markers: read from a rad
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from typing import Any
@@ -25,7 +26,9 @@ from radixrt.frontend.backend import (
     GenResult,
     PieceCallback,
 )
+from radixrt.frontend.http_client import HttpClient
 from radixrt.frontend.next_token_scoring import NoScoringRoute, score_by_next_tokens
+from radixrt.frontend.runners import spawn
 from radixrt.runtime.config import DEFAULT_MAX_TOKENS
 
 CHAT_FORMATS = {
@@ -48,7 +51,7 @@ class OpenAICompatible:
         self.base_url = base_url.rstrip("/")
         self.model = model
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._http = httpx.Client(headers=headers, timeout=timeout, transport=transport)
+        self._http = HttpClient(headers, timeout, transport)  # blocking, or on arun's loop
         self._chat = self._resolve_chat(chat_format)
         self._start: str | None = None  # the start token as text (unconditional scores)
         self._next_token_scoring = False  # the server does not echo prompt logprobs
@@ -142,10 +145,24 @@ class OpenAICompatible:
     def unpin(self, handle: Any) -> None:
         return None
 
+    # the async twins arun's programs call: the same code as a greenlet on the caller's loop,
+    # its HTTP made there by an AsyncClient (http_client.py), so no thread waits for it
+    async def agenerate(self, *args: Any, **kwargs: Any) -> GenResult:
+        return await spawn(functools.partial(self.generate, *args, **kwargs))
+
+    async def ascore(self, *args: Any, **kwargs: Any) -> list[ChoiceLogprobs]:
+        return await spawn(functools.partial(self.score, *args, **kwargs))
+
+    async def apin(self, *args: Any, **kwargs: Any) -> Any:
+        return await spawn(functools.partial(self.pin, *args, **kwargs))
+
+    async def aunpin(self, *args: Any, **kwargs: Any) -> None:
+        await spawn(functools.partial(self.unpin, *args, **kwargs))
+
     def flush_cache(self) -> int:
         """A radixrt server's POST /flush_cache (others have none: BackendError)."""
         try:
-            response = self._http.post(self._root() + "/flush_cache")
+            response = self._http.request("POST", self._root() + "/flush_cache")
         except httpx.HTTPError as exc:
             raise BackendError(f"{self.base_url} did not answer: {exc}") from None
         if response.status_code != 200:
@@ -160,7 +177,7 @@ class OpenAICompatible:
     def info(self) -> dict[str, Any]:
         """A radixrt server's /server_info; {} from servers without one."""
         try:
-            response = self._http.get(self._root() + "/server_info")
+            response = self._http.request("GET", self._root() + "/server_info")
         except httpx.HTTPError:
             return {}
         return response.json() if response.status_code == 200 else {}
@@ -190,7 +207,8 @@ class OpenAICompatible:
 
     def _post(self, body: dict[str, Any], url: str | None = None) -> dict[str, Any]:
         try:
-            response = self._http.post(url or self.base_url + "/completions", json=body)
+            response = self._http.request("POST", url or self.base_url + "/completions",
+                                          json=body)
         except httpx.HTTPError as exc:
             raise BackendError(f"{self.base_url} did not answer: {exc}") from None
         if response.status_code != 200:
@@ -202,11 +220,10 @@ class OpenAICompatible:
         pieces: list[str] = []
         reason = None
         try:
-            with self._http.stream("POST", self.base_url + "/completions", json=body) as resp:
+            with self._http.stream(self.base_url + "/completions", body) as resp:
                 if resp.status_code != 200:
-                    resp.read()
-                    raise BackendError(error_message(resp))
-                for line in resp.iter_lines():
+                    raise BackendError(error_message(resp.read()))
+                for line in resp.lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
                     for choice in json.loads(line[len("data: "):]).get("choices", []):

@@ -76,6 +76,11 @@ class Bridged(greenlet.greenlet):
     """A greenlet started by `spawn`: inside it, `await_` may switch to the loop."""
 
 
+def in_loop_program() -> bool:
+    """Whether the caller runs under `spawn` (an arun program or state), where `await_` works."""
+    return isinstance(greenlet.getcurrent(), Bridged)
+
+
 def await_(awaitable: Awaitable[T]) -> T:
     """Wait for `awaitable` from blocking code running under `spawn`: switch to the event loop,
     which awaits it and switches back with its result (or raises its exception here)."""
