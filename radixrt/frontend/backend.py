@@ -6,6 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+# what a pin runs: the prefix is computed (and kept), one greedy token sampled and dropped
+PREFILL_ONLY = {"max_tokens": 1, "temperature": 0.0}
+
 
 class BackendError(RuntimeError):
     """The runtime refused or failed a call; the message is the runtime's."""

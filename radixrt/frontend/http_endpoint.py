@@ -16,12 +16,10 @@ from typing import Any
 
 import httpx
 
-from radixrt.frontend.backend import BackendError
+from radixrt.frontend.backend import PREFILL_ONLY, BackendError
 from radixrt.frontend.lease_keeper import LeaseKeeper
 from radixrt.frontend.openai_backend import OpenAICompatible, error_message
 from radixrt.runtime.config import PIN_LEASE_TTL_S, PIN_RENEWALS_PER_TTL
-
-_PREFILL_ONLY = {"max_tokens": 1, "temperature": 0.0}
 
 
 class HttpRuntimeEndpoint(OpenAICompatible):
@@ -47,7 +45,7 @@ class HttpRuntimeEndpoint(OpenAICompatible):
         if not self._cache_on:
             return None
         meta = self._native("/generate", {"text": text, "pin": True, "priority": priority,
-                                          "sampling_params": _PREFILL_ONLY})["meta_info"]
+                                          "sampling_params": PREFILL_ONLY})["meta_info"]
         if meta.get("pin_id") is None:
             warnings.warn(f"radixrt: {meta.get('pin_error')}", RuntimeWarning, stacklevel=2)
             return None

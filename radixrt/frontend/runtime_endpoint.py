@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from radixrt.frontend.backend import (
+    PREFILL_ONLY,
     BackendError,
     ChatFormat,
     ChoiceLogprobs,
@@ -22,8 +23,6 @@ from radixrt.frontend.lease_keeper import LeaseKeeper
 from radixrt.frontend.zmq_client import DslClient
 from radixrt.runtime.config import DSL_CONNECT_TIMEOUT_S, PIN_LEASE_TTL_S, PIN_RENEWALS_PER_TTL
 from radixrt.runtime.messages import TokenLogprob
-
-_PREFILL_ONLY = {"max_tokens": 1, "temperature": 0.0}
 
 
 def logprob_meta(output: list[TokenLogprob], prompt: list[TokenLogprob]) -> dict[str, Any]:
@@ -146,7 +145,7 @@ class RuntimeEndpoint:
 
     @staticmethod
     def _pin_call(text: str, priority: int) -> dict[str, Any]:
-        return dict(op="generate", text=text, params=_PREFILL_ONLY, pin=True, priority=priority)
+        return dict(op="generate", text=text, params=PREFILL_ONLY, pin=True, priority=priority)
 
     def _pinned(self, reply: Any) -> int | None:
         if reply.pin_id < 0:

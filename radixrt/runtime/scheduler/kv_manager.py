@@ -64,18 +64,20 @@ class KVManager:
             return 0
         return self.tree.match_prefix(self.match_key(req), req.extra_key).length
 
-    def evictable_in_match(self, req: Request) -> int:
-        """Pages of a waiting request's cached prefix that nothing locks now: they count as
-        available (evictable), but admitting the request locks them."""
+    def cached_prefix(self, req: Request) -> tuple[int, int]:
+        """A waiting request's cached prefix, in one tree match: (its length, the pages of it
+        that nothing locks now: they count as available, but admitting the request locks
+        them)."""
         if self.disable_radix_cache:
-            return 0
-        node: RadixNode | None = self.tree.match_prefix(self.match_key(req), req.extra_key).node
+            return 0, 0
+        match = self.tree.match_prefix(self.match_key(req), req.extra_key)
+        node: RadixNode | None = match.node
         pages = 0
         while node is not None and node.parent is not None:
             if node.lock_count == 0:
                 pages += len(node.pages)
             node = node.parent
-        return pages
+        return match.length, pages
 
     def match_key(self, req: Request) -> list[int]:
         ids = req.all_ids

@@ -297,11 +297,12 @@ class Planner:
         for slots, req in enumerate(urgent, start=1):  # slots: the running slots they take
             if budget <= 0:
                 return
-            chunk = min(req.num_tokens - kv.match_len(req), budget)
+            cached, unlocked = kv.cached_prefix(req)
+            chunk = min(req.num_tokens - cached, budget)
             budget -= chunk
             # its first chunk, a copy-on-write page, and its cached prefix (evictable now,
             # locked once it is admitted)
-            pages += kv.pages_for(chunk) + 1 + kv.evictable_in_match(req)
+            pages += kv.pages_for(chunk) + 1 + unlocked
             while (len(table.running) + slots > self.config.max_running_requests
                    or kv.available_pages() < pages):
                 if not self._preempt_less_urgent(req, draft):
