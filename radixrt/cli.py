@@ -17,7 +17,9 @@ from radixrt.runtime.config import (
     LOAD_FORMATS,
     PIN_LEASE_TTL_S,
     PREEMPTION_MODES,
+    REASONING_FORMAT_NAMES,
     SCHEDULE_POLICIES,
+    TOOL_CALL_PARSERS,
     EngineConfig,
 )
 
@@ -95,6 +97,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="waiting requests past which a new one is refused with 429 and Retry-After")
     add("--max-queued-per-tenant", type=int, default=None,
         help="the same cap for each tenant's waiting requests")
+    add("--tool-call-parser", default="auto", choices=TOOL_CALL_PARSERS,
+        help="the format tool calls are written in and parsed from: hermes (<tool_call> "
+        "blocks; Qwen, Hermes, and the built-in tool prompt), llama3_json; auto picks from "
+        "the chat template")
+    add("--reasoning-parser", default=None, choices=REASONING_FORMAT_NAMES,
+        help="reasoning models: the <think> section goes to reasoning_content, the rest to "
+        "content; constraints (tools, response_format) apply after the thinking")
+    add("--tool-call-enforcement", action=argparse.BooleanOptionalAction, default=True,
+        help="the grammar makes every tool call well-formed (tool_choice required / named: "
+        "calls only; auto: from the call opener on); --no-tool-call-enforcement only parses")
     add("--exit-with-parent", action="store_true",
         help="stop when the process that started this server exits, however it exits "
         "(rx.Runtime() sets it, so a program's runtime never outlives the program)")
@@ -150,6 +162,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             dsl_port=args.dsl_port,
             exit_with_parent=args.exit_with_parent,
             pin_lease_ttl_s=args.pin_lease_ttl,
+            tool_call_parser=args.tool_call_parser,
+            reasoning_parser=args.reasoning_parser,
+            tool_call_enforcement=args.tool_call_enforcement,
         )
         return serve(config, options)
     return 2

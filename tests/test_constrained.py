@@ -177,8 +177,9 @@ def test_rust_regex_syntax_is_accepted_and_enforced(make_engine):
     params = SamplingParams(max_tokens=32, temperature=0.8, seed=3, n=3,
                             regex=r"\p{Lu}\p{Ll}{2,6}( \p{Lu}\p{Ll}{2,6})?")
     out = engine.generate("A name of a city: ", params)[0]
+    # greedy picks full-width letters, a token per byte: room for 14 letters of 3 bytes each
     greedy = engine.generate("A name of a city: ", SamplingParams(
-        max_tokens=32, temperature=0, regex=params.regex))[0]
+        max_tokens=64, temperature=0, regex=params.regex))[0]
     assert greedy.finish_reason == "stop"
     for sample in [*out.samples, greedy.samples[0]]:
         # a letter may take several tokens: a sample cut by max_tokens is a prefix of a match

@@ -15,6 +15,7 @@ from transformers import PreTrainedTokenizerFast
 from radixrt.runtime.config import MAX_TOP_LOGPROBS
 from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.server.chat_tools import template_messages
 from radixrt.runtime.server.openai_protocol import (
     APIError,
     ChatChunk,
@@ -94,7 +95,8 @@ def test_api_error_and_error_body() -> None:
     ("top_p=0.0 is invalid: must be in (0, 1]", "top_p"),
     ("logit_bias={5: 200.0} is invalid: value 200.0 ...", "logit_bias"),
     ("stop=['a=b'] is invalid", "stop"),
-    ("give at most one of regex, json_schema and choices (got ['regex', 'choices'])", None),
+    ("give at most one of regex, json_schema, choices and tool_calls (got ['regex', 'x'])",
+     None),
     ("json_schema is invalid: x=1", None),  # '=' only after the first words
     ("a.b=1 is invalid", None),
     ("no equals sign here", None),
@@ -175,16 +177,17 @@ def test_chat_messages_become_template_dicts() -> None:
                                      {"type": "text", "text": "world"}]},
         {"role": "assistant", "content": "Hi", "name": "bot"},
     ])
-    assert [m.as_template_dict() for m in req.messages] == [
+    assert template_messages(req) == [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": "Hello, world"},
         {"role": "assistant", "content": "Hi"},
     ]
     with pytest.raises(ValidationError):
         ChatMessage.model_validate({"role": "robot", "content": "x"})
-    with pytest.raises(ValidationError):
-        ChatMessage.model_validate({"role": "user", "content": [{"type": "image_url",
-                                                                 "text": "x"}]})
+    image = ChatMessage.model_validate({"role": "user", "content": [{"type": "image_url",
+                                                                     "text": "x"}]})
+    with pytest.raises(APIError, match="image_url.*not supported"):
+        image.text()
 
 
 def test_request_bodies_round_trip() -> None:
@@ -282,7 +285,7 @@ def test_response_format_errors_name_it(body: dict[str, Any], message: str) -> N
 
 
 def test_constraint_conflicts_reach_sampling_params_checks() -> None:
-    with pytest.raises(APIError, match="give at most one of regex, json_schema and choices"):
+    with pytest.raises(APIError, match="give at most one of regex, json_schema, choices"):
         params_of(completion(regex="a", choices=["a"]))
     with pytest.raises(APIError, match="cannot be combined with regex") as info:
         params_of(completion(regex="a", ignore_eos=True))

@@ -11,6 +11,8 @@ from radixrt.frontend.api import (
     select,
     set_default_backend,
     system,
+    tool,
+    tool_prompt,
     user,
 )
 from radixrt.frontend.backend import (
@@ -30,6 +32,7 @@ from radixrt.frontend.select_methods import (
     unconditional_likelihood_normalized,
 )
 from radixrt.frontend.state import ForkGroup, ProgramState
+from radixrt.frontend.tools import ToolCall, function_tool
 
 __all__ = [
     "Backend",
@@ -55,6 +58,10 @@ __all__ = [
     "set_default_backend",
     "system",
     "token_length_normalized",
+    "tool",
+    "tool_prompt",
+    "ToolCall",
+    "function_tool",
     "unconditional_likelihood_normalized",
     "user",
 ]

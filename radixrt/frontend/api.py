@@ -7,13 +7,23 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from radixrt.frontend.ir import Concat, Expr, Gen, RoleBegin, RoleEnd, Select, as_expr
+from radixrt.frontend.ir import (
+    Concat,
+    Expr,
+    Gen,
+    RoleBegin,
+    RoleEnd,
+    Select,
+    ToolPrompt,
+    as_expr,
+)
 from radixrt.frontend.select_methods import SelectMethod, method_name
 from radixrt.frontend.sglang_names import dtype_regex, sampling_fields
+from radixrt.frontend.tools import tool_call_spec, tools_listing
 from radixrt.runtime.messages import Scheduling
 from radixrt.runtime.sampling_params import SamplingParams
 
-CONSTRAINT_KINDS = ("regex", "json_schema", "choices")
+CONSTRAINT_KINDS = ("regex", "json_schema", "choices", "tool_calls")
 
 
 def gen(
@@ -24,6 +34,10 @@ def gen(
     choices: Sequence[str] | None = None,
     dtype: Any = None,
     priority: int | None = None,
+    tools: Sequence[Any] | None = None,
+    tool_choice: str = "required",
+    parallel_tool_calls: bool = True,
+    separate_reasoning: bool = False,
     **sampling: Any,
 ) -> Gen:
     """Generate text (into variable `name`). Takes every SamplingParams field (max_tokens, stop,
@@ -36,9 +50,19 @@ def gen(
     or JSON text: the output is JSON valid under it), choices= (the output is one of them),
     dtype= int | float | bool | str (a number, True / False, or a quoted string).
 
+    tools= (Python functions or JSON-schema tool dicts): the output is tool calls, well-formed
+    by the runtime's grammar (in its tool-call format); the variable is a list of
+    rx.ToolCall(name, arguments). tool_choice: "required" (the default: calls only), "auto"
+    (text, or calls), or one tool's name; parallel_tool_calls=False: one call.
+
+    separate_reasoning: on a runtime with --reasoning-parser, the variable is the answer and
+    meta["reasoning"] the thinking (the transcript keeps both); constraints apply after it.
+
     priority: lower is more urgent in the runtime's queue (default: the run's, run(priority=...),
     itself 0 by default)."""
     check_priority(priority)
+    if not isinstance(separate_reasoning, bool):
+        raise TypeError(f"separate_reasoning must be a bool, got {separate_reasoning!r}")
     sampling = sampling_fields(sampling, "gen()")
     params = SamplingParams(**sampling)  # ValueError naming the bad value
     if params.n != 1:
@@ -49,9 +73,11 @@ def gen(
         regex = dtype_regex(dtype)
     given = {k: v for k, v in (("regex", regex), ("json_schema", json_schema),
                                 ("choices", choices)) if v is not None}
+    if tools is not None:
+        given["tool_calls"] = tool_call_spec(tools, tool_choice, parallel_tool_calls)[1]
     if len(given) > 1:
         raise ValueError(
-            f"give at most one of regex=, json_schema=, choices= (got {sorted(given)})"
+            f"give at most one of regex=, json_schema=, choices=, tools= (got {sorted(given)})"
         )
     constraint = None
     if given:
@@ -62,7 +88,7 @@ def gen(
             pattern = json.dumps(pattern)
         SamplingParams(**{**sampling, kind: pattern})  # the same checks the runtime makes
         constraint = (kind, pattern)
-    return Gen(name, sampling, constraint, priority)
+    return Gen(name, sampling, constraint, priority, separate_reasoning)
 
 
 def gen_int(name: str | None = None, **options: Any) -> Gen:
@@ -132,6 +158,20 @@ def user(content: Any) -> Expr:
 def assistant(content: Any) -> Expr:
     """An assistant message; put gen(...) inside to have the model write it."""
     return _role("assistant", content)
+
+
+def tool(content: Any) -> Expr:
+    """A tool's result, answering the calls of the assistant turn before it (the runtime's
+    template markers: a user turn of <tool_response> blocks where the template has no tools)."""
+    return _role("tool", content)
+
+
+def tool_prompt(tools: Sequence[Any]) -> ToolPrompt:
+    """The runtime's tool prompt for these tools (Python functions or tool dicts): what they
+    are and how to call them, in the runtime's tool-call format. Put it in the system message:
+    s += rx.system(rx.tool_prompt([get_weather]))."""
+    tool_call_spec(tools)  # the same checks gen(tools=...) makes
+    return ToolPrompt(tools_listing(tools))
 
 
 class _DefaultBackend:

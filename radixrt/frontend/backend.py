@@ -8,6 +8,9 @@ from typing import Any, Protocol
 
 # what a pin runs: the prefix is computed (and kept), one greedy token sampled and dropped
 PREFILL_ONLY = {"max_tokens": 1, "temperature": 0.0}
+# a generate's params key (not a sampling field) asking for the thinking apart (gen's
+# separate_reasoning=True); backends without reasoning support refuse it
+SEPARATE_REASONING = "separate_reasoning"
 
 
 class BackendError(RuntimeError):
@@ -21,11 +24,12 @@ class ChatFormat:
 
     roles: dict[str, tuple[str, str]]
     preamble: str = ""
+    tool_prompt: str = ""  # the runtime's tool prompt, "{tools}" where the tools are listed
 
     @classmethod
     def from_info(cls, chat: dict[str, Any]) -> ChatFormat:
         roles = {r: (p, s) for r, (p, s) in chat.get("roles", {}).items()}
-        return cls(roles, chat.get("preamble", ""))
+        return cls(roles, chat.get("preamble", ""), chat.get("tool_prompt", ""))
 
     def markers(self, role: str) -> tuple[str, str]:
         if role not in self.roles:
@@ -47,6 +51,9 @@ class GenResult:
     # input_token_logprobs, input_top_logprobs), each entry (logprob, token id, token text), an
     # id or a text None where the server does not say it
     logprobs: dict[str, Any] = field(default_factory=dict)
+    tool_calls: list[tuple[str, str]] = field(default_factory=list)  # (name, arguments JSON)
+    reasoning: str | None = None  # separate_reasoning: the thinking (None: there was none)
+    content: str | None = None  # separate_reasoning: the answer after it
 
 
 @dataclass

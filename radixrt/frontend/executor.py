@@ -13,7 +13,7 @@ import functools
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from radixrt.frontend.backend import Backend, BackendError
+from radixrt.frontend.backend import SEPARATE_REASONING, Backend, BackendError
 from radixrt.frontend.ir import (
     Gen,
     RoleBegin,
@@ -21,6 +21,7 @@ from radixrt.frontend.ir import (
     Select,
     SetVar,
     Text,
+    ToolPrompt,
     VarScopeBegin,
     VarScopeEnd,
     as_expr,
@@ -28,6 +29,7 @@ from radixrt.frontend.ir import (
 )
 from radixrt.frontend.runners import LoopCondition, LoopRunner, ThreadRunner
 from radixrt.frontend.select_methods import pick
+from radixrt.frontend.tools import parse_calls
 from radixrt.frontend.transcript import Transcript
 
 _END = object()
@@ -201,6 +203,12 @@ class StreamExecutor:
             self._set(leaf.name, self.transcript.text[start:], {})
         elif isinstance(leaf, SetVar):
             self._set(leaf.name, leaf.value, {})
+        elif isinstance(leaf, ToolPrompt):
+            prompt = self.transcript.chat().tool_prompt
+            if not prompt:
+                raise BackendError("this backend has no tool prompt: rx.tool_prompt needs "
+                                   "rx.RuntimeEndpoint or rx.Runtime")
+            self._append(None, prompt.replace("{tools}", leaf.listing))
         elif isinstance(leaf, Gen):
             self._gen(leaf)
         elif isinstance(leaf, Select):
@@ -216,18 +224,31 @@ class StreamExecutor:
             self._log_piece(leaf.name, piece)
 
         params = {**self.defaults, **leaf.params}  # the gen's own options win
+        if leaf.separate_reasoning:  # not a sampling field: the runtime's endpoint takes it
+            params[SEPARATE_REASONING] = True
         result = self.runner.call(self.backend, "generate", self.transcript.text, params,
                                   leaf.constraint, on_piece if self.stream else None,
                                   priority=self._priority(leaf.priority))
         reason = result.finish_reason or ""
+        what = f"gen {leaf.name!r}" if leaf.name else "gen"
         if reason.startswith("error"):  # the runtime ended it: never a silent empty answer
-            what = f"gen {leaf.name!r}" if leaf.name else "gen"
             raise BackendError(f"{what} failed in the runtime: {reason.removeprefix('error: ')}")
+        value: Any = result.text
+        extra: dict[str, Any] = {}
+        if leaf.separate_reasoning:
+            value = result.content if result.content is not None else result.text
+            extra["reasoning"] = result.reasoning
+        if leaf.constraint is not None and leaf.constraint[0] == "tool_calls":
+            try:
+                value = parse_calls(result.tool_calls)
+            except ValueError as exc:
+                raise BackendError(f"{what}: {exc}") from None
         self.transcript.text += result.text
         already = "".join(streamed)
         if result.text.startswith(already) and len(result.text) > len(already):
             self._log_piece(leaf.name, result.text[len(already):])
-        self._set(leaf.name, result.text, {
+        self._set(leaf.name, value, {
+            **extra,
             "finish_reason": result.finish_reason,
             "prompt_tokens": result.prompt_tokens,
             "cached_tokens": result.cached_tokens,

@@ -30,12 +30,22 @@ class Text(Expr):
 @dataclass(frozen=True)
 class Gen(Expr):
     """Generate text into variable `name` with SamplingParams fields `params`; `constraint` is
-    (kind, pattern) for regex / json_schema / choices constrained decoding."""
+    (kind, pattern) for regex / json_schema / choices / tool_calls constrained decoding; with
+    separate_reasoning the variable is the answer after a reasoning model's thinking."""
 
     name: str | None
     params: dict[str, Any] = field(default_factory=dict)
     constraint: tuple[str, Any] | None = None
     priority: int | None = None  # None: the run's priority
+    separate_reasoning: bool = False
+
+
+@dataclass(frozen=True)
+class ToolPrompt(Expr):
+    """The runtime's tool prompt (how to call, in its tool-call format) listing these tools
+    (one JSON object per line)."""
+
+    listing: str
 
 
 @dataclass(frozen=True)

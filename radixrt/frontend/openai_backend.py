@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 
 from radixrt.frontend.backend import (
+    SEPARATE_REASONING,
     BackendError,
     ChatFormat,
     ChoiceLogprobs,
@@ -62,6 +63,9 @@ class OpenAICompatible:
 
     def generate(self, text: str, params: dict[str, Any], constraint: tuple[str, Any] | None,
                  on_piece: PieceCallback | None, priority: int = 0) -> GenResult:
+        if params.get(SEPARATE_REASONING):
+            raise BackendError("gen(separate_reasoning=True) needs rx.RuntimeEndpoint or "
+                               "rx.Runtime (a radixrt runtime with --reasoning-parser)")
         if params.get("prompt_logprobs_start") is not None:
             raise BackendError("OpenAICompatible returns the output's token logprobs only: "
                                "prompt logprobs (SGLang's logprob_start_len) need "
@@ -242,6 +246,10 @@ def constraint_fields(constraint: tuple[str, Any] | None) -> dict[str, Any]:
     if constraint is None:
         return {}
     kind, pattern = constraint
+    if kind == "tool_calls":
+        raise BackendError("gen(tools=...) needs rx.RuntimeEndpoint or rx.Runtime: completions "
+                           "servers take no tool-call grammar (on a radixrt server, its chat "
+                           "endpoint takes OpenAI's tools)")
     if kind == "json_schema":
         schema = json.loads(pattern) if isinstance(pattern, str) else pattern
         return {"response_format": {"type": "json_schema",

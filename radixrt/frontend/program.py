@@ -234,7 +234,7 @@ def run_defaults(options: dict[str, Any], where: str) -> dict[str, Any]:
     """A run's sampling defaults (radixrt's or SGLang's names), checked here: n and the
     constraints are a gen's own (gen(regex=...), fork for samples), never a run's."""
     defaults = sampling_fields(options, where)
-    refused = sorted({"n", "regex", "json_schema", "choices"} & set(defaults))
+    refused = sorted({"n", "regex", "json_schema", "choices", "tools"} & set(defaults))
     if refused:
         raise TypeError(f"{where}: {refused} cannot be a run's default for every gen: give "
                         "them to a gen (fork the state for several samples)")

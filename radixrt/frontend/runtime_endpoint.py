@@ -13,6 +13,7 @@ from typing import Any
 
 from radixrt.frontend.backend import (
     PREFILL_ONLY,
+    SEPARATE_REASONING,
     BackendError,
     ChatFormat,
     ChoiceLogprobs,
@@ -125,18 +126,25 @@ class RuntimeEndpoint:
     def _generate_call(text: str, params: dict[str, Any], constraint: tuple[str, Any] | None,
                        on_piece: PieceCallback | None, priority: int
                        ) -> tuple[Callable[[Any], None] | None, dict[str, Any]]:
+        params = dict(params)
+        separate = bool(params.pop(SEPARATE_REASONING, False))
         if constraint is not None:  # the runtime compiles it; a broken pattern is refused
             kind, pattern = constraint
-            params = {**params, kind: list(pattern) if kind == "choices" else pattern}
+            params[kind] = list(pattern) if kind == "choices" else pattern
         forward = None if on_piece is None else (lambda reply: on_piece(reply.text))
         return forward, dict(op="generate", text=text, params=params,
-                             stream=on_piece is not None, priority=priority)
+                             stream=on_piece is not None, priority=priority,
+                             separate_reasoning=separate)
 
     @staticmethod
     def _gen_result(reply: Any) -> GenResult:
+        sample = reply.samples[0] if reply.samples else None
         return GenResult(reply.text, reply.finish_reason, reply.prompt_tokens,
                          reply.cached_tokens, len(reply.token_ids),
-                         logprob_meta(reply.logprobs, reply.prompt_logprobs))
+                         logprob_meta(reply.logprobs, reply.prompt_logprobs),
+                         [(c.name, c.arguments) for c in sample.tool_calls] if sample else [],
+                         sample.reasoning if sample else None,
+                         sample.content if sample else None)
 
     @staticmethod
     def _scores(reply: Any) -> list[ChoiceLogprobs]:

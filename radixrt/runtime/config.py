@@ -200,3 +200,19 @@ GRAMMAR_COMPILE_THREADS = 2  # grammars compile off the hot path on this many th
 JSON_WHITESPACE_PATTERN = ""  # JSON from schemas is compact: keys and punctuation are forced
 MAX_FORCED_TOKENS = 64  # jump-forward appends at most this many tokens at a time
 GRAMMAR_POLL_S = 0.05  # an Engine with only grammars compiling waits this long per step
+
+# --- tool calls and reasoning (server/tool_parsers.py, constrained/structural.py) -------------
+MAX_TOOLS = 128  # function tools per request
+MAX_TOOL_NAME_CHARS = 64  # OpenAI's limit on a function's name
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.\-]+$"  # OpenAI's characters (and dots)
+MAX_TEMPLATE_KWARGS = 32  # chat_template_kwargs entries
+MAX_TOOL_CALL_ID_CHARS = 256  # an assistant message's tool_calls[i].id, a tool message's id
+TOOL_CALL_ID_HEX = 24  # ids the server makes: "call_" + this many hex digits
+HERMES_TOOL_OPENER = "<tool_call>"  # Hermes / Qwen tool-call blocks
+HERMES_TOOL_CLOSER = "</tool_call>"
+TOOL_RESPONSE_OPENER = "<tool_response>"  # a tool's result, in the built-in tool prompt
+TOOL_RESPONSE_CLOSER = "</tool_response>"
+THINK_OPENER = "<think>"  # reasoning models' thinking section (Qwen 3, DeepSeek-R1)
+THINK_CLOSER = "</think>"
+REASONING_FORMAT_NAMES = ("qwen3", "deepseek-r1")  # constrained/structural.py defines them
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json")  # --tool-call-parser

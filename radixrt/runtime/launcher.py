@@ -42,6 +42,9 @@ class ServerOptions:
     dsl_port: int | None = None  # also serve DSL clients on tcp://host:dsl_port
     exit_with_parent: bool = False  # stop when the process that started the server is gone
     pin_lease_ttl_s: float = PIN_LEASE_TTL_S  # a pin its client stops renewing is released
+    tool_call_parser: str = "auto"  # how tool calls are written and parsed (auto: the template's)
+    reasoning_parser: str | None = None  # qwen3 | deepseek-r1: thinking apart from the answer
+    tool_call_enforcement: bool = True  # the grammar makes every tool call well-formed
 
 
 def served_name(config: EngineConfig, options: ServerOptions) -> str:
@@ -100,6 +103,7 @@ async def _serve_http(
     dsl_addresses: list[str],
     owner: int | None,
 ) -> int:
+    from radixrt.runtime.server.chat_tools import ChatFeatures
     from radixrt.runtime.server.dsl_endpoint import DslEndpoint
     from radixrt.runtime.server.http_server import create_app
     from radixrt.runtime.server.tenants import ApiKeys
@@ -118,8 +122,10 @@ async def _serve_http(
     pins = PinService(manager, options.pin_lease_ttl_s)  # HTTP and DSL pins: the same leases
     keys = ApiKeys.from_file(options.api_key_file) if options.api_key_file else (
         ApiKeys.single(options.api_key) if options.api_key else None)
-    app = create_app(manager, pins=pins, keys=keys)
-    dsl = DslEndpoint(manager, dsl_addresses, keys, pins)
+    features = ChatFeatures.of(manager.tokenizer, options.tool_call_parser,
+                               options.reasoning_parser, options.tool_call_enforcement)
+    app = create_app(manager, pins=pins, keys=keys, features=features)
+    dsl = DslEndpoint(manager, dsl_addresses, keys, pins, features)
     dsl.start()
     server = _Server(
         uvicorn.Config(

@@ -221,6 +221,9 @@ class DslRequest(msgspec.Struct, frozen=True, tag=True):
     api_key: str | None = None  # required (compared in constant time) when the server has one
     pin_ids: list[int] = []  # op "renew": the pins whose leases to extend
     priority: int = 0  # op "generate": lower is more urgent (Scheduling.priority)
+    # op "generate" with the server's --reasoning-parser: the thinking apart (DslSample.reasoning)
+    # and constraints after it
+    separate_reasoning: bool = False
 
 
 class DslReply(msgspec.Struct, frozen=True, tag=True):
@@ -255,11 +258,25 @@ class DslChoice(msgspec.Struct, frozen=True):
     unconditional_logprobs: list[float] = []
 
 
+class DslToolCall(msgspec.Struct, frozen=True):
+    """A call the output made (params tool_calls): the tool's name, its arguments' JSON text."""
+
+    name: str
+    arguments: str
+
+
 class DslSample(msgspec.Struct, frozen=True):
+    """One sample's output, as the model wrote it; with tool_calls in the params, its calls
+    parsed (the text keeps the call blocks); with separate_reasoning, the thinking (`reasoning`,
+    None where the output had none) and the answer after it (`content`) apart."""
+
     text: str
     token_ids: list[int]
     finish_reason: str | None
     logprobs: list[TokenLogprob] = []
+    tool_calls: list[DslToolCall] = []
+    reasoning: str | None = None
+    content: str | None = None
 
 
 ToScheduler = SubmitRequest | AbortRequest | ControlRequest | UnpinRequest

@@ -30,6 +30,7 @@ from radixrt.runtime.config import (
     MAX_STOP_TOKEN_IDS,
     MAX_TOP_LOGPROBS,
     PENALTY_LIMIT,
+    REASONING_FORMAT_NAMES,
 )
 
 
@@ -65,6 +66,9 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+CONSTRAINT_FIELDS = ("regex", "json_schema", "choices", "tool_calls")
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     # None (not given): the one default of every entry point, resolved when the request is
@@ -93,6 +97,12 @@ class SamplingParams:
     regex: str | None = None
     json_schema: str | None = None
     choices: tuple[str, ...] | None = None
+    # tool calls (a constraint like the three above): JSON text {"format", "mode", "parallel",
+    # "tools": [{"name", "parameters"}]}, the calls the output must be (constrained/structural.py)
+    tool_calls: str | None = None
+    # the output starts with this reasoning format's thinking (REASONING_FORMAT_NAMES); the
+    # constraint, if any, applies only after it
+    reasoning_format: str | None = None
 
     def __post_init__(self) -> None:
         self._check_ints()
@@ -229,15 +239,23 @@ class SamplingParams:
                 raise ValueError(f"choices has {len(choices)} entries: at most {MAX_CHOICES} "
                                  "are allowed")
             self._set("choices", tuple(choices))
-        for name in ("regex", "json_schema", "choices"):
+        if self.tool_calls is not None and (not isinstance(self.tool_calls, str)
+                                            or not self.tool_calls):
+            raise _bad("tool_calls", self.tool_calls, "must be a non-empty str (JSON text)")
+        if self.reasoning_format is not None and \
+                self.reasoning_format not in REASONING_FORMAT_NAMES:
+            raise _bad("reasoning_format", self.reasoning_format,
+                       f"must be one of {list(REASONING_FORMAT_NAMES)} or None")
+        for name in CONSTRAINT_FIELDS:
             value = getattr(self, name)
             size = sum(map(len, value)) if name == "choices" and value else len(value or "")
             if size > MAX_GRAMMAR_CHARS:
                 raise ValueError(f"{name} has {size} characters: at most {MAX_GRAMMAR_CHARS} "
                                  "are allowed")
-        given = [n for n in ("regex", "json_schema", "choices") if getattr(self, n) is not None]
+        given = [n for n in CONSTRAINT_FIELDS if getattr(self, n) is not None]
         if len(given) > 1:
-            raise ValueError(f"give at most one of regex, json_schema and choices (got {given})")
+            raise ValueError("give at most one of regex, json_schema, choices and tool_calls "
+                             f"(got {given})")
         if given and self.ignore_eos:
             raise _bad("ignore_eos", True, f"cannot be combined with {given[0]}: a grammar ends "
                        "the output with EOS when it is complete")
@@ -247,11 +265,16 @@ class SamplingParams:
 
     @property
     def constraint(self) -> tuple[str, str | tuple[str, ...]] | None:
-        """(kind, pattern) of the grammar the output must follow, or None."""
-        for kind in ("regex", "json_schema", "choices"):
+        """(kind, pattern) of the grammar the output must follow, or None. With a reasoning
+        format, the kind is "reasoning": its thinking first, then the constraint."""
+        for kind in CONSTRAINT_FIELDS:
             value = getattr(self, kind)
             if value is not None:
-                return kind, value
+                if self.reasoning_format is None:
+                    return kind, value
+                inner = list(value) if kind == "choices" else value
+                return "reasoning", json.dumps({"format": self.reasoning_format,
+                                                "then": [kind, inner]})
         return None
 
     def for_prompt(self, prompt_tokens: int, context_length: int) -> SamplingParams:

@@ -19,17 +19,18 @@ from radixrt.runtime.config import (
     GRAMMAR_COMPILE_THREADS,
     JSON_WHITESPACE_PATTERN,
 )
-from radixrt.runtime.constrained.grammar import CompiledGrammar
+from radixrt.runtime.constrained.grammar import END_MARKER, CompiledGrammar, end_marker_token
 from radixrt.runtime.constrained.json_bounds import schema_to_regex
+from radixrt.runtime.constrained.structural import (
+    escape_literal,
+    parse_reasoning_constraint,
+    parse_tool_call_spec,
+    reasoning_regex,
+    tool_calls_regex,
+)
 from radixrt.runtime.constrained.token_table import TokenTable
 
 Constraint = tuple[str, "str | tuple[str, ...]"]
-_REGEX_META = set("\\.^$|?*+()[]{}-&~#")
-
-
-def escape_literal(text: str) -> str:
-    """Escape a literal for outlines-core's (Rust) regex syntax."""
-    return "".join("\\" + c if c in _REGEX_META else c for c in text)
 
 
 def to_regex(constraint: Constraint) -> str:
@@ -46,6 +47,16 @@ def to_regex(constraint: Constraint) -> str:
             return schema_to_regex(str(pattern), JSON_WHITESPACE_PATTERN)
         except (ValueError, TypeError) as exc:
             raise ValueError(f"json_schema is invalid: {exc}") from None
+    if kind == "tool_calls":
+        spec = parse_tool_call_spec(str(pattern))
+        try:
+            return tool_calls_regex(spec)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"tool_calls: a tool's parameters schema is invalid: {exc}") \
+                from None
+    if kind == "reasoning":  # a thinking section, then the wrapped constraint (if any)
+        fmt, inner = parse_reasoning_constraint(str(pattern))
+        return reasoning_regex(fmt, to_regex(inner))
     raise ValueError(f"unknown constraint kind {kind!r}")
 
 
@@ -65,7 +76,8 @@ class GrammarCompiler:
 
     def key(self, constraint: Constraint) -> str:
         kind, pattern = constraint
-        text = "\0".join([kind, repr(pattern), self.table.identity, JSON_WHITESPACE_PATTERN])
+        text = "\0".join([kind, repr(pattern), self.table.identity, JSON_WHITESPACE_PATTERN,
+                          f"end-marker-{END_MARKER}"])
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def validate(self, constraint: Constraint) -> str:
@@ -133,6 +145,8 @@ class GrammarCompiler:
     # --- internals ----------------------------------------------------------------------------
     def _compile(self, key: str, regex: str) -> CompiledGrammar:
         try:
+            if end_marker_token(self.table) is not None:  # see grammar.py: the end marker
+                regex = f"(?:{regex})\\x{END_MARKER:02x}"
             index = Index(regex, self.table.vocabulary)
             self.compiled += 1
             path = self._path(key)

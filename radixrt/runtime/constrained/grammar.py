@@ -8,6 +8,14 @@ byte (the first bytes of the allowed tokens) and tokenized by longest match thro
 so decoding with jump-forward on or off gives the same tokens: off, each forced token is the
 only one the mask allows; on, they are appended at once. A state that only accepts the end
 forces EOS.
+
+The end marker: outlines-core's Index drops a token that leads from an accepting state into a
+non-accepting one when the text before the token's last byte is accepted (its DFA's matches
+are delayed by one byte): after "Yes" under `Yes( sir)?`, the token " " was refused, and free
+text followed by a tool call could never start the call. So the compiler indexes `(?:R)\x00`
+instead: nothing is accepting before the marker byte, so no token is dropped. Here the marker's
+single-byte token stands for EOS: the mask never allows the marker itself, EOS is allowed
+exactly where the marker is, and EOS advances past it.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from radixrt.runtime.config import MAX_FORCED_TOKENS
 from radixrt.runtime.constrained.token_table import TokenTable
 
 BITS = 32  # outlines-core writes masks as 32-bit words, token t at bit t % 32 of word t // 32
+END_MARKER = 0x00  # the byte the compiler appends to every grammar (see the module docstring)
 
 
 class CompiledGrammar:
@@ -27,8 +36,21 @@ class CompiledGrammar:
         self.key = key
         self.index = index
         self.table = table
+        self.end_token = end_marker_token(table)  # stands for EOS (None: plain final states)
         self._forced: dict[int, tuple[int, ...]] = {}  # state -> forced tokens from it
         self._eos = np.array(sorted(table.eos_token_ids), dtype=np.int64)
+
+    def accepts_end(self, state: int) -> bool:
+        """Whether the output may end in `state` (EOS allowed)."""
+        if self.end_token is None:
+            return bool(self.index.is_final_state(state))
+        return self.index.get_next_state(state, self.end_token) is not None
+
+    def text_tokens(self, state: int) -> np.ndarray:
+        """The tokens allowed in `state` other than the end (the marker, EOS)."""
+        allowed = np.asarray(self.index.get_allowed_tokens(state), dtype=np.int64)
+        ends = self._eos if self.end_token is None else np.append(self._eos, self.end_token)
+        return allowed[~np.isin(allowed, ends)]
 
     def forced_from(self, state: int) -> tuple[int, ...]:
         """The tokens every output continues with from `state` (maybe ending with EOS)."""
@@ -42,9 +64,11 @@ class CompiledGrammar:
         forced = bytearray()
         state = start
         while len(forced) < MAX_FORCED_TOKENS * 8:
-            allowed = np.asarray(self.index.get_allowed_tokens(state), dtype=np.int64)
-            if np.isin(allowed, self._eos).any():
+            if self.accepts_end(state):
                 break  # the output may end here: nothing is forced
+            allowed = self.text_tokens(state)
+            if not len(allowed):
+                break
             firsts = np.unique(self.table.first_byte[allowed])
             byte_token = self.table.byte_token[int(firsts[0])] if len(firsts) == 1 else -1
             if byte_token < 0 or firsts[0] < 0:
@@ -75,7 +99,7 @@ class CompiledGrammar:
             if any(
                 (piece := self.table.token_bytes[t]) and len(piece) > len(last)
                 and piece.startswith(last)
-                for t in self.index.get_allowed_tokens(before)
+                for t in self.text_tokens(before)
             ):
                 tokens.pop()
         return tokens
@@ -100,20 +124,19 @@ class CompiledGrammar:
         pos = 0
         while pos < len(data):
             best, best_len = -1, 0
-            for token in self.index.get_allowed_tokens(state):
-                piece = self.table.token_bytes[token]
+            for token in self.text_tokens(state):
+                piece = self.table.token_bytes[int(token)]
                 if piece and len(piece) > best_len and data.startswith(piece, pos):
                     best, best_len = token, len(piece)
             if best < 0:
                 break
-            tokens.append(best)
-            state = self.index.get_next_state(state, best)
+            tokens.append(int(best))
+            state = self.index.get_next_state(state, int(best))
             pos += best_len
         return tokens
 
     def _only_end(self, state: int) -> bool:
-        allowed = self.index.get_allowed_tokens(state)
-        return bool(allowed) and all(t in self.table.eos_token_ids for t in allowed)
+        return self.accepts_end(state) and not len(self.text_tokens(state))
 
 
 class GrammarState:
@@ -139,18 +162,33 @@ class GrammarState:
         if self.ended:
             raise ValueError(f"token {token} after the grammar ended")
         if token in self.grammar.table.eos_token_ids:
-            if not self.grammar.index.is_final_state(self.state):
+            if not self.grammar.accepts_end(self.state):
                 raise ValueError(f"EOS where grammar {self.grammar.key} does not accept")
             self.ended = True
             return
+        if token == self.grammar.end_token:
+            raise ValueError(f"token {token} is the end marker of grammar {self.grammar.key}")
         self._guide.advance(token, return_tokens=False)
+
+    def accepts_end(self) -> bool:
+        return not self.ended and self.grammar.accepts_end(self.state)
 
     def forced(self) -> tuple[int, ...]:
         return () if self.ended else self.grammar.forced_from(self.state)
 
     def write_mask(self, words: torch.Tensor) -> None:
-        """Fill words ([ceil(vocab / 32)] int32, contiguous, on the CPU) with the allowed set."""
+        """Fill words ([ceil(vocab / 32)] int32, contiguous, on the CPU) with the allowed text
+        tokens (never the end marker; EOS: see accepts_end)."""
         self._guide.write_mask_into(words.data_ptr(), words.numel(), 4)
+        end = self.grammar.end_token
+        if end is not None:
+            words[end // BITS] &= ~(1 << (end % BITS)) if end % BITS != 31 else (1 << 31) - 1
+
+
+def end_marker_token(table: TokenTable) -> int | None:
+    """The single-byte token of END_MARKER (None where the vocabulary has none)."""
+    token = table.byte_token[END_MARKER]
+    return token if token >= 0 else None
 
 
 def expand_bitmask(words: torch.Tensor, vocab_size: int) -> torch.Tensor:

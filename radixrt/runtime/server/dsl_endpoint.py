@@ -16,12 +16,16 @@ import msgspec
 import zmq
 import zmq.asyncio
 
+from radixrt.runtime.constrained.structural import fill_format, parse_tool_call_spec
 from radixrt.runtime.errors import QueueFull
-from radixrt.runtime.messages import DslReply, DslRequest, DslSample, Scheduling
+from radixrt.runtime.messages import DslReply, DslRequest, DslSample, DslToolCall, Scheduling
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.server.chat_tools import ChatFeatures
 from radixrt.runtime.server.dsl_scoring import score_choices
+from radixrt.runtime.server.reasoning_parsers import split_reasoning
 from radixrt.runtime.server.tenants import ApiKeys
-from radixrt.runtime.tokenizer.chat_roles import chat_roles
+from radixrt.runtime.server.tool_parsers import parse_tool_calls
+from radixrt.runtime.tokenizer.chat_tools import dsl_chat_info
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 from radixrt.runtime.tokenizer.pin_leases import PinService
 
@@ -30,12 +34,15 @@ log = logging.getLogger("radixrt.dsl")
 
 class DslEndpoint:
     def __init__(self, manager: TokenizerManager, addresses: list[str],
-                 keys: ApiKeys | str | None = None, pins: PinService | None = None) -> None:
+                 keys: ApiKeys | str | None = None, pins: PinService | None = None,
+                 features: ChatFeatures | None = None) -> None:
         """keys: every request must carry one of them (the server's --api-key or
         --api-key-file), or nothing runs; a named key names its requests' tenant.
-        pins: the process's pin leases (shared with the HTTP server)."""
+        pins: the process's pin leases (shared with the HTTP server). features: the server's
+        tool-call format and reasoning parser (gen(tools=...), separate_reasoning)."""
         self.manager = manager
         self.pins = pins if pins is not None else PinService(manager)
+        self.features = features if features is not None else ChatFeatures.of(manager.tokenizer)
         self._keys = ApiKeys.single(keys) if isinstance(keys, str) else keys
         self._ctx = zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.ROUTER)
@@ -47,7 +54,7 @@ class DslEndpoint:
         self._decoder = msgspec.msgpack.Decoder(DslRequest)
         self._calls: dict[tuple[bytes, int], asyncio.Task] = {}
         self._loop_task: asyncio.Task | None = None
-        self._chat = chat_roles(manager.tokenizer)
+        self._chat = dsl_chat_info(manager.tokenizer, self.features.tool_format)
         self._cache_on: bool | None = None  # the runtime's radix cache, read on first use
 
     def start(self) -> None:
@@ -146,7 +153,8 @@ class DslEndpoint:
 
     async def _generate(self, identity: bytes, req: DslRequest,
                         scheduling: Scheduling) -> None:
-        params = SamplingParams.from_dict(req.params)
+        params = self._with_features(SamplingParams.from_dict(req.params),
+                                     req.separate_reasoning)
         prompt: Any = req.input_ids if req.input_ids is not None else req.text
         if prompt is None:
             raise ValueError("give `text` or `input_ids`")
@@ -174,13 +182,42 @@ class DslEndpoint:
                         token_ids=list(chunk.token_ids), finish_reason=chunk.finish_reason,
                         logprobs=list(chunk.logprobs), prompt_tokens=len(ids),
                         cached_tokens=chunk.cached_tokens))
-        final = [DslSample("".join(t), i, r, lp) for t, i, lp, r in samples]
+        final = [self._sample("".join(t), i, r, lp, params, req.separate_reasoning)
+                 for t, i, lp, r in samples]
         await self._reply(identity, DslReply(
             call_id=req.call_id, done=True, text=final[0].text,
             token_ids=final[0].token_ids, finish_reason=final[0].finish_reason,
             logprobs=final[0].logprobs, prompt_logprobs=prompt_logprobs,
             prompt_tokens=len(ids), cached_tokens=cached,
             samples=final, pin_id=pin_id, pin_error=pin_error))
+
+    def _with_features(self, params: SamplingParams, separate_reasoning: bool) -> SamplingParams:
+        """A gen(tools=...)'s spec in the server's tool-call format; with separate_reasoning,
+        its constraint after the thinking."""
+        if params.tool_calls is not None:
+            spec = parse_tool_call_spec(fill_format(params.tool_calls,
+                                                    self.features.tool_format.name))
+            params = params.with_(tool_calls=spec.to_json())
+        if separate_reasoning:
+            if self.features.reasoning is None:
+                raise ValueError("separate_reasoning needs a reasoning model: start the server "
+                                 "with --reasoning-parser")
+            if params.constraint is not None:
+                params = params.with_(reasoning_format=self.features.reasoning.name)
+        return params
+
+    def _sample(self, text: str, ids: list[int], reason: str | None, logprobs: list,
+                params: SamplingParams, separate_reasoning: bool) -> DslSample:
+        reasoning, content = None, None
+        answer = text
+        if separate_reasoning and self.features.reasoning is not None:
+            reasoning, content = split_reasoning(self.features.reasoning, text)
+            answer = content
+        calls: list[DslToolCall] = []
+        if params.tool_calls is not None:
+            fmt = parse_tool_call_spec(params.tool_calls).format
+            calls = [DslToolCall(c.name, c.arguments) for c in parse_tool_calls(fmt, answer)[1]]
+        return DslSample(text, ids, reason, logprobs, calls, reasoning, content)
 
     async def _reply(self, identity: bytes, reply: DslReply) -> None:
         await self._sock.send_multipart([identity, self._encoder.encode(reply)])

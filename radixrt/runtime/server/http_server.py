@@ -35,6 +35,7 @@ from radixrt.runtime.config import (
 )
 from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.server.chat_tools import ChatFeatures
 from radixrt.runtime.server.dsl_scoring import start_text
 from radixrt.runtime.server.http_metrics import HTTPMetrics
 from radixrt.runtime.server.http_native import (
@@ -52,7 +53,7 @@ from radixrt.runtime.server.openai_protocol import (
 )
 from radixrt.runtime.server.openai_serving import OpenAIServing, model_card
 from radixrt.runtime.server.tenants import TENANT_STATE, ApiKeys
-from radixrt.runtime.tokenizer.chat_roles import chat_roles
+from radixrt.runtime.tokenizer.chat_tools import dsl_chat_info
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 from radixrt.runtime.tokenizer.pin_leases import PinService
 
@@ -75,10 +76,13 @@ class AbortRequest(BaseModel):
 
 
 def create_app(manager: TokenizerManager, api_key: str | None = None,
-               pins: PinService | None = None, keys: ApiKeys | None = None) -> FastAPI:
+               pins: PinService | None = None, keys: ApiKeys | None = None,
+               features: ChatFeatures | None = None) -> FastAPI:
     """api_key: the one key every request needs; keys: named keys instead (--api-key-file),
     each naming its requests' tenant. pins: the process's pin leases, shared with the DSL
-    endpoint (made here if not given)."""
+    endpoint (made here if not given). features: tool calls and reasoning (default: the
+    template's tool-call format, no reasoning parser, calls enforced)."""
+    features = features if features is not None else ChatFeatures.of(manager.tokenizer)
     pins = pins if pins is not None else PinService(manager)
     if keys is None and api_key:
         keys = ApiKeys.single(api_key)
@@ -89,8 +93,8 @@ def create_app(manager: TokenizerManager, api_key: str | None = None,
     if keys is not None:
         app.add_middleware(BearerAuth, keys=keys)
     app.add_middleware(InternalErrors, metrics=metrics)  # the outermost: catches the others'
-    add_openai_routes(app, OpenAIServing(manager), manager)
-    add_native_routes(app, NativeServing(manager), manager, pins)
+    add_openai_routes(app, OpenAIServing(manager, features), manager)
+    add_native_routes(app, NativeServing(manager), manager, pins, features)
     add_operations_routes(app, manager, metrics)
     return app
 
@@ -113,7 +117,7 @@ def add_openai_routes(app: FastAPI, serving: OpenAIServing, manager: TokenizerMa
 
 
 def add_native_routes(app: FastAPI, serving: NativeServing, manager: TokenizerManager,
-                      pins: PinService) -> None:
+                      pins: PinService, features: ChatFeatures) -> None:
     @app.post("/generate")
     async def generate(body: GenerateRequest, request: Request) -> Response:
         return await serving.generate(body, request)
@@ -139,7 +143,8 @@ def add_native_routes(app: FastAPI, serving: NativeServing, manager: TokenizerMa
     @app.get("/server_info")
     async def server_info() -> dict[str, Any]:
         info = await manager.server_info()
-        info["chat"] = chat_roles(manager.tokenizer)  # role markers, for DSL clients
+        info["chat"] = dsl_chat_info(manager.tokenizer, features.tool_format)  # DSL clients
+        info["chat_features"] = features.info()
         info["score_start"] = start_text(manager.tokenizer)  # unconditional select scores
         info.update(pins.info())
         return info

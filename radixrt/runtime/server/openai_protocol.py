@@ -14,8 +14,14 @@ from pydantic import BaseModel, Field
 
 from radixrt.runtime.config import (
     MAX_CONTENT_PARTS,
+    MAX_GRAMMAR_CHARS,
     MAX_NAME_CHARS,
+    MAX_TEMPLATE_KWARGS,
+    MAX_TOOL_CALL_ID_CHARS,
+    MAX_TOOL_NAME_CHARS,
+    MAX_TOOLS,
     MAX_TOP_LOGPROBS,
+    TOOL_NAME_PATTERN,
 )
 from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.sampling_params import SamplingParams
@@ -113,21 +119,65 @@ class CompletionRequest(SamplingFields):
 
 
 class ContentPart(BaseModel):
-    type: Literal["text"]
-    text: str
+    type: str = Field(max_length=MAX_NAME_CHARS)
+    text: str | None = None
+
+    def text_of(self) -> str:
+        if self.type != "text" or self.text is None:
+            raise APIError(f"content part of type {self.type!r} is not supported: this server "
+                           'serves a text model; send {"type": "text", "text": ...} parts',
+                           param="messages")
+        return self.text
+
+
+class FunctionCallIn(BaseModel):
+    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
+    arguments: str = Field(max_length=MAX_GRAMMAR_CHARS)
+
+
+class ToolCallIn(BaseModel):
+    """A call an earlier assistant turn made (sent back in the conversation)."""
+
+    id: str = Field(min_length=1, max_length=MAX_TOOL_CALL_ID_CHARS)
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
 
 
 class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: str | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)]
+    content: str | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
     name: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    tool_calls: Annotated[list[ToolCallIn], Field(max_length=MAX_TOOLS)] | None = None
+    tool_call_id: str | None = Field(default=None, max_length=MAX_TOOL_CALL_ID_CHARS)
+    reasoning_content: str | None = None  # an earlier turn's thinking (templates may drop it)
 
-    def as_template_dict(self) -> dict[str, str]:
-        content = self.content
-        if not isinstance(content, str):
-            content = "".join(part.text for part in content)
-        role = "system" if self.role == "developer" else self.role
-        return {"role": role, "content": content}
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text_of() for part in self.content)
+
+
+class FunctionDef(BaseModel):
+    name: str = Field(min_length=1, max_length=MAX_TOOL_NAME_CHARS, pattern=TOOL_NAME_PATTERN)
+    description: str | None = Field(default=None, max_length=MAX_GRAMMAR_CHARS)
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # calls are always enforced here (see tool_choice)
+
+
+class ToolDef(BaseModel):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    name: str = Field(min_length=1, max_length=MAX_TOOL_NAME_CHARS)
+
+
+class NamedToolChoice(BaseModel):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatRequest(SamplingFields):
@@ -136,6 +186,27 @@ class ChatRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False  # not in OpenAI's chat API: refused (vLLM's extra), never ignored
+    tools: Annotated[list[ToolDef], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    # passed to the chat template (enable_thinking=False, say), as vLLM and SGLang take it
+    chat_template_kwargs: Annotated[dict[str, Any], Field(max_length=MAX_TEMPLATE_KWARGS)] | None \
+        = None
+    separate_reasoning: bool = True  # SGLang's: with --reasoning-parser, thinking apart
+    # OpenAI fields this server does not implement: refused by name, never ignored
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+
+    def unsupported(self) -> list[str]:
+        return [name for name in UNSUPPORTED_CHAT_FIELDS if getattr(self, name) is not None]
+
+
+UNSUPPORTED_CHAT_FIELDS = ("functions", "function_call", "audio", "modalities", "prediction",
+                           "web_search_options")
 
 
 # --- request -> SamplingParams -----------------------------------------------------------------
@@ -196,7 +267,10 @@ def to_sampling_params(
     logprobs: bool = False,
     top_logprobs: int = 0,
     prompt_logprobs_start: int | None = None,
+    constraint: dict[str, Any] | None = None,
 ) -> SamplingParams:
+    """constraint: the constraint fields (regex, tool_calls, reasoning_format, ...) to use
+    instead of the request's own (the chat endpoint works them out with its tools)."""
     values: dict[str, Any] = {
         name: getattr(fields, name) for name in _PASSED_THROUGH if getattr(fields, name) is not None
     }
@@ -207,7 +281,7 @@ def to_sampling_params(
     values["logprobs"] = logprobs
     values["top_logprobs"] = top_logprobs
     values["prompt_logprobs_start"] = prompt_logprobs_start
-    values.update(constraint_fields(fields))
+    values.update(constraint_fields(fields) if constraint is None else constraint)
     return build_sampling_params(values)
 
 
@@ -281,9 +355,22 @@ class ChatLogprobs(BaseModel):
     content: list[TokenLogprobOut] = Field(default_factory=list)
 
 
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
+    reasoning_content: str | None = None
 
 
 class ChatChoice(BaseModel):
@@ -302,9 +389,26 @@ class ChatResponse(BaseModel):
     usage: Usage | None = None
 
 
+class FunctionDeltaOut(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDeltaOut(BaseModel):
+    """OpenAI's streamed call: id, type and the name in a call's first delta, then fragments
+    of its arguments."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDeltaOut
+
+
 class ChatDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCallDeltaOut] | None = None
 
 
 class ChatChunkChoice(BaseModel):

@@ -19,6 +19,13 @@ from radixrt.runtime.config import (
 from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.server.chat_output import ChoiceParser, finish_reason_with_calls
+from radixrt.runtime.server.chat_tools import (
+    ChatFeatures,
+    ChatToolPlan,
+    plan_chat,
+    template_messages,
+)
 from radixrt.runtime.server.http_streaming import (
     SSE_DONE,
     PrimedStream,
@@ -36,8 +43,6 @@ from radixrt.runtime.server.openai_protocol import (
     ChatChoice,
     ChatChunk,
     ChatChunkChoice,
-    ChatDelta,
-    ChatMessageOut,
     ChatRequest,
     ChatResponse,
     CompletionChoice,
@@ -48,19 +53,23 @@ from radixrt.runtime.server.openai_protocol import (
     Usage,
     chat_logprobs,
     completion_logprobs,
+    constraint_fields,
     echo_logprobs,
     finish_reason_out,
     to_sampling_params,
 )
 from radixrt.runtime.server.tenants import scheduling_for
+from radixrt.runtime.tokenizer.chat_tools import render_chat
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 from radixrt.runtime.tokenizer.prompts import Prompt
 
 
 class OpenAIServing:
-    def __init__(self, manager: TokenizerManager) -> None:
+    def __init__(self, manager: TokenizerManager, features: ChatFeatures | None = None) -> None:
+        """features: tool calls and reasoning (the server's --tool-call-parser, ...)."""
         self.manager = manager
         self.token_text = TokenText(manager.tokenizer)
+        self.features = features if features is not None else ChatFeatures.of(manager.tokenizer)
 
     # --- shared steps ----------------------------------------------------------------------
 
@@ -88,10 +97,12 @@ class OpenAIServing:
     def params_for(
         self, fields: SamplingFields, max_tokens: int | None, top: int | None,
         logprobs: bool, prompt_logprobs_start: int | None = None,
+        constraint: dict[str, Any] | None = None,
     ) -> SamplingParams:
+        """constraint: the constraint fields to use instead of the request's own."""
         return to_sampling_params(
             fields, max_tokens, logprobs=logprobs, top_logprobs=top or 0,
-            prompt_logprobs_start=prompt_logprobs_start,
+            prompt_logprobs_start=prompt_logprobs_start, constraint=constraint,
         )
 
     async def open(
@@ -218,43 +229,74 @@ class OpenAIServing:
         if body.echo:
             raise APIError("echo is not supported on /v1/chat/completions: send the rendered "
                            "prompt to /v1/completions with echo=true", param="echo")
-        ids = self.encode([m.as_template_dict() for m in body.messages], "messages")
+        plan = plan_chat(body, self.features, constraint_fields(body))
+        ids = self.encode(self.render(body, plan), "messages")
         max_tokens = body.max_completion_tokens
         if max_tokens is None:
             max_tokens = body.max_tokens
-        params = self.params_for(body, max_tokens, body.top_logprobs, body.logprobs)
+        params = self.params_for(body, max_tokens, body.top_logprobs, body.logprobs,
+                                 constraint=plan.constraint)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await self.open(request, body, [ids], [params], rid)
         if body.stream:
-            return SSEResponse(self.stream_chat(body, streams[0], len(ids), rid))
+            return SSEResponse(self.stream_chat(body, plan, streams[0], len(ids), rid))
         out = (await self.collect(request, streams, [ids], params.n))[0]
-        choices = [
-            ChatChoice(
-                index=j, message=ChatMessageOut(content=sample.text),
+        choices = []
+        for j, sample in enumerate(out.samples):
+            parser = self.choice_parser(plan)
+            parser.feed(sample.text)
+            parser.finish()
+            choices.append(ChatChoice(
+                index=j, message=parser.message(),
                 logprobs=chat_logprobs(self.token_text, sample.logprobs) if body.logprobs else None,
-                finish_reason=finish_reason_out(sample.finish_reason),
-            )
-            for j, sample in enumerate(out.samples)
-        ]
+                finish_reason=finish_reason_with_calls(finish_reason_out(sample.finish_reason),
+                                                       parser.has_calls),
+            ))
         response = ChatResponse(id=rid, model=body.model, choices=choices, usage=usage_of([out]))
         return JSONResponse(response.model_dump())
 
+    def render(self, body: ChatRequest, plan: ChatToolPlan) -> list[int]:
+        try:
+            return render_chat(self.manager.tokenizer, template_messages(body), plan.tools,
+                               plan.template_kwargs, self.features.tool_format,
+                               self.features.native_tools)
+        except (ValueError, TypeError) as exc:
+            raise APIError(str(exc), param="messages") from None
+
+    def choice_parser(self, plan: ChatToolPlan) -> ChoiceParser:
+        return ChoiceParser(self.features.tool_format if plan.parse_calls else None,
+                            plan.reasoning)
+
     async def stream_chat(
-        self, body: ChatRequest, stream: PrimedStream, prompt_tokens: int, rid: str
+        self, body: ChatRequest, plan: ChatToolPlan, stream: PrimedStream, prompt_tokens: int,
+        rid: str,
     ) -> AsyncGenerator[bytes, None]:
+        """Each choice's text goes through its parser: thinking to reasoning_content, calls to
+        tool_calls deltas, undecided text (a partial opener) held back until it is decided."""
         tally = StreamTally([prompt_tokens])
-        started: set[int] = set()
+        parsers: dict[int, ChoiceParser] = {}
         async for _, chunk in merge_streams([stream]):
             tally.add(0, chunk)
-            delta = ChatDelta(content=chunk.text)
-            if chunk.index not in started:
-                started.add(chunk.index)
+            first = chunk.index not in parsers
+            if first:
+                parsers[chunk.index] = self.choice_parser(plan)
+            parser = parsers[chunk.index]
+            piece = parser.feed(chunk.text)
+            reason = finish_reason_out(chunk.finish_reason)
+            if reason is not None:
+                rest = parser.finish()
+                piece.reasoning += rest.reasoning
+                piece.content += rest.content
+                piece.calls += rest.calls
+                reason = finish_reason_with_calls(reason, parser.has_calls)
+            delta = piece.delta()
+            if first:
                 delta.role = "assistant"
             lp = chat_logprobs(self.token_text, chunk.logprobs) if body.logprobs else None
-            choice = ChatChunkChoice(
-                index=chunk.index, delta=delta, logprobs=lp,
-                finish_reason=finish_reason_out(chunk.finish_reason),
-            )
+            if piece.empty() and not first and reason is None and not (lp and lp.content):
+                continue  # everything held back: nothing to say yet
+            choice = ChatChunkChoice(index=chunk.index, delta=delta, logprobs=lp,
+                                     finish_reason=reason)
             yield sse(ChatChunk(id=rid, model=body.model, choices=[choice]).model_dump())
         if body.include_usage:
             yield sse(ChatChunk(id=rid, model=body.model, choices=[], usage=tally.usage())

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from radixrt.runtime.tokenizer.chat_tools import render_chat
+
 Prompt = str | Sequence[int] | Sequence[Mapping[str, Any]]
 
 
@@ -31,12 +33,7 @@ def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
         for i, m in enumerate(prompt):
             if "role" not in m or "content" not in m:
                 raise ValueError(f"chat message {i} needs 'role' and 'content' keys, got {dict(m)}")
-        ids = tokenizer.apply_chat_template(
-            [dict(m) for m in prompt], add_generation_prompt=True, tokenize=True
-        )
-        if isinstance(ids, Mapping):  # newer transformers return a BatchEncoding
-            ids = ids["input_ids"]
-        return list(ids)
+        return render_chat(tokenizer, prompt)
     raise ValueError("a prompt is a str, a list of token ids (ints) or a list of chat messages")
 
 

@@ -34,7 +34,7 @@ def allowed_tokens(grammars: Sequence[GrammarState | None], vocab_size: int,
             continue
         grammar.write_mask(words[j])
         table = grammar.grammar.table
-        if grammar.grammar.index.is_final_state(grammar.state):  # every EOS id may end it
+        if grammar.accepts_end():  # every EOS id may end it
             extra_ids += sorted(table.eos_token_ids)
             extra_rows += [j] * len(table.eos_token_ids)
     mask = expand_bitmask(words, vocab_size)  # [n, vocab] bool
