@@ -14,8 +14,9 @@ non-accepting one when the text before the token's last byte is accepted (its DF
 are delayed by one byte): after "Yes" under `Yes( sir)?`, the token " " was refused, and free
 text followed by a tool call could never start the call. So the compiler indexes `(?:R)\x00`
 instead: nothing is accepting before the marker byte, so no token is dropped. Here the marker's
-single-byte token stands for EOS: the mask never allows the marker itself, EOS is allowed
-exactly where the marker is, and EOS advances past it.
+single-byte token stands for EOS: the mask never allows the marker itself, and EOS is allowed
+exactly where reading the marker completes the pattern (the marker may also be a character the
+pattern takes, as in `.*`; the model can never write it).
 """
 
 from __future__ import annotations
@@ -44,7 +45,10 @@ class CompiledGrammar:
         """Whether the output may end in `state` (EOS allowed)."""
         if self.end_token is None:
             return bool(self.index.is_final_state(state))
-        return self.index.get_next_state(state, self.end_token) is not None
+        # the marker may also be a character the grammar takes (`.*`): the end is where reading
+        # it completes the whole pattern
+        after = self.index.get_next_state(state, self.end_token)
+        return after is not None and bool(self.index.is_final_state(after))
 
     def text_tokens(self, state: int) -> np.ndarray:
         """The tokens allowed in `state` other than the end (the marker, EOS)."""

@@ -246,8 +246,9 @@ def tool_calls_regex(spec: ToolCallSpec) -> str:
 
 
 def reasoning_regex(fmt: ReasoningFormat, then: str) -> str:
-    """Thinking (free, up to the closer), then the answer matching `then`."""
-    thinking = avoid_regex(fmt.closer) + escape_literal(fmt.closer) + r"\s*"
+    """Thinking (free, up to the closer), at most two spaces or newlines, then the answer
+    matching `then` (unbounded whitespace would let a small model loop on it)."""
+    thinking = avoid_regex(fmt.closer) + escape_literal(fmt.closer) + r"[ \n]{0,2}"
     if fmt.starts_inside:
         return f"(?:{escape_literal(fmt.opener)})?{thinking}(?:{then})"
     return f"(?:{escape_literal(fmt.opener)}{thinking})?(?:{then})"

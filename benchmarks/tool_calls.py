@@ -1,0 +1,559 @@
+"""Tool calls over /v1/chat/completions: how many responses are valid calls, and how fast, with
+radixrt's grammar enforcing the calls, with it off, and with llama.cpp's own tool support.
+
+Workload: four tools with varied JSON schemas (get_weather: a string and an enum; calculator: an
+enum and bounded numbers; search_web: an array of strings and a bounded integer; book_hotel:
+nested objects, a date pattern, bounded integers) and --num-requests user requests made
+deterministically from templates ("What's the weather in {city}?", "Add {a} and {b}.", ...),
+dealt round-robin over the tools. Every request has the same system prompt and the same tools,
+so the prompt up to the user turn is shared (the radix cache hits the tool prompt). Sampled:
+temperature 0.7, top_p 1, a seed per request (the same seeds on every system), max_tokens 96,
+parallel_tool_calls false, non-streaming, --concurrency requests in flight through
+`openai.AsyncOpenAI`; each system takes one warm-up request per tool_choice first (so the tool
+grammar is compiled and the tool prompt cached before the clock starts).
+
+Systems, one after another, each started cold and stopped after:
+  radixrt            `radixrt serve` with its defaults: the grammar enforces the calls
+                     (required: only well-formed calls whose arguments match the tool's schema;
+                     auto: free text until the model writes <tool_call>, then a well-formed call)
+  radixrt-unenforced `radixrt serve --no-tool-call-enforcement`: the same prompt (the built-in
+                     Hermes tool prompt), the output only parsed for <tool_call>{json}</tool_call>
+  llama.cpp          its C++ llama-server (../shared/llama-server, or --llama-server) with --jinja
+                     on the same GGUF file, its own tool-call support through the OpenAI tools API;
+                     --llama-template hermes (the default) gives it a ChatML template that renders
+                     tools in the Hermes format (SmolLM2's own template has no tools, and with it
+                     llama-server leaves the tools out of the prompt); `model` keeps the GGUF's
+
+Measured per system and tool_choice:
+  valid       responses whose tool_calls is non-empty and every call names one of the tools, its
+              arguments parse as JSON and validate against that tool's schema (jsonschema)
+  right tool  valid responses whose (first) call is the tool the request asks for
+  broken      responses with a broken call: the call opener left in the content, or a call that
+              names no tool, or whose arguments do not parse or do not validate
+  calls/s     calls of the valid responses per wall second; req/s; mean completion, prompt and
+              cached prompt tokens (usage); for radixrt, model steps per request (GET /server_info
+              "steps" after minus before, over the requests: forward passes, each serving the
+              whole running batch; jump-forward appends the fixed JSON text without steps) and
+              completion tokens per step
+The table gives the ratios radixrt / radixrt-unenforced and radixrt / llama.cpp; the results go
+to --json (benchmarks/results/tool_calls.json) and the plot to docs/plots/tool_calls.png.
+
+    python benchmarks/tool_calls.py                          # 48 requests, required, 3 systems
+    python benchmarks/tool_calls.py --modes required auto    # also tool_choice="auto"
+    python benchmarks/tool_calls.py --quick --skip-llama     # 8 requests, radixrt only
+    python benchmarks/tool_calls.py --llama-threads 1        # llama-server on a busy machine
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import os
+import random
+import shlex
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import jsonschema  # noqa: E402
+from plots import add_plot_dir, bar_panels, plot_path  # noqa: E402
+from serving_systems import (  # noqa: E402
+    LLAMA_CPP,
+    LLAMA_SERVER,
+    System,
+    http_json,
+    llama_server_system,
+    radixrt_system,
+    running,
+)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_JSON = os.path.join(HERE, "results", "tool_calls.json")
+RADIXRT, UNENFORCED = "radixrt", "radixrt-unenforced"
+MODES = ("required", "auto")
+CALL_OPENER = "<tool_call>"  # the Hermes format's (radixrt's built-in prompt, --llama-template)
+REQUEST_TIMEOUT_S = 600.0
+SYSTEM_PROMPT = ("You are a helpful assistant. Answer the user's request by calling the one tool "
+                 "that fits it, with arguments taken from the request.")
+
+
+# --- tools and requests ------------------------------------------------------------------------
+def tool(name: str, description: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function",
+            "function": {"name": name, "description": description, "parameters": parameters}}
+
+
+def string(max_length: int, **extra: Any) -> dict[str, Any]:
+    return {"type": "string", "maxLength": max_length, **extra}  # so every call ends in time
+
+
+def bounded(kind: str, lo: int, hi: int) -> dict[str, Any]:
+    return {"type": kind, "minimum": lo, "maximum": hi}
+
+
+def obj(properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
+    return {"type": "object", "properties": properties, "required": required}
+
+
+TOOLS: list[dict[str, Any]] = [
+    tool("get_weather", "The current weather of a city.", obj(
+        {"city": string(24), "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        ["city", "unit"])),
+    tool("calculator", "One arithmetic operation on two numbers.", obj(
+        {"operation": {"type": "string", "enum": ["add", "subtract", "multiply", "divide"]},
+         "a": bounded("number", -1_000_000, 1_000_000),
+         "b": bounded("number", -1_000_000, 1_000_000)},
+        ["operation", "a", "b"])),
+    tool("search_web", "Search the web; returns the top results.", obj(
+        {"query": string(48),
+         "keywords": {"type": "array", "items": string(20), "minItems": 1, "maxItems": 4},
+         "max_results": bounded("integer", 1, 10)},
+        ["query", "keywords"])),
+    tool("book_hotel", "Book hotel rooms for a guest.", obj(
+        {"guest": obj({"name": string(24), "email": string(32)}, ["name", "email"]),
+         "stay": obj({"city": string(24),
+                      "check_in": string(10, pattern="^[0-9]{4}-[0-9]{2}-[0-9]{2}$"),
+                      "nights": bounded("integer", 1, 30)},
+                     ["city", "check_in", "nights"]),
+         "rooms": bounded("integer", 1, 5)},
+        ["guest", "stay", "rooms"])),
+]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+
+CITIES = ("Paris", "Tokyo", "Lima", "Oslo", "Cairo", "Toronto", "Sydney", "Mumbai", "Berlin",
+          "Nairobi", "Seoul", "Madrid")
+TOPICS = ("electric cars", "the history of chess", "sourdough bread", "black holes",
+          "remote work tips", "the Roman empire", "solar panels", "learning Spanish")
+NAMES = ("Ada Lovelace", "Alan Turing", "Grace Hopper", "Linus Pauling", "Marie Curie",
+         "Niels Bohr")
+TEMPLATES: dict[str, tuple[str, ...]] = {
+    "get_weather": ("What's the weather in {city}?",
+                    "Is it cold in {city} right now? Give me the temperature in {unit}.",
+                    "Tell me the weather in {city} in {unit}."),
+    "calculator": ("Add {a} and {b}.", "What is {a} times {b}?", "Subtract {b} from {a}.",
+                   "Divide {a} by {b}."),
+    "search_web": ("Search the web for {topic}.", "Find me the top {n} articles about {topic}.",
+                   "Look up {topic} online."),
+    "book_hotel": ("Book a hotel in {city} for {name} ({email}) for {nights} nights from {date}.",
+                   "Reserve {rooms} rooms in {city}, check-in {date}, {nights} nights, under the "
+                   "name {name}, email {email}."),
+}
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    user: str
+    tool: str  # the tool the request asks for
+    seed: int
+
+
+def make_requests(n: int, seed: int) -> list[ToolRequest]:
+    """n requests, dealt round-robin over the tools, each from a random template and values."""
+    rng = random.Random(seed)
+    names = list(TEMPLATES)
+    out = []
+    for i in range(n):
+        name = names[i % len(names)]
+        guest = rng.choice(NAMES)
+        values = {"city": rng.choice(CITIES), "unit": rng.choice(["celsius", "fahrenheit"]),
+                  "a": rng.randint(2, 999), "b": rng.randint(2, 999), "topic": rng.choice(TOPICS),
+                  "n": rng.randint(3, 10), "name": guest, "nights": rng.randint(1, 14),
+                  "email": guest.split()[0].lower() + "@example.com", "rooms": rng.randint(2, 4),
+                  "date": f"2025-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"}
+        out.append(ToolRequest(rng.choice(TEMPLATES[name]).format(**values), name,
+                               seed * 100_000 + i))
+    return out
+
+
+# --- checking the calls ------------------------------------------------------------------------
+def call_problem(name: str | None, arguments: Any) -> str | None:
+    """Why a call is not valid (None: it is): an unknown tool, arguments that do not parse as
+    JSON (a string, as OpenAI sends them) or do not validate against the tool's schema."""
+    if name not in SCHEMAS:
+        return f"unknown tool {name!r}"
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return "arguments are not JSON"
+    try:
+        jsonschema.validate(arguments, SCHEMAS[name])
+    except jsonschema.ValidationError as exc:
+        return f"arguments do not match the schema: {exc.message}"
+    return None
+
+
+@dataclass
+class Outcome:
+    ok: bool = False  # the server answered
+    error: str = ""
+    calls: int = 0  # tool_calls in the response
+    valid: bool = False  # calls > 0 and every call valid
+    right_tool: bool = False
+    broken: bool = False  # an opener in the content, or an invalid call
+    problem: str = ""  # the first broken call's, or why a required response is not valid
+    completion_tokens: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int | None = None
+    finish_reason: str | None = None
+    text: str = ""  # content and calls, for the examples printed
+
+
+def judge(content: str | None, calls: list[tuple[str | None, Any]], expected: str) -> Outcome:
+    """The outcome of one response: its content and its (name, arguments) calls."""
+    problems = [p for p in (call_problem(name, args) for name, args in calls) if p is not None]
+    opener = CALL_OPENER in (content or "")
+    out = Outcome(ok=True, calls=len(calls), valid=bool(calls) and not problems)
+    out.right_tool = out.valid and calls[0][0] == expected
+    out.broken = opener or bool(problems)
+    out.problem = (problems[0] if problems else "call opener in the content" if opener
+                   else "" if calls else "no tool call")
+    shown = [f"{name}({args if isinstance(args, str) else json.dumps(args)})"
+             for name, args in calls]
+    out.text = " ".join([*([repr(content)] if content else []), *shown])
+    return out
+
+
+# --- systems -----------------------------------------------------------------------------------
+# A ChatML template (SmolLM2's chat tokens) that renders tools and calls in the Hermes format,
+# as Qwen 2.5's does: with it llama-server's --jinja tool support has a format to write calls in.
+HERMES_CHATML_TEMPLATE = """\
+{%- if tools %}{{- '<|im_start|>system\\n' }}
+{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}
+{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\nYou are \
+provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}
+{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}
+{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and \
+arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, \
+"arguments": <args-json-object>}\\n</tool_call><|im_end|>\\n' }}
+{%- elif messages[0]['role'] == 'system' %}
+{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+{%- endif %}
+{%- for message in messages %}
+{%- if message.role == 'user' or (message.role == 'system' and not loop.first) or \
+(message.role == 'assistant' and not message.tool_calls) %}
+{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}
+{%- elif message.role == 'assistant' %}{{- '<|im_start|>assistant' }}
+{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}
+{%- for tool_call in message.tool_calls %}
+{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}
+{{- '\\n<tool_call>\\n{"name": "' + tool_call.name + '", "arguments": ' }}
+{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}
+{%- endfor %}{{- '<|im_end|>\\n' }}
+{%- elif message.role == 'tool' %}
+{%- if loop.index0 == 0 or messages[loop.index0 - 1].role != 'tool' %}\
+{{- '<|im_start|>user' }}{%- endif %}
+{{- '\\n<tool_response>\\n' + message.content + '\\n</tool_response>' }}
+{%- if loop.last or messages[loop.index0 + 1].role != 'tool' %}{{- '<|im_end|>\\n' }}{%- endif %}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
+"""
+
+
+def radixrt_tool_system(name: str, args: argparse.Namespace) -> System:
+    base = radixrt_system("radixrt-lpm", args)
+    extra = ["--exit-with-parent", *(["--no-tool-call-enforcement"] if name == UNENFORCED
+                                     else [])]
+    return dataclasses.replace(base, name=name, command=[*base.command, *extra], extra_body={})
+
+
+def llama_tool_system(binary: str, args: argparse.Namespace) -> System:
+    """llama-server --jinja, a thread per core unless --llama-threads; sampling as radixrt's
+    (its defaults add top_k 40 and min_p 0.05)."""
+    base = llama_server_system(binary)
+    command = list(base.command)
+    command[command.index("-t") + 1] = str(args.llama_threads or os.cpu_count() or 1)
+    command.append("--jinja")
+    if args.llama_template == "hermes":
+        fd, path = tempfile.mkstemp(prefix="chatml-hermes-tools-", suffix=".jinja")
+        with os.fdopen(fd, "w") as f:
+            f.write(HERMES_CHATML_TEMPLATE)
+        command += ["--chat-template-file", path]
+    return dataclasses.replace(base, command=command, extra_body={"top_k": 0, "min_p": 0.0})
+
+
+def build_systems(args: argparse.Namespace) -> tuple[list[System], list[str]]:
+    systems = [radixrt_tool_system(name, args) for name in (RADIXRT, UNENFORCED)]
+    if args.skip_llama:
+        return systems, ["llama.cpp: skipped (--skip-llama)"]
+    binary = args.llama_server or (LLAMA_SERVER if os.access(LLAMA_SERVER, os.X_OK) else None)
+    if binary is None:
+        note = (f"llama.cpp: skipped (no llama-server at {LLAMA_SERVER}; see "
+                "../shared/llama-server/BUILD.md, or give --llama-server BINARY)")
+        print(note)
+        return systems, [note]
+    return [*systems, llama_tool_system(binary, args)], []
+
+
+# --- load --------------------------------------------------------------------------------------
+@dataclass
+class Run:
+    system: str
+    mode: str
+    seconds: float
+    warmup_seconds: float
+    outcomes: list[Outcome]
+    steps: int | None = None  # radixrt's forward passes during the run
+    notes: list[str] = field(default_factory=list)
+
+
+async def one_call(client: Any, system: System, request: ToolRequest, mode: str,
+                   args: argparse.Namespace) -> Outcome:
+    messages = [{"role": "system", "content": SYSTEM_PROMPT},
+                {"role": "user", "content": request.user}]
+    try:
+        resp = await client.chat.completions.create(
+            model="default", messages=messages, tools=TOOLS, tool_choice=mode,
+            parallel_tool_calls=False, temperature=args.temperature, top_p=1.0,
+            max_tokens=args.max_tokens, seed=request.seed, extra_body=system.extra_body)
+    except Exception as exc:  # a failed request is reported, not fatal
+        return Outcome(error=f"{type(exc).__name__}: {exc}", problem="request failed")
+    choice = resp.choices[0]
+    calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+    out = judge(choice.message.content, calls, request.tool)
+    out.finish_reason = choice.finish_reason
+    if resp.usage is not None:
+        out.completion_tokens = resp.usage.completion_tokens
+        out.prompt_tokens = resp.usage.prompt_tokens
+        details = resp.usage.prompt_tokens_details
+        out.cached_tokens = details.cached_tokens if details is not None else None
+    return out
+
+
+async def run_mode(base: str, system: System, requests: list[ToolRequest], mode: str,
+                   args: argparse.Namespace) -> Run:
+    import httpx
+    from openai import AsyncOpenAI
+
+    # a fresh connection per request, as serving.py: llama-server drops idle keep-alives
+    http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0),
+                             timeout=REQUEST_TIMEOUT_S)
+    client = AsyncOpenAI(base_url=base + "/v1", api_key="none", timeout=REQUEST_TIMEOUT_S,
+                         max_retries=0, http_client=http)
+    limit = asyncio.Semaphore(args.concurrency)
+
+    async def limited(request: ToolRequest) -> Outcome:
+        async with limit:
+            return await one_call(client, system, request, mode, args)
+
+    async with client:
+        start = time.perf_counter()
+        warm = await one_call(client, system, ToolRequest("Hello!", "", 1), mode, args)
+        warmup = time.perf_counter() - start
+        before = steps_of(base, system)
+        start = time.perf_counter()
+        outcomes = await asyncio.gather(*(limited(r) for r in requests))
+        seconds = time.perf_counter() - start
+        after = steps_of(base, system)
+    steps = after - before if before is not None and after is not None else None
+    notes = [f"warm-up failed: {warm.error}"] if not warm.ok else []
+    return Run(system.name, mode, seconds, warmup, list(outcomes), steps, notes)
+
+
+def steps_of(base: str, system: System) -> int | None:
+    return int(http_json(base + "/server_info")["steps"]) if system.flushable else None
+
+
+# --- results -----------------------------------------------------------------------------------
+def summarize(run: Run) -> dict[str, Any]:
+    n = max(len(run.outcomes), 1)
+    ok = [o for o in run.outcomes if o.ok]
+    valid = [o for o in ok if o.valid]
+    completion = sum(o.completion_tokens for o in ok)
+    cached = [o.cached_tokens for o in ok if o.cached_tokens is not None]
+    seconds = max(run.seconds, 1e-9)
+    finish: dict[str, int] = {}
+    for o in ok:
+        finish[str(o.finish_reason)] = finish.get(str(o.finish_reason), 0) + 1
+    return {
+        "system": run.system, "tool_choice": run.mode, "requests": len(run.outcomes),
+        "failed": len(run.outcomes) - len(ok), "seconds": run.seconds,
+        "warmup_seconds": run.warmup_seconds,
+        "valid": len(valid), "valid_rate": len(valid) / n,
+        "right_tool": sum(o.right_tool for o in valid), "broken": sum(o.broken for o in ok),
+        "broken_rate": sum(o.broken for o in ok) / n,
+        "with_calls": sum(o.calls > 0 for o in ok),
+        "calls_per_s": sum(o.calls for o in valid) / seconds,
+        "requests_per_s": len(ok) / seconds,
+        "mean_completion_tokens": completion / max(len(ok), 1),
+        "mean_prompt_tokens": sum(o.prompt_tokens for o in ok) / max(len(ok), 1),
+        "mean_cached_tokens": sum(cached) / len(cached) if cached else None,
+        "steps": run.steps,
+        "steps_per_request": run.steps / n if run.steps is not None else None,
+        "tokens_per_step": completion / run.steps if run.steps else None,
+        "finish_reasons": finish,
+        "problems": problem_counts(run.outcomes),
+        "examples": [o.text or o.error for o in run.outcomes[:3]],
+        "notes": run.notes,
+    }
+
+
+def problem_counts(outcomes: list[Outcome]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for o in outcomes:
+        if o.problem:
+            key = o.problem.split(":")[0]
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def fmt(value: float | None, spec: str = ".1f") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def ratio(a: float, b: float) -> str:
+    return f"{a / b:.2f}x" if b else ("n/a (both 0)" if not a else "inf (the other is 0)")
+
+
+def print_table(rows: list[dict[str, Any]], args: argparse.Namespace, notes: list[str]) -> None:
+    print("\n| system | tool_choice | valid | right tool | broken | valid calls/s | req/s "
+          "| completion tok | prompt tok | cached tok | steps/request | tok/step | failed |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        n = r["requests"]
+        print(f"| {r['system']} | {r['tool_choice']} | {r['valid']}/{n} ({r['valid_rate']:.0%}) "
+              f"| {r['right_tool']}/{n} | {r['broken']}/{n} | {r['calls_per_s']:.2f} "
+              f"| {r['requests_per_s']:.2f} | {r['mean_completion_tokens']:.1f} "
+              f"| {r['mean_prompt_tokens']:.0f} | {fmt(r['mean_cached_tokens'], '.0f')} "
+              f"| {fmt(r['steps_per_request'])} | {fmt(r['tokens_per_step'], '.2f')} "
+              f"| {r['failed']} |")
+    by = {(r["system"], r["tool_choice"]): r for r in rows}
+    print()
+    for mode in args.modes:
+        ours = by.get((RADIXRT, mode))
+        for other in (UNENFORCED, LLAMA_CPP):
+            theirs = by.get((other, mode))
+            if ours is None or theirs is None:
+                continue
+            print(f"{RADIXRT} / {other} ({mode}): valid-call rate "
+                  f"{ratio(ours['valid_rate'], theirs['valid_rate'])}, valid calls/s "
+                  f"{ratio(ours['calls_per_s'], theirs['calls_per_s'])}, req/s "
+                  f"{ratio(ours['requests_per_s'], theirs['requests_per_s'])}")
+    print(f"\n{args.num_requests} requests per tool_choice over {len(TOOLS)} tools, concurrency "
+          f"{args.concurrency}, temperature {args.temperature}, max_tokens {args.max_tokens}, "
+          f"parallel_tool_calls false; CPU count {os.cpu_count()}")
+    for r in rows:
+        if r["problems"]:
+            print(f"{r['system']} ({r['tool_choice']}) problems: {r['problems']}; finish "
+                  f"reasons: {r['finish_reasons']}")
+    print(f"command: {shlex.join([os.path.basename(sys.executable), *sys.argv])}")
+    for note in notes:
+        print(note)
+
+
+def print_examples(rows: list[dict[str, Any]]) -> None:
+    print("\nfirst responses:")
+    for r in rows:
+        for text in r["examples"]:
+            print(f"  {r['system']} ({r['tool_choice']}): {text[:200]}")
+
+
+def plot(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
+    systems = list(dict.fromkeys(r["system"] for r in rows))
+    modes = [m for m in args.modes if any(r["tool_choice"] == m for r in rows)]
+    by = {(r["system"], r["tool_choice"]): r for r in rows}
+
+    def series(key: str, scale: float = 1.0, only: tuple[str, ...] | None = None
+               ) -> dict[str, list[float]]:
+        return {s: [(by[s, m][key] or 0.0) * scale if (s, m) in by else 0.0 for m in modes]
+                for s in systems if only is None or s in only}
+
+    panels = [("valid calls, % of requests (higher is better)", series("valid_rate", 100.0)),
+              ("valid calls/s (higher is better)", series("calls_per_s")),
+              ("model steps per request (lower is better)",
+               series("steps_per_request", only=(RADIXRT, UNENFORCED)))]
+    parts = []
+    for mode in modes:
+        ours, theirs = by.get((RADIXRT, mode)), by.get((UNENFORCED, mode))
+        if ours and theirs:
+            parts.append(f"{mode}: enforced/unenforced valid rate "
+                         f"{ratio(ours['valid_rate'], theirs['valid_rate'])}, calls/s "
+                         f"{ratio(ours['calls_per_s'], theirs['calls_per_s'])}")
+    caption = (f"{args.num_requests} requests over {len(TOOLS)} tools (string+enum, bounded "
+               f"numbers, string array, nested objects), concurrency {args.concurrency}, "
+               f"temperature {args.temperature}, SmolLM2-135M Q4_1 on {os.cpu_count()} CPUs. "
+               + "; ".join(parts))
+    bar_panels(plot_path("tool_calls", args.plot_dir),
+               "Tool calls: radixrt's grammar-enforced calls vs unenforced vs llama.cpp",
+               [f"tool_choice={m}" for m in modes], panels, caption)
+
+
+def write_json(rows: list[dict[str, Any]], args: argparse.Namespace, notes: list[str]) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+    with open(args.json, "w") as f:
+        json.dump({"command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
+                   "settings": {k: v for k, v in vars(args).items() if k != "json"},
+                   "cpu_count": os.cpu_count(), "tools": TOOLS, "notes": notes,
+                   "results": rows}, f, indent=1)
+    print(f"results: {args.json}")
+
+
+# --- main --------------------------------------------------------------------------------------
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--num-requests", type=int, default=48, help="requests per tool_choice")
+    p.add_argument("--concurrency", type=int, default=8, help="requests in flight at most")
+    p.add_argument("--modes", nargs="+", choices=MODES, default=["required"],
+                   help="the tool_choice values to run, one after another on each server")
+    p.add_argument("--max-tokens", type=int, default=96)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--seed", type=int, default=0, help="of the requests and their seeds")
+    p.add_argument("--max-total-tokens", type=int, default=8192, help="radixrt KV pool")
+    p.add_argument("--skip-llama", action="store_true", help="leave llama.cpp out")
+    p.add_argument("--llama-server", default=None,
+                   help="llama.cpp's llama-server binary (default: ../shared/llama-server/)")
+    p.add_argument("--llama-template", choices=["hermes", "model"], default="hermes",
+                   help="hermes: a ChatML template that renders tools in the Hermes format; "
+                   "model: the GGUF's own (SmolLM2's has no tools)")
+    p.add_argument("--llama-threads", type=int, default=None,
+                   help="llama-server -t (default: a thread per core; on a machine that is busy "
+                   "with other work, 1 avoids its spinning threads waiting on each other)")
+    p.add_argument("--json", default=DEFAULT_JSON, help="where the results go")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
+    add_plot_dir(p)
+    args = p.parse_args(argv)
+    if args.quick:
+        args.num_requests, args.concurrency, args.max_tokens = 8, 4, 64
+    return args
+
+
+def exit_on_sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # unwinds through `running`, which stops the server
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, exit_on_sigterm)
+    requests = make_requests(args.num_requests, args.seed)
+    systems, notes = build_systems(args)
+    rows: list[dict[str, Any]] = []
+    for system in systems:
+        try:
+            with running(system) as base:
+                for mode in args.modes:
+                    rows.append(summarize(asyncio.run(run_mode(base, system, requests, mode,
+                                                               args))))
+                    r = rows[-1]
+                    print(f"{system.name} ({mode}): {r['valid']}/{r['requests']} valid, "
+                          f"{r['calls_per_s']:.2f} valid calls/s, {r['seconds']:.1f} s",
+                          flush=True)
+        except (RuntimeError, TimeoutError) as exc:
+            print(f"{system.name}: {exc}", file=sys.stderr)
+            notes.append(f"{system.name}: failed ({str(exc).splitlines()[0]})")
+    print_examples(rows)
+    print_table(rows, args, notes)
+    write_json(rows, args, notes)
+    plot(rows, args)
+    return 0 if rows and all(r["failed"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
