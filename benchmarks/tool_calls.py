@@ -77,6 +77,7 @@ from serving_systems import (  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_JSON = os.path.join(HERE, "results", "tool_calls.json")
 RADIXRT, UNENFORCED = "radixrt", "radixrt-unenforced"
+SYSTEMS = (RADIXRT, UNENFORCED, LLAMA_CPP)
 MODES = ("required", "auto")
 CALL_OPENER = "<tool_call>"  # the Hermes format's (radixrt's built-in prompt, --llama-template)
 REQUEST_TIMEOUT_S = 600.0
@@ -281,7 +282,10 @@ def llama_tool_system(binary: str, args: argparse.Namespace) -> System:
 
 
 def build_systems(args: argparse.Namespace) -> tuple[list[System], list[str]]:
-    systems = [radixrt_tool_system(name, args) for name in (RADIXRT, UNENFORCED)]
+    systems = [radixrt_tool_system(name, args) for name in (RADIXRT, UNENFORCED)
+               if name in args.systems]
+    if LLAMA_CPP not in args.systems:
+        return systems, []
     if args.skip_llama:
         return systems, ["llama.cpp: skipped (--skip-llama)"]
     binary = args.llama_server or (LLAMA_SERVER if os.access(LLAMA_SERVER, os.X_OK) else None)
@@ -499,6 +503,7 @@ def write_json(rows: list[dict[str, Any]], args: argparse.Namespace, notes: list
 # --- main --------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     p.add_argument("--num-requests", type=int, default=48, help="requests per tool_choice")
     p.add_argument("--concurrency", type=int, default=8, help="requests in flight at most")
     p.add_argument("--modes", nargs="+", choices=MODES, default=["required"],
@@ -517,11 +522,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="llama-server -t (default: a thread per core; on a machine that is busy "
                    "with other work, 1 avoids its spinning threads waiting on each other)")
     p.add_argument("--json", default=DEFAULT_JSON, help="where the results go")
-    p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke test: 8 requests, concurrency 4")
     add_plot_dir(p)
     args = p.parse_args(argv)
     if args.quick:
-        args.num_requests, args.concurrency, args.max_tokens = 8, 4, 64
+        args.num_requests, args.concurrency = 8, 4
     return args
 
 
