@@ -68,6 +68,7 @@ from serving_systems import (  # noqa: E402
     LLAMA_CPP,
     LLAMA_SERVER,
     System,
+    gguf_path,
     http_json,
     llama_server_system,
     radixrt_system,
@@ -396,6 +397,7 @@ def summarize(run: Run) -> dict[str, Any]:
         "finish_reasons": finish,
         "problems": problem_counts(run.outcomes),
         "examples": [o.text or o.error for o in run.outcomes[:3]],
+        "valid_example": next((o.text for o in valid), None),
         "notes": run.notes,
     }
 
@@ -483,11 +485,15 @@ def plot(rows: list[dict[str, Any]], args: argparse.Namespace) -> None:
                          f"{ratio(ours['calls_per_s'], theirs['calls_per_s'])}")
     caption = (f"{args.num_requests} requests over {len(TOOLS)} tools (string+enum, bounded "
                f"numbers, string array, nested objects), concurrency {args.concurrency}, "
-               f"temperature {args.temperature}, SmolLM2-135M Q4_1 on {os.cpu_count()} CPUs. "
+               f"temperature {args.temperature}, {model_name()} on {os.cpu_count()} CPUs. "
                + "; ".join(parts))
     bar_panels(plot_path("tool_calls", args.plot_dir),
                "Tool calls: radixrt's grammar-enforced calls vs unenforced vs llama.cpp",
                [f"tool_choice={m}" for m in modes], panels, caption)
+
+
+def model_name() -> str:
+    return os.path.splitext(os.path.basename(gguf_path()))[0]
 
 
 def write_json(rows: list[dict[str, Any]], args: argparse.Namespace, notes: list[str]) -> None:
@@ -495,8 +501,8 @@ def write_json(rows: list[dict[str, Any]], args: argparse.Namespace, notes: list
     with open(args.json, "w") as f:
         json.dump({"command": shlex.join([os.path.basename(sys.executable), *sys.argv]),
                    "settings": {k: v for k, v in vars(args).items() if k != "json"},
-                   "cpu_count": os.cpu_count(), "tools": TOOLS, "notes": notes,
-                   "results": rows}, f, indent=1)
+                   "cpu_count": os.cpu_count(), "model": model_name(), "tools": TOOLS,
+                   "notes": notes, "results": rows}, f, indent=1)
     print(f"results: {args.json}")
 
 

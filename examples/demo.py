@@ -1,11 +1,12 @@
 """`make demo`: a tour of the radixrt DSL on the embedded default model (SmolLM2-135M-Instruct).
 
 Starts one local runtime (`rx.Runtime()`, which runs `radixrt serve` in a child process) and runs
-the six examples of this folder on it, one after the other:
+the seven examples of this folder on it, one after the other:
 
   few_shot_qa      few-shot multiple choice with `select`, as one batch over a shared prefix
   tree_of_thought  fork at two levels, score the leaves with `select`, follow the best one
   react_agent      Thought / Action / Observation with real Python tools
+  tool_agent       tool calls the grammar makes well-formed, run in Python, results fed back
   json_extraction  a JSON record built field by field with `gen` and `select`
   multi_turn_chat  a streamed conversation with system / user / assistant roles
   llm_judge        three reviewers forked from one article, joined, then a verdict
@@ -32,6 +33,7 @@ EXAMPLES = [
     ("few_shot_qa", "few-shot multiple choice: select over a shared few-shot prefix"),
     ("tree_of_thought", "tree of thought: fork 2 x 2, score leaves, pick a branch"),
     ("react_agent", "ReAct agent: Thought / Action / Observation with Python tools"),
+    ("tool_agent", "tool calls: gen(tools=...) over Python functions, results fed back"),
     ("json_extraction", "JSON extraction: by a JSON schema (constrained), then field by field"),
     ("multi_turn_chat", "multi-turn chat with roles, streamed"),
     ("llm_judge", "LLM judge: fork 3 reviewers, join, select a verdict"),
@@ -56,6 +58,8 @@ def headline(name: str, result: dict[str, Any]) -> str:
         return f"best leaf {i}.{j} of {len(result['ideas'])}x{len(result['steps'][0])}"
     if name == "react_agent":
         return "; ".join(f"{r['question']!r} -> {r['answer']!r}" for r in result["results"])
+    if name == "tool_agent":
+        return "; ".join(f"{r['calls'][0][0]}({r['calls'][0][1]})" for r in result["rows"])
     if name == "json_extraction":
         first = result["records"][0]
         return f"{len(result['records'])} records, e.g. {first['name']!r}, age {first['age']!r}"

@@ -119,6 +119,42 @@ def test_react_tools_are_safe() -> None:
     assert mod.lookup("Atlantis").startswith("no facts")
 
 
+def test_tool_agent_makes_valid_calls_and_feeds_back_results(idle_after: rx.Runtime) -> None:
+    mod = load("tool_agent")
+    out = mod.main(idle_after)
+    tools = {tool.__name__: tool for tool in mod.TOOLS}
+    assert len(out["rows"]) == len(mod.QUESTIONS)
+    for row in out["rows"]:
+        assert len(row["calls"]) == 1  # parallel_tool_calls=False
+        for (name, arguments), result in zip(row["calls"], row["results"]):
+            schema = rx.function_tool(tools[name])["function"]["parameters"]
+            jsonschema.validate(arguments, schema)  # the grammar's promise
+            assert result == str(tools[name](**arguments))  # the function really ran
+        assert f"<tool_response>\n{row['results'][0]}\n</tool_response>" in row["text"]
+        assert isinstance(row["answer"], str)
+
+
+def test_separate_reasoning_needs_a_reasoning_parser(idle_after: rx.Runtime) -> None:
+    @rx.function
+    def think(s: Any) -> None:
+        s += rx.user("Hi") + rx.assistant(rx.gen("a", max_tokens=2, separate_reasoning=True))
+
+    with pytest.raises(rx.BackendError, match="--reasoning-parser"):
+        think.run(backend=idle_after).text()
+
+
+def test_tool_schemas_come_from_signatures() -> None:
+    mod = load("tool_agent")
+    weather = rx.function_tool(mod.get_weather)["function"]
+    assert weather["description"] == "The current temperature in a city."
+    assert weather["parameters"] == {
+        "type": "object", "required": ["city"],
+        "properties": {"city": {"type": "string", "description": "the city's name, e.g. Paris"},
+                       "unit": {"enum": ["celsius", "fahrenheit"],
+                                "description": "the temperature unit"}}}
+    assert rx.ToolCall("multiply", {"a": 2, "b": 3}).run(mod.TOOLS) == 6
+
+
 def test_json_extraction(idle_after: rx.Runtime) -> None:
     mod = load("json_extraction")
     out = mod.main(idle_after)
