@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import atexit
 import dataclasses
 import json
 import os
@@ -275,9 +276,10 @@ def llama_tool_system(binary: str, args: argparse.Namespace) -> System:
     command[command.index("-t") + 1] = str(args.llama_threads or os.cpu_count() or 1)
     command.append("--jinja")
     if args.llama_template == "hermes":
-        fd, path = tempfile.mkstemp(prefix="chatml-hermes-tools-", suffix=".jinja")
-        with os.fdopen(fd, "w") as f:
+        fd, path = tempfile.mkstemp(prefix="tool_calls-hermes-", suffix=".jinja")
+        with os.fdopen(fd, "w") as f:  # a private file of this run, removed at exit
             f.write(HERMES_CHATML_TEMPLATE)
+        atexit.register(os.unlink, path)
         command += ["--chat-template-file", path]
     return dataclasses.replace(base, command=command, extra_body={"top_k": 0, "min_p": 0.0})
 

@@ -8,6 +8,7 @@ no model: schemas from signatures, the spec's refusals."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import socket
 import threading
@@ -59,8 +60,20 @@ def test_schemas_come_from_type_hints_and_docstrings() -> None:
 
     def star(*args: int) -> None: ...
 
+    def positional(a: int, /) -> None: ...
+
+    def untyped(n=3, flag=False, anything=None):  # type: ignore[no-untyped-def]
+        return n, flag, anything
+
     with pytest.raises(ValueError, match=r"\*args"):
         function_tool(star)
+    with pytest.raises(ValueError, match="cannot be passed by name"):
+        function_tool(positional)
+    with pytest.raises(TypeError, match="wrap it in a def"):
+        function_tool(functools.partial(add, 1))
+    assert function_tool(untyped)["function"]["parameters"]["properties"] == {
+        "n": {"type": "integer"}, "flag": {"type": "boolean"}, "anything": {}}
+    assert rx.ToolCall("untyped", {"flag": True}).run([untyped]) == (3, True, None)
 
 
 def test_gen_with_tools_checks_its_options_where_the_program_names_them() -> None:

@@ -416,3 +416,19 @@ def test_response_models_have_their_object_names_and_round_trip() -> None:
         ChatChunkChoice(index=1, delta=ChatDelta(role="assistant", content="h"))])
     assert chunk.object == "chat.completion.chunk" and chunk.usage is None
     assert ChatChunk.model_validate(chunk.model_dump()) == chunk
+
+
+def test_tool_choice_none_adds_a_grammar_only_where_the_format_has_an_opener() -> None:
+    """Hermes: none keeps <tool_call> out with a grammar; Llama-3 JSON calls have no opener and
+    the output of none is not parsed, so nothing constrains it."""
+    from radixrt.runtime.constrained.structural import TOOL_FORMATS
+    from radixrt.runtime.server.chat_tools import ChatFeatures, plan_chat
+
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    body = chat(tools=tools, tool_choice="none")
+    hermes = plan_chat(body, ChatFeatures(TOOL_FORMATS["hermes"]), {})
+    llama = plan_chat(body, ChatFeatures(TOOL_FORMATS["llama3_json"]), {})
+    assert set(hermes.constraint) == {"tool_calls"} and not hermes.parse_calls
+    assert llama.constraint == {} and not llama.parse_calls
+    schema = {"json_schema": {"type": "object"}}
+    assert plan_chat(body, ChatFeatures(TOOL_FORMATS["hermes"]), schema).constraint == schema

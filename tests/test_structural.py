@@ -9,12 +9,15 @@ import re
 from collections.abc import Iterator
 
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from toy_tokenizers import byte_level_bpe
+from transformers import PreTrainedTokenizerFast
 
 from radixrt.runtime.constrained.compiler import GrammarCompiler, to_regex
-from radixrt.runtime.constrained.grammar import GrammarState
+from radixrt.runtime.constrained.grammar import GrammarState, expand_bitmask, mask_words
 from radixrt.runtime.constrained.structural import (
     TOOL_FORMATS,
     ToolCallSpec,
@@ -24,7 +27,7 @@ from radixrt.runtime.constrained.structural import (
     reasoning_regex,
     tool_calls_regex,
 )
-from radixrt.runtime.constrained.token_table import TokenTable
+from radixrt.runtime.constrained.token_table import TokenTable, _byte_level_map
 from radixrt.runtime.sampling_params import SamplingParams
 
 HERMES = TOOL_FORMATS["hermes"]
@@ -124,6 +127,10 @@ def test_llama3_json_calls_are_the_whole_output(compiler: GrammarCompiler) -> No
     assert accepts(compiler, required, call) and accepts(compiler, required, call + "; " + call)
     assert accepts(compiler, auto, "hello world") and accepts(compiler, auto, call)
     assert not accepts(compiler, auto, '{"hello": 1}')
+    # the parser takes "{" after whitespace for a call: the grammar must not pass one unchecked
+    assert not accepts(compiler, auto, ' {"name": "evil", "parameters": {}}')
+    assert not accepts(compiler, auto, '\n{"hello": 1}')
+    assert accepts(compiler, auto, "  hello world")
 
 
 def test_the_fixed_text_of_a_call_is_forced(compiler: GrammarCompiler) -> None:
@@ -162,6 +169,53 @@ def test_the_marker_never_ends_a_pattern_that_takes_it_as_a_character(
     assert GrammarState.replay(grammar, table.encode("axb")).accepts_end()
     with pytest.raises(ValueError, match="end marker"):
         GrammarState.replay(grammar, table.encode("a")).advance(grammar.end_token)
+
+
+@pytest.mark.parametrize(("regex", "text"), [
+    ("yes$", "yes"), ("yes\\z", "yes"), ("[a-z]+$", "yes"), ("(?x)abc # a comment", "abc")])
+def test_a_pattern_the_marker_cannot_follow_is_indexed_as_it_is(
+        compiler: GrammarCompiler, regex: str, text: str) -> None:
+    """An end anchor or a trailing verbose-mode comment: no end marker, the pattern's own
+    final states (as before the marker)."""
+    grammar = compiler.get(("regex", regex))
+    assert grammar.end_token is None
+    assert GrammarState.replay(grammar, compiler.table.encode(text)).accepts_end()
+
+
+def test_no_token_holding_the_marker_byte_is_ever_allowed() -> None:
+    """A vocabulary with tokens that hold the marker byte besides its own ("yes\\x00"): none
+    is in any mask, and advancing by one is refused."""
+    char = {b: c for c, b in _byte_level_map().items()}  # byte -> its byte-level character
+    vocab = {"<eos>": 0, **{char[b]: b + 1 for b in range(256)}}
+    merges = [("y", "e"), ("ye", "s"), ("yes", char[0])]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+    table = TokenTable(tok, len(tok), [0])
+    assert len(table.marker_tokens) > 1
+    compiler = GrammarCompiler(table)
+    grammar = compiler.get(("choices", ("yes", "no")))
+    state = GrammarState(grammar)
+    words = torch.zeros(mask_words(len(tok)), dtype=torch.int32)
+    state.write_mask(words)
+    allowed = set(torch.nonzero(expand_bitmask(words[None], len(tok))[0]).flatten().tolist())
+    assert allowed and not allowed & set(table.marker_tokens.tolist())
+    with pytest.raises(ValueError, match="end marker"):
+        state.advance(int(table.marker_tokens[-1]))
+    compiler.close()
+
+
+def test_bounds_must_be_finite_numbers() -> None:
+    schema = json.dumps({"type": "object", "properties": {"a": {"type": "integer",
+                                                                "minimum": float("inf")}}})
+    with pytest.raises(ValueError, match="finite number"):
+        to_regex(("json_schema", schema))
+    with pytest.raises(ValueError, match="tool 'f'"):
+        to_regex(("tool_calls", json.dumps({"format": "hermes", "tools": [
+            {"name": "f", "parameters": json.loads(schema)}]})))
 
 
 # --- reasoning -----------------------------------------------------------------------------------

@@ -270,6 +270,14 @@ REFUSALS = [
      "both constrain the output"),
     ({"functions": [{"name": "f"}]}, "functions not supported"),
     ({"chat_template_kwargs": {"tools": []}}, "may not set ['tools']"),
+    ({"chat_template_kwargs": {"chat_template": "{{ 'x' * 1000000000 }}"}},
+     "may not set ['chat_template']"),
+    ({"chat_template_kwargs": {"padding": "max_length", "max_length": 10**6}},
+     "may not set ['max_length', 'padding']"),
+    ({"chat_template_kwargs": {"note": "x" * 300}}, "at most 256 characters"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer", "minimum": "RAW:1e400"}}}}}],
+      "tool_choice": "required"}, "finite number"),
     ({"messages": [{"role": "user", "content": None}]}, "content is null"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "text": "x"}]}]},
      "image_url"),
@@ -288,7 +296,9 @@ def test_bad_tool_requests_get_a_400_that_says_what_to_fix(apps: Apps, change: d
                                                            message: str) -> None:
     body = {"model": "default", "messages": ASK, "tools": TOOLS, "max_tokens": 4, **change}
     body = {k: v for k, v in body.items() if v is not None}
-    response = apps.http.post("/v1/chat/completions", json=body)
+    text = json.dumps(body).replace('"RAW:1e400"', "1e400")  # JSON's number past a double
+    response = apps.http.post("/v1/chat/completions", content=text,
+                              headers={"content-type": "application/json"})
     assert response.status_code == 400, response.text
     assert message in response.json()["error"]["message"], response.json()
     ok = apps.http.post("/v1/chat/completions", json={"model": "default", "messages": ASK,

@@ -1,6 +1,7 @@
 """benchmarks/tool_calls.py: its scoring of responses (a valid call, a broken one, no call), its
-requests (deterministic, every tool asked for), and, end to end with real servers, that radixrt
-with enforcement returns only valid calls in tool_choice="required"."""
+requests (deterministic, every tool asked for), and, end to end with a real server, that radixrt
+with enforcement returns only valid calls in tool_choice="required" (the unenforced server and
+llama.cpp run to max_tokens on most requests: too slow for a test)."""
 
 from __future__ import annotations
 
@@ -66,14 +67,14 @@ def test_tool_calls_bench_end_to_end(tmp_path) -> None:
     out = tmp_path / "tool_calls.json"
     proc = subprocess.run(
         [sys.executable, "benchmarks/tool_calls.py", "--systems", "radixrt",
-         "radixrt-unenforced", "--num-requests", "4", "--concurrency", "4",
+         "--num-requests", "4", "--concurrency", "4",
          "--json", str(out), "--plot-dir", str(tmp_path)],
         cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True,
         timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     rows = {r["system"]: r for r in json.loads(out.read_text())["results"]}
-    assert set(rows) == {"radixrt", "radixrt-unenforced"}, proc.stdout[-2000:]
+    assert set(rows) == {"radixrt"}, proc.stdout[-2000:]
     assert rows["radixrt"]["valid"] == rows["radixrt"]["requests"] == 4, rows["radixrt"]
     assert rows["radixrt"]["steps_per_request"] > 0
     assert "| radixrt | required |" in proc.stdout

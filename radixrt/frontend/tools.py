@@ -52,7 +52,9 @@ def as_tool(tool: Any) -> dict[str, Any]:
     function = tool.get("function", tool) if tool.get("type", "function") == "function" else None
     if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
         raise ValueError(f"a tool dict needs a function name: {dict(tool)!r}")
-    params = function.get("parameters", {"type": "object", "properties": {}})
+    params = function.get("parameters")
+    if params is None:
+        params = {"type": "object", "properties": {}}
     if not isinstance(params, Mapping):
         raise ValueError(f"tool {function['name']!r}: parameters must be a JSON schema dict")
     out = {"name": function["name"], "parameters": dict(params)}
@@ -62,23 +64,37 @@ def as_tool(tool: Any) -> dict[str, Any]:
 
 
 def function_tool(fn: Callable[..., Any]) -> dict[str, Any]:
-    """The tool a Python function stands for (see the module's docstring)."""
-    hints = typing.get_type_hints(fn)
+    """The tool a Python function stands for (see the module's docstring). A parameter without
+    a type hint takes its default's JSON type, or any JSON value."""
+    name_of = getattr(fn, "__name__", None)
+    if not isinstance(name_of, str) or not inspect.isroutine(fn):
+        raise TypeError(f"a tool is a Python function (def or lambda with a name) or a tool "
+                        f"dict, got {fn!r}: wrap it in a def")
+    try:
+        hints = typing.get_type_hints(fn)
+    except (NameError, TypeError) as exc:
+        raise ValueError(f"tool {name_of}: its type hints cannot be read: {exc}") from None
     doc = inspect.getdoc(fn) or ""
     summary, arg_docs = _parse_docstring(doc)
     properties: dict[str, Any] = {}
     required: list[str] = []
     for name, param in inspect.signature(fn).parameters.items():
-        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            raise ValueError(f"tool {fn.__name__}: *args / **kwargs cannot be described")
-        schema = json_type(hints.get(name, str), f"{fn.__name__}({name})")
+        if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD, param.POSITIONAL_ONLY):
+            raise ValueError(f"tool {name_of}: {param} cannot be passed by name: a tool's "
+                             "arguments are a JSON object")
+        if name in hints:
+            schema = json_type(hints[name], f"{name_of}({name})")
+        elif param.default is not param.empty and type(param.default) in _JSON_TYPES:
+            schema = dict(_JSON_TYPES[type(param.default)])
+        else:
+            schema = {}  # any JSON value
         if name in arg_docs:
             schema = {**schema, "description": arg_docs[name]}
         properties[name] = schema
         if param.default is param.empty:
             required.append(name)
     parameters = {"type": "object", "properties": properties, "required": required}
-    function: dict[str, Any] = {"name": fn.__name__, "parameters": parameters}
+    function: dict[str, Any] = {"name": name_of, "parameters": parameters}
     if summary:
         function["description"] = summary
     return {"type": "function", "function": function}

@@ -199,6 +199,7 @@ GRAMMAR_CACHE_SIZE = 64  # compiled grammars kept per process (LRU)
 GRAMMAR_COMPILE_THREADS = 2  # grammars compile off the hot path on this many threads
 JSON_WHITESPACE_PATTERN = ""  # JSON from schemas is compact: keys and punctuation are forced
 MAX_FORCED_TOKENS = 64  # jump-forward appends at most this many tokens at a time
+GRAMMAR_END_MARKER = 0x00  # the byte every grammar is indexed with at its end (grammar.py)
 GRAMMAR_POLL_S = 0.05  # an Engine with only grammars compiling waits this long per step
 
 # --- tool calls and reasoning (server/tool_parsers.py, constrained/structural.py) -------------

@@ -45,13 +45,13 @@ def to_regex(constraint: Constraint) -> str:
     if kind == "json_schema":
         try:
             return schema_to_regex(str(pattern), JSON_WHITESPACE_PATTERN)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, KeyError, ArithmeticError, RecursionError) as exc:
             raise ValueError(f"json_schema is invalid: {exc}") from None
     if kind == "tool_calls":
         spec = parse_tool_call_spec(str(pattern))
         try:
             return tool_calls_regex(spec)
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, KeyError, ArithmeticError, RecursionError) as exc:
             raise ValueError(f"tool_calls: a tool's parameters schema is invalid: {exc}") \
                 from None
     if kind == "reasoning":  # a thinking section, then the wrapped constraint (if any)
@@ -94,6 +94,21 @@ class GrammarCompiler:
             raise ValueError(f"{what} cannot be compiled: {exc}") from None
         return regex
 
+    def plan(self, constraint: Constraint) -> tuple[str, bool]:
+        r"""(the regex to index, whether it ends with the end marker: grammar.py). A pattern the
+        marker cannot follow (an end anchor `$` / `\z`, a trailing `(?x)` comment) is indexed
+        as it is, with outlines-core's own final states. Raises ValueError as validate does."""
+        regex = self.validate(constraint)
+        if end_marker_token(self.table) is None:
+            return regex, False
+        marked = f"(?:{regex})\\x{END_MARKER:02x}"
+        try:
+            if Index(marked, self._byte_vocab).get_final_states():
+                return marked, True
+        except (ValueError, RuntimeError):
+            pass
+        return regex, False
+
     def compile_async(self, constraint: Constraint) -> Future:
         """Future of the CompiledGrammar. A cached grammar comes back done; otherwise the
         constraint is checked here (ValueError naming the problem) and compiled on a thread."""
@@ -102,11 +117,11 @@ class GrammarCompiler:
             known = self._known(key)
         if known is not None:
             return known
-        regex = self.validate(constraint)
+        regex, marked = self.plan(constraint)
         with self._lock:
             known = self._known(key)
             if known is None:
-                known = self._pool.submit(self._compile, key, regex)
+                known = self._pool.submit(self._compile, key, regex, marked)
                 self._inflight[key] = known
             return known
 
@@ -134,7 +149,8 @@ class GrammarCompiler:
         path = self._path(key)
         if path is not None and path.exists():
             with open(path, "rb") as f:  # outlines-core's own binary format, not a pickle
-                grammar = CompiledGrammar(key, Index.from_binary(f.read()), self.table)
+                index = Index.from_binary(f.read())
+            grammar = CompiledGrammar(key, index, self.table, self.plan(constraint)[1])
             self._remember(key, grammar)
             return grammar
         return self.get(constraint)
@@ -143,10 +159,8 @@ class GrammarCompiler:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # --- internals ----------------------------------------------------------------------------
-    def _compile(self, key: str, regex: str) -> CompiledGrammar:
+    def _compile(self, key: str, regex: str, marked: bool) -> CompiledGrammar:
         try:
-            if end_marker_token(self.table) is not None:  # see grammar.py: the end marker
-                regex = f"(?:{regex})\\x{END_MARKER:02x}"
             index = Index(regex, self.table.vocabulary)
             self.compiled += 1
             path = self._path(key)
@@ -155,7 +169,7 @@ class GrammarCompiler:
                 with open(tmp, "wb") as f:
                     f.write(_index_bytes(index))
                 os.replace(tmp, path)
-            grammar = CompiledGrammar(key, index, self.table)
+            grammar = CompiledGrammar(key, index, self.table, marked)
             self._remember(key, grammar)
             return grammar
         finally:

@@ -25,19 +25,23 @@ import numpy as np
 import torch
 from outlines_core import Guide, Index
 
-from radixrt.runtime.config import MAX_FORCED_TOKENS
+from radixrt.runtime.config import GRAMMAR_END_MARKER, MAX_FORCED_TOKENS
 from radixrt.runtime.constrained.token_table import TokenTable
 
 BITS = 32  # outlines-core writes masks as 32-bit words, token t at bit t % 32 of word t // 32
-END_MARKER = 0x00  # the byte the compiler appends to every grammar (see the module docstring)
+END_MARKER = GRAMMAR_END_MARKER  # the compiler appends it to every grammar (module docstring)
 
 
 class CompiledGrammar:
-    def __init__(self, key: str, index: Index, table: TokenTable) -> None:
+    def __init__(self, key: str, index: Index, table: TokenTable, end_marked: bool) -> None:
+        """end_marked: the index is of `(?:R)\\x00` (GrammarCompiler.plan)."""
         self.key = key
         self.index = index
         self.table = table
-        self.end_token = end_marker_token(table)  # stands for EOS (None: plain final states)
+        # the marker's token stands for EOS (None: plain final states); no token holding the
+        # marker byte is ever allowed
+        self.end_token = end_marker_token(table) if end_marked else None
+        self.marker_tokens = table.marker_tokens if end_marked else np.zeros(0, np.int64)
         self._forced: dict[int, tuple[int, ...]] = {}  # state -> forced tokens from it
         self._eos = np.array(sorted(table.eos_token_ids), dtype=np.int64)
 
@@ -53,8 +57,7 @@ class CompiledGrammar:
     def text_tokens(self, state: int) -> np.ndarray:
         """The tokens allowed in `state` other than the end (the marker, EOS)."""
         allowed = np.asarray(self.index.get_allowed_tokens(state), dtype=np.int64)
-        ends = self._eos if self.end_token is None else np.append(self._eos, self.end_token)
-        return allowed[~np.isin(allowed, ends)]
+        return allowed[~np.isin(allowed, np.append(self._eos, self.marker_tokens))]
 
     def forced_from(self, state: int) -> tuple[int, ...]:
         """The tokens every output continues with from `state` (maybe ending with EOS)."""
@@ -170,8 +173,8 @@ class GrammarState:
                 raise ValueError(f"EOS where grammar {self.grammar.key} does not accept")
             self.ended = True
             return
-        if token == self.grammar.end_token:
-            raise ValueError(f"token {token} is the end marker of grammar {self.grammar.key}")
+        if token in self.grammar.marker_tokens:
+            raise ValueError(f"token {token} holds the end marker of grammar {self.grammar.key}")
         self._guide.advance(token, return_tokens=False)
 
     def accepts_end(self) -> bool:
@@ -184,9 +187,9 @@ class GrammarState:
         """Fill words ([ceil(vocab / 32)] int32, contiguous, on the CPU) with the allowed text
         tokens (never the end marker; EOS: see accepts_end)."""
         self._guide.write_mask_into(words.data_ptr(), words.numel(), 4)
-        end = self.grammar.end_token
-        if end is not None:
-            words[end // BITS] &= ~(1 << (end % BITS)) if end % BITS != 31 else (1 << 31) - 1
+        for token in self.grammar.marker_tokens.tolist():
+            bit = token % BITS
+            words[token // BITS] &= ~(1 << bit) if bit != 31 else (1 << 31) - 1
 
 
 def end_marker_token(table: TokenTable) -> int | None:

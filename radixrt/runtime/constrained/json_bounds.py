@@ -42,6 +42,12 @@ def _swap(node: Any, sentinels: dict[str, str]) -> Any:
 
 
 def _bounds(node: dict[str, Any], integer: bool) -> tuple[float | None, float | None]:
+    for key in _BOUND_KEYS:
+        value = node.get(key)
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)
+                                  or not math.isfinite(value)):
+            raise ValueError(f"json_schema is invalid: {key} must be a finite number, got "
+                             f"{value!r}")
     lo = node.get("minimum")
     hi = node.get("maximum")
     if "exclusiveMinimum" in node:  # draft 6+: a number (rounded in by one integer step)

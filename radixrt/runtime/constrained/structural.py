@@ -225,7 +225,7 @@ def call_regex(fmt: ToolFormat, tools: tuple[tuple[str, str], ...]) -> str:
     for name, schema in tools:
         try:
             args = schema_to_regex(schema, JSON_WHITESPACE_PATTERN)
-        except (ValueError, TypeError, KeyError) as exc:
+        except (ValueError, TypeError, KeyError, ArithmeticError, RecursionError) as exc:
             raise ValueError(f"tool {name!r}: its parameters schema cannot be used: {exc}") \
                 from None
         alternatives.append(escape_literal(fmt.call_prefix(name)) + f"(?:{args})" + r"\}")
@@ -234,15 +234,18 @@ def call_regex(fmt: ToolFormat, tools: tuple[tuple[str, str], ...]) -> str:
 
 def tool_calls_regex(spec: ToolCallSpec) -> str:
     fmt = spec.format
+    # without an opener (Llama-3 JSON) text is an output whose first non-space character is not
+    # "{": the parser takes one that is for calls, after any whitespace
+    text = avoid_regex(fmt.trigger) if fmt.trigger else r"[ \t\n\r]*(?:[^{ \t\n\r][\s\S]*)?"
     if spec.mode == "none" or not spec.tools:
-        return avoid_regex(fmt.trigger) if fmt.trigger else r"(?:[^{][\s\S]*)?"
+        return text
     block = escape_literal(fmt.opener) + call_regex(fmt, spec.tools) + escape_literal(fmt.closer)
     blocks = block + (f"(?:{escape_literal(fmt.separator)}{block})*" if spec.parallel else "")
     if spec.mode == "required":
         return blocks
     if fmt.trigger:  # auto: free text, then (at the opener's tag) calls
-        return f"{avoid_regex(fmt.trigger)}(?:{blocks})?"
-    return rf"(?:{blocks}|(?:[^{{][\s\S]*)?)"  # auto without an opener: calls, or text not "{"
+        return f"{text}(?:{blocks})?"
+    return f"(?:{blocks}|{text})"  # auto without an opener: calls, or text
 
 
 def reasoning_regex(fmt: ReasoningFormat, then: str) -> str:

@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 from outlines_core import Vocabulary
 
+from radixrt.runtime.config import GRAMMAR_END_MARKER
+
 
 def _byte_level_map() -> dict[str, int]:
     """GPT-2 byte-level BPE: the printable character that stands for each byte."""
@@ -63,6 +65,9 @@ class TokenTable:
                 if len(data) == 1:
                     self.byte_token[data[0]] = token_id
         self.vocabulary = Vocabulary(self.eos_token_id, by_bytes)
+        marker = bytes([GRAMMAR_END_MARKER])  # never allowed under a grammar (grammar.py)
+        self.marker_tokens = np.array([t for t, data in enumerate(self.token_bytes)
+                                       if data and marker in data], dtype=np.int64)
         self._tokenizer = tokenizer
         self.identity = f"{getattr(tokenizer, 'name_or_path', '')}:{len(by_bytes)}:{vocab_size}"
 

@@ -15,10 +15,12 @@ output is only parsed.
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import dataclass
 from typing import Any
 
+from radixrt.runtime.config import MAX_NAME_CHARS
 from radixrt.runtime.constrained.structural import (
     ReasoningFormat,
     ToolCallSpec,
@@ -42,6 +44,8 @@ class ChatFeatures:
     reasoning: ReasoningFormat | None = None
     enforce_tool_calls: bool = True
     native_tools: bool = False  # the chat template renders tools itself
+    # apply_chat_template's own parameters: chat_template_kwargs may not set them
+    reserved_kwargs: frozenset[str] = frozenset(_RESERVED_TEMPLATE_KWARGS)
 
     @classmethod
     def of(cls, tokenizer: Any, tool_call_parser: str = "auto",
@@ -51,13 +55,24 @@ class ChatFeatures:
             tool_call_parser = parser_of_template(getattr(tokenizer, "chat_template", None))
         reasoning = reasoning_format(reasoning_parser) if reasoning_parser else None
         return cls(tool_format(tool_call_parser), reasoning, enforce_tool_calls,
-                   template_renders_tools(tokenizer))
+                   template_renders_tools(tokenizer), template_parameters(tokenizer))
 
     def info(self) -> dict[str, Any]:
         return {"tool_call_parser": self.tool_format.name,
                 "reasoning_parser": self.reasoning.name if self.reasoning else None,
                 "tool_call_enforcement": self.enforce_tool_calls,
                 "template_renders_tools": self.native_tools}
+
+
+def template_parameters(tokenizer: Any) -> frozenset[str]:
+    """The names apply_chat_template takes itself (chat_template, padding, max_length, ...):
+    a request may not pass them as template variables."""
+    try:
+        names = inspect.signature(tokenizer.apply_chat_template).parameters
+    except (TypeError, ValueError, AttributeError):
+        names = {}
+    return frozenset(_RESERVED_TEMPLATE_KWARGS) | {n for n, p in names.items()
+                                                   if p.kind is not p.VAR_KEYWORD}
 
 
 def parser_of_template(template: Any) -> str:
@@ -90,7 +105,7 @@ def plan_chat(body: ChatRequest, features: ChatFeatures,
             set(unsupported) else ""
         raise APIError(f"{', '.join(unsupported)} not supported on this server{hint}",
                        param=unsupported[0])
-    kwargs = check_template_kwargs(body.chat_template_kwargs)
+    kwargs = check_template_kwargs(body.chat_template_kwargs, features.reserved_kwargs)
     check_conversation(body)
     reasoning = features.reasoning if body.separate_reasoning else None
     if not body.tools:
@@ -121,7 +136,9 @@ def plan_chat(body: ChatRequest, features: ChatFeatures,
                        'constrain the output: give one, or send tool_choice="none"',
                        param="tools")
     constraint = dict(other_constraint)
-    if mode != "none" or not other_constraint:
+    # none: a grammar where the format has an opener to keep out; Llama-3 JSON has none (and
+    # its output is not parsed then)
+    if mode != "none" or (not other_constraint and features.tool_format.trigger):
         spec = ToolCallSpec(
             features.tool_format,
             tuple((t.function.name, _schema_text(t.function.parameters)) for t in allowed),
@@ -140,18 +157,23 @@ def with_reasoning(constraint: dict[str, Any], reasoning: ReasoningFormat | None
     return {**constraint, "reasoning_format": reasoning.name}
 
 
-def check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+def check_template_kwargs(kwargs: dict[str, Any] | None, reserved_names: frozenset[str]
+                          ) -> dict[str, Any]:
+    """Template variables (enable_thinking, ...): names, plain short values; never one of
+    apply_chat_template's own parameters (the template itself, padding, truncation, ...)."""
     if not kwargs:
         return {}
-    reserved = sorted(set(kwargs) & set(_RESERVED_TEMPLATE_KWARGS))
+    reserved = sorted(set(kwargs) & reserved_names)
     if reserved:
         raise APIError(f"chat_template_kwargs may not set {reserved}: the server passes them",
                        param="chat_template_kwargs")
     bad = sorted(k for k, v in kwargs.items() if not k.isidentifier()
-                 or not isinstance(v, (str, int, float, bool, type(None))))
+                 or not isinstance(v, (str, int, float, bool, type(None)))
+                 or (isinstance(v, str) and len(v) > MAX_NAME_CHARS))
     if bad:
         raise APIError(f"chat_template_kwargs {bad}: keys must be names and values plain "
-                       "strings, numbers, booleans or null", param="chat_template_kwargs")
+                       f"strings (at most {MAX_NAME_CHARS} characters), numbers, booleans or "
+                       "null", param="chat_template_kwargs")
     return dict(kwargs)
 
 
