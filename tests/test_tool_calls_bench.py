@@ -16,7 +16,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
-from tool_calls import SCHEMAS, TOOLS, judge, make_requests  # noqa: E402
+from tool_calls_workload import SCHEMAS, TOOLS, judge, make_requests  # noqa: E402
 
 GOOD = {
     "get_weather": {"city": "Oslo", "unit": "celsius"},

@@ -21,13 +21,8 @@ from radixrt.runtime.constrained.structural import (
     tool_format,
 )
 from radixrt.runtime.server.reasoning_parsers import ReasoningParser, split_reasoning
-from radixrt.runtime.server.tool_parsers import (
-    CallDelta,
-    Parsed,
-    ToolCall,
-    ToolCallParser,
-    parse_tool_calls,
-)
+from radixrt.runtime.server.tool_call_deltas import CallDelta, Parsed, ToolCall
+from radixrt.runtime.server.tool_parsers import ToolCallParser, parse_tool_calls
 
 HERMES = TOOL_FORMATS["hermes"]
 LLAMA = TOOL_FORMATS["llama3_json"]

@@ -10,16 +10,15 @@ from dataclasses import dataclass, field
 
 from radixrt.runtime.config import TOOL_CALL_ID_HEX
 from radixrt.runtime.constrained.structural import ReasoningFormat, ToolFormat
-from radixrt.runtime.server.openai_protocol import (
-    ChatDelta,
-    ChatMessageOut,
+from radixrt.runtime.server.openai_protocol import ChatDelta, ChatMessageOut
+from radixrt.runtime.server.reasoning_parsers import ReasoningParser
+from radixrt.runtime.server.tool_parsers import ToolCallParser
+from radixrt.runtime.server.tool_protocol import (
     FunctionCallOut,
     FunctionDeltaOut,
     ToolCallDeltaOut,
     ToolCallOut,
 )
-from radixrt.runtime.server.reasoning_parsers import ReasoningParser
-from radixrt.runtime.server.tool_parsers import ToolCallParser
 
 
 def new_call_id() -> str:

@@ -28,7 +28,8 @@ from radixrt.runtime.constrained.structural import (
     reasoning_format,
     tool_format,
 )
-from radixrt.runtime.server.openai_protocol import APIError, ChatRequest, NamedToolChoice
+from radixrt.runtime.server.openai_protocol import APIError, ChatRequest
+from radixrt.runtime.server.tool_protocol import NamedToolChoice
 from radixrt.runtime.tokenizer.chat_tools import template_renders_tools
 
 _RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "tokenize", "add_generation_prompt",

@@ -1,8 +1,9 @@
 """OpenAI-compatible shapes of POST /v1/completions and POST /v1/chat/completions: the request
 models, their conversion to SamplingParams, the response models and the error format.
 
-Unknown request fields are ignored (clients send many); known ones are type-checked by pydantic
-and value-checked by SamplingParams, whose ValueError messages become HTTP 400s.
+Unknown request fields are ignored (clients send many), but the OpenAI chat fields this server
+does not implement are refused by name (ChatRequest.unsupported); known ones are type-checked
+by pydantic and value-checked by SamplingParams, whose ValueError messages become HTTP 400s.
 """
 
 from __future__ import annotations
@@ -14,17 +15,21 @@ from pydantic import BaseModel, Field
 
 from radixrt.runtime.config import (
     MAX_CONTENT_PARTS,
-    MAX_GRAMMAR_CHARS,
     MAX_NAME_CHARS,
     MAX_TEMPLATE_KWARGS,
     MAX_TOOL_CALL_ID_CHARS,
-    MAX_TOOL_NAME_CHARS,
     MAX_TOOLS,
     MAX_TOP_LOGPROBS,
-    TOOL_NAME_PATTERN,
 )
 from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.server.tool_protocol import (
+    NamedToolChoice,
+    ToolCallDeltaOut,
+    ToolCallIn,
+    ToolCallOut,
+    ToolDef,
+)
 
 # --- errors ------------------------------------------------------------------------------------
 
@@ -130,19 +135,6 @@ class ContentPart(BaseModel):
         return self.text
 
 
-class FunctionCallIn(BaseModel):
-    name: str = Field(min_length=1, max_length=MAX_NAME_CHARS)
-    arguments: str = Field(max_length=MAX_GRAMMAR_CHARS)
-
-
-class ToolCallIn(BaseModel):
-    """A call an earlier assistant turn made (sent back in the conversation)."""
-
-    id: str = Field(min_length=1, max_length=MAX_TOOL_CALL_ID_CHARS)
-    type: Literal["function"] = "function"
-    function: FunctionCallIn
-
-
 class ChatMessage(BaseModel):
     role: Literal["system", "user", "assistant", "developer", "tool"]
     content: str | Annotated[list[ContentPart], Field(max_length=MAX_CONTENT_PARTS)] | None = None
@@ -157,27 +149,6 @@ class ChatMessage(BaseModel):
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text_of() for part in self.content)
-
-
-class FunctionDef(BaseModel):
-    name: str = Field(min_length=1, max_length=MAX_TOOL_NAME_CHARS, pattern=TOOL_NAME_PATTERN)
-    description: str | None = Field(default=None, max_length=MAX_GRAMMAR_CHARS)
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None  # calls are always enforced here (see tool_choice)
-
-
-class ToolDef(BaseModel):
-    type: Literal["function"]
-    function: FunctionDef
-
-
-class NamedFunction(BaseModel):
-    name: str = Field(min_length=1, max_length=MAX_TOOL_NAME_CHARS)
-
-
-class NamedToolChoice(BaseModel):
-    type: Literal["function"]
-    function: NamedFunction
 
 
 class ChatRequest(SamplingFields):
@@ -355,17 +326,6 @@ class ChatLogprobs(BaseModel):
     content: list[TokenLogprobOut] = Field(default_factory=list)
 
 
-class FunctionCallOut(BaseModel):
-    name: str
-    arguments: str
-
-
-class ToolCallOut(BaseModel):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCallOut
-
-
 class ChatMessageOut(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None
@@ -387,21 +347,6 @@ class ChatResponse(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage | None = None
-
-
-class FunctionDeltaOut(BaseModel):
-    name: str | None = None
-    arguments: str | None = None
-
-
-class ToolCallDeltaOut(BaseModel):
-    """OpenAI's streamed call: id, type and the name in a call's first delta, then fragments
-    of its arguments."""
-
-    index: int
-    id: str | None = None
-    type: Literal["function"] | None = None
-    function: FunctionDeltaOut
 
 
 class ChatDelta(BaseModel):

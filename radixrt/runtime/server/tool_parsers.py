@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass, field
 
 from radixrt.runtime.config import MAX_NAME_CHARS
 from radixrt.runtime.constrained.structural import ToolFormat
+from radixrt.runtime.server.tool_call_deltas import Parsed, Release, ToolCall
 
 _WS = " \t\n\r"  # JSON's whitespace
 _WS_RUN = re.compile(r"[ \t\n\r]+")
@@ -53,55 +53,6 @@ def _end_of(run: re.Pattern[str], piece: str, i: int) -> int:
     return found.end() if found else i + 1
 
 
-@dataclass(frozen=True)
-class CallDelta:
-    """The next piece of call `index`: its name (first delta only), then arguments text."""
-
-    index: int
-    name: str | None
-    arguments: str
-
-
-@dataclass
-class Parsed:
-    """What one feed() or finish() releases."""
-
-    content: str = ""
-    calls: list[CallDelta] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """A call of an output, complete or cut short."""
-
-    name: str
-    arguments: str  # the raw JSON text of the arguments value, exactly as written
-
-
-class _Release:
-    """Collects one feed's output, merging consecutive argument fragments of one call."""
-
-    def __init__(self) -> None:
-        self.content: list[str] = []
-        self.calls: list[tuple[int, str | None, list[str]]] = []
-
-    def text(self, text: str) -> None:
-        if text:
-            self.content.append(text)
-
-    def start(self, index: int, name: str) -> None:
-        self.calls.append((index, name, []))
-
-    def arguments(self, index: int, fragment: str) -> None:
-        if not self.calls or self.calls[-1][0] != index:
-            self.calls.append((index, None, []))
-        self.calls[-1][2].append(fragment)
-
-    def parsed(self) -> Parsed:
-        return Parsed("".join(self.content),
-                      [CallDelta(i, name, "".join(parts)) for i, name, parts in self.calls])
-
-
 class ToolCallParser:
     """Feed the model's output as it comes; each feed returns the content and call deltas it
     decides. finish() releases what is held back at the end."""
@@ -115,7 +66,7 @@ class ToolCallParser:
             "{", '"name"', ":", _NAME, ",", json.dumps(fmt.arguments_key), ":"]
         if self._opener:
             self._content_run = re.compile(f"[^{re.escape(self._opener[0])} \\t\\n\\r]+")
-        self._out = _Release()
+        self._out = Release()
         self._refeed: str | None = None
         self._done = False
         self._names: list[str] = []
@@ -182,7 +133,7 @@ class ToolCallParser:
 
     def _take(self) -> Parsed:
         parsed = self._out.parsed()
-        self._out = _Release()
+        self._out = Release()
         return parsed
 
     def _run(self, text: str) -> None:
