@@ -8,6 +8,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import fields
 
+from radixrt.plan_cli import add_plan_parser, run_plan
 from radixrt.runtime.config import (
     ATTENTION_BACKENDS,
     DEFAULT_CUDA_GRAPH_MAX_BS,
@@ -107,6 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--tool-call-enforcement", action=argparse.BooleanOptionalAction, default=True,
         help="the grammar makes every tool call well-formed (tool_choice required / named: "
         "calls only; auto: from the call opener on); --no-tool-call-enforcement only parses")
+    add_plan_parser(sub)
+    add = serve.add_argument
     add("--exit-with-parent", action="store_true",
         help="stop when the process that started this server exits, however it exits "
         "(rx.Runtime() sets it, so a program's runtime never outlives the program)")
@@ -124,6 +127,8 @@ def as_flags(message: str, names: Sequence[str]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.command == "plan":
+        return run_plan(args)
     if args.command == "serve":
         from radixrt.runtime.launcher import ServerOptions, serve
         from radixrt.runtime.worker.setup import check_config

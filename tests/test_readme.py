@@ -28,18 +28,23 @@ def blocks(language: str) -> list[str]:
     return re.findall(rf"```{language}\n(.*?)```", README, flags=re.S)
 
 
-def serve_flags() -> set[str]:
+def command_flags(command: str) -> set[str]:
     parser = build_parser()
     sub = next(a for a in parser._subparsers._group_actions  # type: ignore[union-attr]
                if hasattr(a, "choices"))
-    return {opt for action in sub.choices["serve"]._actions for opt in action.option_strings}
+    return {opt for action in sub.choices[command]._actions for opt in action.option_strings}
+
+
+def serve_flags() -> set[str]:
+    return command_flags("serve")
 
 
 def test_every_flag_the_readme_names_exists() -> None:
     named = set(re.findall(r"(?<![\w-])(--[a-z][a-z0-9-]+)", USER_PART))
     assert len(named) >= 20
-    missing = sorted(named - serve_flags() - OTHER_COMMANDS_FLAGS)
-    assert not missing, f"the README names flags radixrt serve does not have: {missing}"
+    known = serve_flags() | command_flags("plan") | OTHER_COMMANDS_FLAGS
+    missing = sorted(named - known)
+    assert not missing, f"the README names flags radixrt serve / plan do not have: {missing}"
 
 
 def test_every_make_target_the_readme_names_exists() -> None:
@@ -103,9 +108,9 @@ def test_the_engine_and_sampling_calls_in_the_examples_exist() -> None:
 
 
 def test_the_shell_examples_use_real_flags() -> None:
-    flags = serve_flags()
     for line in "\n".join(blocks("bash")).splitlines():
-        if "radixrt serve" in line:
-            command = line.split("#", 1)[0]
-            for flag in re.findall(r"(--[a-z][a-z0-9-]+)", command):
-                assert flag in flags, line
+        for command in ("serve", "plan"):
+            if f"radixrt {command}" in line:
+                flags = command_flags(command)
+                for flag in re.findall(r"(--[a-z][a-z0-9-]+)", line.split("#", 1)[0]):
+                    assert flag in flags, line

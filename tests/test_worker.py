@@ -592,7 +592,8 @@ def test_build_worker_loads_the_model_and_sizes_the_pool(
     worker, ready = build_worker(config)
     assert ready == WorkerReady(num_pages=12, page_size=4, context_length=MAX_POSITIONS,
                                 vocab_size=VOCAB, eos_token_ids=EOS_IDS, device="cpu",
-                                dtype="float32")
+                                dtype="float32",
+                                kv_bytes_per_token=worker.kv_cache.bytes_per_token())
     assert worker.kv_cache.num_slots == 48
     prompt = tokens(20, seed=15)
     res = prefill(worker, Slots(seed=15, num_slots=48), 1, prompt)  # the checkpoint's weights

@@ -18,6 +18,9 @@ SUPPORTED_PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 # Without an explicit max_total_tokens the pool takes mem_fraction of free memory, capped here on
 # the CPU (host RAM is shared with everything else on the machine).
 CPU_MAX_POOL_TOKENS = 1 << 15
+# The request length (prompt + output) capacity is also stated at, beside the context length
+# (start-up log, /server_info, `radixrt plan`).
+TYPICAL_REQUEST_TOKENS = 1024
 # lpm sorts the waiting queue by cached prefix length; past this queue length the matching cost is
 # not worth it and the policy falls back to fcfs.
 LPM_FALLBACK_QUEUE_LEN = 128

@@ -117,6 +117,7 @@ class WorkerReady(msgspec.Struct, frozen=True, tag=True):
     eos_token_ids: list[int]
     device: str
     dtype: str
+    kv_bytes_per_token: int = 0  # K and V of one token over all layers (worker/capacity.py)
 
 
 # --- tokenizer <-> scheduler ---------------------------------------------------------------------

@@ -52,12 +52,6 @@ class KVCache:
         layers, heads, dim = config.num_layers, config.num_kv_heads, config.head_dim
         return cls(layers, num_slots, heads, dim, dtype, device)
 
-    @staticmethod
-    def bytes_per_token_for(config: KVShape, dtype: torch.dtype) -> int:
-        """K and V bytes of one slot across all layers, before any cache exists (pool sizing)."""
-        elem = torch.empty((), dtype=dtype).element_size()
-        return 2 * config.num_layers * config.num_kv_heads * config.head_dim * elem
-
     @property
     def padding_slot(self) -> int:
         return self.num_slots

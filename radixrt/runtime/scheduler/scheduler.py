@@ -33,6 +33,7 @@ from radixrt.runtime.scheduler.policy import make_policy
 from radixrt.runtime.scheduler.request import Request
 from radixrt.runtime.scheduler.request_table import RequestTable
 from radixrt.runtime.scheduler.stats import SchedulerStats
+from radixrt.runtime.worker.capacity import Capacity, typical_request_tokens
 
 
 class Scheduler:
@@ -42,9 +43,13 @@ class Scheduler:
         num_pages: int,
         context_length: int,
         eos_token_ids: Sequence[int],
+        kv_bytes_per_token: int = 0,
     ) -> None:
+        """kv_bytes_per_token: what one token costs in the pool (0: unknown, no capacity)."""
         self.config = config
         self.context_length = context_length
+        self.capacity = Capacity(kv_bytes_per_token, config.page_size, num_pages,
+                                 context_length) if kv_bytes_per_token else None
         self.kv = KVManager(num_pages, config.page_size, config.disable_radix_cache)
         self.policy = make_policy(config.schedule_policy)
         self.stats = SchedulerStats()
@@ -58,7 +63,8 @@ class Scheduler:
     @classmethod
     def for_worker(cls, config: EngineConfig, ready: WorkerReady) -> Scheduler:
         """The scheduler sized by what the worker reported at start-up."""
-        return cls(config, ready.num_pages, ready.context_length, ready.eos_token_ids)
+        return cls(config, ready.num_pages, ready.context_length, ready.eos_token_ids,
+                   ready.kv_bytes_per_token)
 
     # --- the views the engine, the loop and the tests read ----------------------------------
     @property
@@ -231,6 +237,8 @@ class Scheduler:
             "kv_locked": counters.locked,
             "kv_private": counters.private,
             "page_size": self.kv.page_size,
+            "capacity": self.capacity.info(typical_request_tokens(self.context_length))
+            if self.capacity is not None else None,
             "running": len(self.table.running),
             "waiting": len(self.table.waiting),
             "swapped": len(self.table.swapped),

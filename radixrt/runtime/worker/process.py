@@ -18,6 +18,7 @@ def run_worker(config: EngineConfig, addrs: Addresses, parent_pid: int, log_leve
     import setproctitle
     import zmq
 
+    from radixrt.runtime.worker.capacity import Capacity, typical_request_tokens
     from radixrt.runtime.worker.setup import build_worker
 
     setproctitle.setproctitle("radixrt::worker")
@@ -29,6 +30,9 @@ def run_worker(config: EngineConfig, addrs: Addresses, parent_pid: int, log_leve
     results.send(ready)
     log.info("worker ready: %d KV pages of %d on %s", ready.num_pages, ready.page_size,
              ready.device)
+    capacity = Capacity(ready.kv_bytes_per_token, ready.page_size, ready.num_pages,
+                        ready.context_length)
+    log.info("%s", capacity.describe(typical_request_tokens(ready.context_length)))
     while True:
         plan: StepPlan | None = plans.recv(timeout_ms=PARENT_POLL_MS)
         if plan is None:

@@ -10,10 +10,10 @@ import torch
 from radixrt.runtime.config import CPU_MAX_POOL_TOKENS, EngineConfig
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.forward.attention import resolve_attention_backend
-from radixrt.runtime.forward.kv_cache import KVCache
 from radixrt.runtime.messages import WorkerReady
 from radixrt.runtime.models.loader import LoadedModel, inspect_model, load_model, resolve_dtype
 from radixrt.runtime.models.model_config import ModelConfig
+from radixrt.runtime.worker.capacity import kv_bytes_per_token, pool_tokens
 from radixrt.runtime.worker.worker import Worker
 
 
@@ -67,7 +67,7 @@ def pool_pages(config: EngineConfig, bytes_per_token: int, device: torch.device)
             free = torch.cuda.mem_get_info(device)[0]
         else:
             free = psutil.virtual_memory().available
-        tokens = int(free * config.mem_fraction) // bytes_per_token
+        tokens = pool_tokens(free, config.mem_fraction, bytes_per_token)
         if device.type == "cpu":
             tokens = min(tokens, CPU_MAX_POOL_TOKENS)
     return max(tokens // config.page_size, 2)
@@ -93,7 +93,8 @@ def build_worker(
         )
     param = next(loaded.model.parameters())
     device, dtype = param.device, param.dtype
-    num_pages = pool_pages(config, KVCache.bytes_per_token_for(loaded.config, dtype), device)
+    per_token = kv_bytes_per_token(loaded.config, torch.empty((), dtype=dtype).element_size())
+    num_pages = pool_pages(config, per_token, device)
     worker = Worker(
         loaded,
         num_pages * config.page_size,
@@ -111,5 +112,6 @@ def build_worker(
         eos_token_ids=list(loaded.config.eos_token_ids),
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),
+        kv_bytes_per_token=per_token,
     )
     return worker, ready

@@ -1,0 +1,113 @@
+"""`radixrt plan`: what a server for a model holds on a device of a given memory, from the model's
+config alone (a config.json folder, a GGUF header, or "default"), without loading weights: the
+weights, the KV pool the worker would make, and how many requests of a given shape run at once
+with contiguous reservation, with paged allocation, and with a shared prefix
+(worker/capacity.py does the arithmetic)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from typing import Any
+
+from radixrt.runtime.config import DEFAULT_MODEL, EngineConfig
+
+DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2,
+          "mib": 1 << 20, "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4,
+          "tb": 1000**4, "tib": 1 << 40}
+
+
+def parse_memory(text: str) -> int:
+    """"80GiB", "24 GB", "512MiB", "1e9" -> bytes; ValueError naming the units."""
+    found = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e[0-9]+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = found.group(2).lower() if found else None
+    if found is None or unit not in _UNITS:
+        raise ValueError(f"--memory={text!r}: give a size such as 80GiB, 24GB or 512MiB")
+    size = int(float(found.group(1)) * _UNITS[unit])
+    if size <= 0:
+        raise ValueError(f"--memory={text!r} must be more than 0")
+    return size
+
+
+def add_plan_parser(sub: Any) -> None:
+    defaults = EngineConfig()
+    plan = sub.add_parser(
+        "plan", help="KV capacity and concurrency for a model on a device, without loading it",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add = plan.add_argument
+    add("--model", default=DEFAULT_MODEL, help="'default', a .gguf file, or a folder with "
+        "config.json (only the config is read)")
+    add("--memory", required=True, help="device memory, e.g. 80GiB (the weights come off it)")
+    add("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES),
+        help="of the weights and the KV cache")
+    add("--page-size", type=int, default=defaults.page_size)
+    add("--mem-fraction", type=float, default=defaults.mem_fraction,
+        help="of the memory left after the weights given to the KV pool (the server's flag)")
+    add("--context-length", type=int, default=None, help="default: the model's")
+    add("--prompt-tokens", type=int, default=512)
+    add("--mean-output-tokens", type=int, default=256)
+    add("--max-output-tokens", type=int, default=1024)
+    add("--shared-prefix-tokens", type=int, default=0,
+        help="of the prompt, the same for every request (a system prompt, few-shot examples)")
+    add("--requests", type=int, default=64, help="requests that share that prefix")
+    add("--json", action="store_true", help="print the figures as JSON")
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from radixrt.runtime.models.loader import inspect_model
+    from radixrt.runtime.worker.capacity import Workload, plan
+
+    try:
+        config = inspect_model(args.model)
+        memory = parse_memory(args.memory)
+        if args.page_size < 1 or not 0 < args.mem_fraction <= 1:
+            raise ValueError("--page-size must be >= 1 and --mem-fraction in (0, 1]")
+        context = args.context_length or config.max_position_embeddings
+        work = Workload(args.prompt_tokens, args.mean_output_tokens, args.max_output_tokens,
+                        args.shared_prefix_tokens, args.requests)
+        figures = plan(config, memory, DTYPE_BYTES[args.dtype], args.page_size,
+                       args.mem_fraction, context, work)
+    except (ValueError, OSError) as exc:
+        print(f"radixrt plan: {exc}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps({"model": args.model, "memory_bytes": memory, "dtype": args.dtype,
+                          "context_length": context, **figures}, indent=2))
+    else:
+        print(report(args, config.architecture, memory, context, figures))
+    return 0
+
+
+def report(args: argparse.Namespace, architecture: str, memory: int, context: int,
+           f: dict[str, Any]) -> str:
+    gib = 1 << 30
+    lines = [
+        f"model {args.model} ({architecture}): {f['parameters'] / 1e9:.2f} B parameters, "
+        f"{f['weight_bytes'] / gib:.2f} GiB of weights in {args.dtype}",
+        f"KV cache: {f['kv_bytes_per_token']} bytes per token "
+        f"({f['kv_bytes_per_token'] / 1024:.0f} KiB)",
+        f"pool: {args.mem_fraction} of the {(memory - f['weight_bytes']) / gib:.2f} GiB left "
+        f"= {f['pool_pages']} pages of {args.page_size} = {f['pool_tokens']} tokens "
+        f"({f['pool_bytes'] / gib:.2f} GiB)",
+        f"requests of {args.prompt_tokens} prompt + {args.mean_output_tokens} mean / "
+        f"{args.max_output_tokens} max output tokens, at once:",
+        f"  contiguous reservation (prompt + max output each): {f['concurrent_contiguous']}",
+        f"  paged (prompt + mean output each):                 {f['concurrent_paged']}",
+        f"  paged, every request at its maximum output:        "
+        f"{f['concurrent_paged_worst_case']}",
+    ]
+    if args.shared_prefix_tokens:
+        lines += [
+            f"  paged, a {args.shared_prefix_tokens}-token prefix held once:"
+            f"{'':>{max(1, 17 - len(str(args.shared_prefix_tokens)))}}"
+            f"{f['concurrent_paged_shared_prefix']}",
+            f"prefill saved by the shared prefix over {args.requests} requests: "
+            f"{f['prefill_tokens_saved']} tokens ({f['prefill_fraction_saved']:.0%} of the "
+            "prompts)",
+        ]
+    lines.append(f"at the context length ({context} tokens per request): "
+                 f"{f['max_concurrency_at_context_length']} at once")
+    return "\n".join(lines)

@@ -1,0 +1,142 @@
+"""KV capacity as an operator plans with it: the arithmetic the worker sizes its pool with, and
+what the pool then holds — bytes per token, pages, tokens, concurrent requests at a length —
+for the running server (start-up log, /server_info) and, from a model's config alone, for
+`radixrt plan` (no weights loaded, any model, any memory size).
+
+Concurrency at a length: a paged pool holds a request in ceil(tokens / page_size) pages, so it
+fits pool_tokens // (its pages' tokens) such requests. A contiguous allocator (one region per
+request, reserved for its longest possible output) fits pool_tokens // (prompt + max_output).
+A prefix shared by every request is held (and computed) once: each request then needs only
+its own part beyond it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+from radixrt.runtime.config import TYPICAL_REQUEST_TOKENS
+
+if TYPE_CHECKING:  # torch-free at run time: the scheduler process states capacity too
+    from radixrt.runtime.models.model_config import ModelConfig
+
+GIB = 1 << 30
+
+
+def kv_bytes_per_token(config: ModelConfig, dtype_bytes: int) -> int:
+    """K and V of one token across all layers."""
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype_bytes
+
+
+def parameter_count(config: ModelConfig) -> int:
+    """The weights a Llama-family model holds (what models/llama.py builds)."""
+    h, q, kv = config.hidden_size, config.num_heads * config.head_dim, \
+        config.num_kv_heads * config.head_dim
+    attention = h * q + 2 * h * kv + q * h + (q + 2 * kv if config.attention_bias else 0)
+    mlp = 3 * h * config.intermediate_size
+    norms = 2 * h + (2 * config.head_dim if config.qk_norm else 0)
+    embed = config.vocab_size * h
+    head = 0 if config.tie_word_embeddings else config.vocab_size * h
+    return embed + config.num_layers * (attention + mlp + norms) + h + head
+
+
+def pool_tokens(free_bytes: int, mem_fraction: float, bytes_per_token: int) -> int:
+    """The pool the worker makes without an explicit max_total_tokens."""
+    return int(free_bytes * mem_fraction) // bytes_per_token
+
+
+def typical_request_tokens(context_length: int) -> int:
+    """The "typical" length capacity is stated at beside the context length."""
+    return min(TYPICAL_REQUEST_TOKENS, context_length)
+
+
+def ceil_to(tokens: int, page_size: int) -> int:
+    return -(-tokens // page_size) * page_size
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """A KV pool: its pages and what one token costs in it."""
+
+    bytes_per_token: int
+    page_size: int
+    pages: int
+    context_length: int
+
+    @property
+    def tokens(self) -> int:
+        return self.pages * self.page_size
+
+    def concurrency(self, tokens_per_request: int, shared_prefix: int = 0) -> int:
+        """Requests of that many tokens the pool holds at once (paged), with a prefix of
+        `shared_prefix` tokens held once for all of them."""
+        own = ceil_to(max(tokens_per_request - shared_prefix, 1), self.page_size)
+        return max(self.tokens - ceil_to(shared_prefix, self.page_size), 0) // own
+
+    def info(self, typical_tokens: int) -> dict[str, Any]:
+        """For /server_info."""
+        return {**asdict(self), "tokens": self.tokens,
+                "bytes": self.tokens * self.bytes_per_token,
+                "max_concurrency_at_context_length": self.concurrency(self.context_length),
+                "typical_request_tokens": typical_tokens,
+                "max_concurrency_at_typical_length": self.concurrency(typical_tokens)}
+
+    def describe(self, typical_tokens: int) -> str:
+        """The start-up log's line, as vLLM states it."""
+        size = self.tokens * self.bytes_per_token / GIB
+        return (f"KV cache: {self.bytes_per_token} bytes per token, {self.pages} pages of "
+                f"{self.page_size} = {self.tokens} tokens ({size:.2f} GiB); maximum concurrency "
+                f"for {self.context_length} tokens per request: "
+                f"{self.concurrency(self.context_length)}, for {typical_tokens}: "
+                f"{self.concurrency(typical_tokens)}")
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompt_tokens: int
+    mean_output_tokens: int
+    max_output_tokens: int
+    shared_prefix_tokens: int = 0  # of the prompt, the same for every request
+    requests: int = 1  # how many share that prefix (for the prefill it saves)
+
+
+def plan(config: ModelConfig, memory_bytes: int, dtype_bytes: int, page_size: int,
+         mem_fraction: float, context_length: int, work: Workload) -> dict[str, Any]:
+    """What a server for this model would hold on a device of `memory_bytes`, from the config
+    alone: the weights, the pool (as the worker sizes it), and how many requests of `work`
+    run at once with contiguous reservation and with paged allocation (and a shared prefix).
+    ValueError when the weights alone do not fit, or a request cannot fit the context."""
+    if work.prompt_tokens + work.max_output_tokens > context_length:
+        raise ValueError(f"prompt {work.prompt_tokens} + max output {work.max_output_tokens} "
+                         f"tokens exceed the context length {context_length}")
+    if not 0 <= work.shared_prefix_tokens <= work.prompt_tokens:
+        raise ValueError("the shared prefix must be part of the prompt: 0 <= shared <= prompt")
+    if work.mean_output_tokens > work.max_output_tokens:
+        raise ValueError("the mean output cannot exceed the maximum output")
+    weights = parameter_count(config) * dtype_bytes
+    free = memory_bytes - weights
+    if free <= 0:
+        raise ValueError(f"the weights alone take {weights / GIB:.2f} GiB of the "
+                         f"{memory_bytes / GIB:.2f} GiB: nothing is left for the KV cache")
+    per_token = kv_bytes_per_token(config, dtype_bytes)
+    pages = pool_tokens(free, mem_fraction, per_token) // page_size
+    capacity = Capacity(per_token, page_size, pages, context_length)
+    mean = work.prompt_tokens + work.mean_output_tokens
+    worst = work.prompt_tokens + work.max_output_tokens
+    shared = work.shared_prefix_tokens
+    return {
+        "parameters": parameter_count(config),
+        "weight_bytes": weights,
+        "kv_bytes_per_token": per_token,
+        "pool_pages": pages,
+        "pool_tokens": capacity.tokens,
+        "pool_bytes": capacity.tokens * per_token,
+        "concurrent_contiguous": capacity.tokens // worst,
+        "concurrent_paged": capacity.concurrency(mean),
+        "concurrent_paged_worst_case": capacity.concurrency(worst),
+        "concurrent_paged_shared_prefix": capacity.concurrency(mean, shared),
+        "prefill_tokens_saved": max(work.requests - 1, 0) * shared,
+        "prefill_fraction_saved": (max(work.requests - 1, 0) * shared
+                                   / max(work.requests * work.prompt_tokens, 1)),
+        "max_concurrency_at_context_length": capacity.concurrency(context_length),
+    }

@@ -1,0 +1,108 @@
+"""KV capacity, stated: the worked case of a Llama-3-8B config on an 80 GiB device through
+`radixrt plan` (the config alone, nothing loaded), the pool arithmetic the worker uses, and on
+the default model: its parameter count against the loaded weights, and the capacity the running
+engine reports against its pool."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from radixrt.cli import main
+from radixrt.plan_cli import parse_memory
+from radixrt.runtime.models.loader import inspect_model
+from radixrt.runtime.worker.capacity import (
+    Capacity,
+    Workload,
+    kv_bytes_per_token,
+    parameter_count,
+    plan,
+)
+
+LLAMA3_8B = {  # Meta-Llama-3-8B's config.json
+    "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "vocab_size": 128256, "max_position_embeddings": 8192, "rope_theta": 500000.0,
+    "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "bos_token_id": 128000,
+    "eos_token_id": 128001, "torch_dtype": "bfloat16",
+}
+
+
+@pytest.fixture
+def llama3(tmp_path: Path) -> str:
+    (tmp_path / "config.json").write_text(json.dumps(LLAMA3_8B))
+    return str(tmp_path)
+
+
+def test_llama3_8b_on_80gib_is_the_worked_case(llama3: str, capsys: Any) -> None:
+    """8,030,261,248 parameters (the published count): 16.06 GB in bf16; 128 KiB of KV per
+    token (32 layers x 8 KV heads x 128 x K and V x 2 bytes); 0.9 of the 65.04 GiB left is
+    479,545 tokens, 29,971 pages of 16. Requests of 1024 prompt tokens, 512 output on average
+    and 2048 at most: contiguous reservation holds 479,536 // 3072 = 156 at once, paged
+    allocation 479,536 // 1536 = 312, and with a 512-token prefix held once 467."""
+    code = main(["plan", "--model", llama3, "--memory", "80GiB", "--mem-fraction", "0.9",
+                 "--page-size", "16", "--prompt-tokens", "1024", "--mean-output-tokens", "512",
+                 "--max-output-tokens", "2048", "--shared-prefix-tokens", "512",
+                 "--requests", "64", "--json"])
+    assert code == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["parameters"] == 8_030_261_248
+    assert figures["weight_bytes"] == 16_060_522_496
+    assert figures["kv_bytes_per_token"] == 131_072
+    assert figures["pool_pages"] == 29_971 and figures["pool_tokens"] == 479_536
+    assert figures["concurrent_contiguous"] == 156
+    assert figures["concurrent_paged"] == 312
+    assert figures["concurrent_paged_worst_case"] == 156
+    assert figures["concurrent_paged_shared_prefix"] == 467
+    assert figures["prefill_tokens_saved"] == 63 * 512
+    assert figures["max_concurrency_at_context_length"] == 479_536 // 8192 == 58
+    main(["plan", "--model", llama3, "--memory", "80GiB", "--shared-prefix-tokens", "64"])
+    text = capsys.readouterr().out
+    assert "8.03 B parameters" in text and "128 KiB" in text and "held once" in text
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--memory", "lots"], "give a size such as 80GiB"),
+    (["--memory", "8GiB"], "the weights alone take 14.96 GiB"),
+    (["--memory", "80GiB", "--prompt-tokens", "8000", "--max-output-tokens", "1024"],
+     "exceed the context length 8192"),
+    (["--memory", "80GiB", "--shared-prefix-tokens", "600", "--prompt-tokens", "500"],
+     "shared prefix must be part of the prompt"),
+])
+def test_plans_that_cannot_be_are_refused_by_name(llama3: str, capsys: Any, args: list[str],
+                                                   message: str) -> None:
+    assert main(["plan", "--model", llama3, *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_memory_sizes_and_page_rounding() -> None:
+    assert parse_memory("80GiB") == 80 << 30 and parse_memory("24 GB") == 24 * 10**9
+    assert parse_memory("512MiB") == 512 << 20
+    pool = Capacity(bytes_per_token=100, page_size=16, pages=10, context_length=4096)
+    assert pool.tokens == 160
+    assert pool.concurrency(17) == 5  # 17 tokens take two pages of 16
+    assert pool.concurrency(40, shared_prefix=32) == 8  # 32 held once (2 pages), 8 own (1 page)
+    assert pool.info(64)["max_concurrency_at_typical_length"] == 2
+    assert "10 pages of 16 = 160 tokens" in pool.describe(64)
+
+
+def test_the_default_models_plan_counts_its_loaded_weights(loaded_model: Any) -> None:
+    """From the GGUF header alone, the parameters and KV bytes the loaded model has."""
+    config = inspect_model("default")
+    assert parameter_count(config) == sum(p.numel() for p in loaded_model.model.parameters())
+    figures = plan(config, 1 << 30, 4, 1, 0.5, 8192, Workload(100, 50, 200))
+    assert figures["kv_bytes_per_token"] == kv_bytes_per_token(loaded_model.config, 4)
+
+
+def test_the_engine_states_its_capacity(make_engine: Any) -> None:
+    engine = make_engine(max_total_tokens=4096, page_size=16)
+    capacity = engine.stats()["capacity"]
+    per_token = kv_bytes_per_token(engine.model_config, 4)  # float32 on the CPU
+    assert capacity["bytes_per_token"] == per_token
+    assert capacity["pages"] * capacity["page_size"] == capacity["tokens"] == 4096
+    assert capacity["bytes"] == 4096 * per_token
+    assert capacity["max_concurrency_at_context_length"] == 4096 // engine.context_length
+    assert capacity["max_concurrency_at_typical_length"] == 4096 // 1024
