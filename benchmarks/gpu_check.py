@@ -3,11 +3,14 @@
     python benchmarks/gpu_check.py          # on a CUDA machine; about 3-5 minutes on an H200
     python benchmarks/gpu_check.py --dry    # tiny shapes, Triton's interpreter, CPU (the tests)
 
-1. runs tests/test_triton_kernels.py and tests/test_triton_model.py natively (pytest);
+1. runs tests/test_triton_kernels.py, tests/test_cascade_kernels.py and
+   tests/test_triton_model.py natively (pytest);
 2. measures device-to-device copy bandwidth (the yardstick of "achieved bandwidth");
 3. times decode attention (batch 1-256 x context 512-8k) and extend attention against PyTorch
    SDPA over gathered K/V, on Llama-3-8B attention shapes (32 heads, 8 KV heads, head_dim 128,
-   bfloat16, page-16 slot tables scattered through the pool);
+   bfloat16, page-16 slot tables scattered through the pool), and cascade decode attention
+   (32-64 requests sharing a 2k-4k-token prefix, short own KV) against decode attention over
+   each request's concatenated KV;
 4. times the decode step (forward + logits) of a dummy-weight Llama-3-8B-shaped model, eager and
    with CUDA graphs: tokens/s and model bandwidth utilisation (weights + KV bytes read per step /
    step time / copy bandwidth).
@@ -30,42 +33,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_check_sizes import DRY_SIZES, GPU_SIZES, Sizes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-LLAMA3_8B = {
-    "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
-    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
-    "head_dim": 128, "vocab_size": 128256, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
-    "max_position_embeddings": 8192, "tie_word_embeddings": False,
-}  # fmt: skip
-TINY_LLAMA = LLAMA3_8B | {
-    "hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2,
-    "num_attention_heads": 8, "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 512,
-}  # fmt: skip
-
-
-@dataclass(frozen=True)
-class Sizes:
-    heads: int
-    kv_heads: int
-    head_dim: int
-    decode_batches: tuple[int, ...]
-    decode_contexts: tuple[int, ...]
-    extend_cases: tuple[tuple[int, int, int], ...]  # (requests, new tokens each, prefix each)
-    model_config: dict[str, Any]
-    model_cases: tuple[tuple[int, int], ...]  # (batch, context)
-    copy_bytes: int
-    test_filter: str | None  # pytest -k expression; None runs the whole kernel and model tests
-
-
-GPU_SIZES = Sizes(
-    32, 8, 128, (1, 16, 64, 256), (512, 2048, 8192),
-    ((1, 4096, 0), (4, 1024, 3072), (32, 128, 1920)),
-    LLAMA3_8B, ((1, 1024), (16, 1024), (64, 2048), (128, 2048)), 2 << 30, None,
-)  # fmt: skip
-DRY_SIZES = Sizes(
-    8, 2, 64, (1, 3), (16, 40), ((1, 24, 0), (2, 8, 20)),
-    TINY_LLAMA, ((1, 16), (2, 24)), 64 << 20, "store_kv",
-)  # fmt: skip
 
 
 @dataclass
@@ -144,7 +114,8 @@ def rel_err(out: Any, ref: Any) -> float:
 # --- sections ----------------------------------------------------------------------------------
 def run_kernel_tests(sizes: Sizes, report: Report, timeout_s: float) -> None:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-           "tests/test_triton_kernels.py", "tests/test_triton_model.py"]  # fmt: skip
+           "tests/test_triton_kernels.py", "tests/test_cascade_kernels.py",
+           "tests/test_triton_model.py"]  # fmt: skip
     if sizes.test_filter:
         cmd += ["-k", sizes.test_filter]
     start = time.perf_counter()
@@ -234,6 +205,62 @@ def decode_bench(sizes: Sizes, device: Any, dtype: Any, bandwidth: float, report
     for bs in sizes.decode_batches:
         for ctx in sizes.decode_contexts:
             decode_case(sizes, bs, ctx, pool, bandwidth, report)
+
+
+def cascade_case(sizes: Sizes, bs: int, groups: int, prefix: int, own: int, device: Any,
+                 dtype: Any, report: Report) -> None:  # fmt: skip
+    """bs requests in `groups` equal groups, each group sharing a prefix of `prefix` tokens, each
+    request owning `own` more: cascade_decode_attention vs decode_attention on the full KV."""
+    import torch
+
+    from radixrt.kernels.cascade_attention import cascade_decode_attention
+    from radixrt.kernels.decode_attention import decode_attention
+    from radixrt.kernels.reference import cascade_decode_attention_ref
+
+    scale, members = sizes.head_dim**-0.5, bs // groups
+    k_cache, v_cache, slots = paged_pool(groups * prefix + bs * own, sizes, dtype, device)
+    prefix_slots = slots[: groups * prefix].view(groups, prefix)  # [groups, prefix]
+    own_slots = slots[groups * prefix :].view(bs, own)  # [bs, own]
+    group_rows = torch.randperm(bs, device=device)  # [bs]: group g is rows g*members: of it
+    group_of = torch.empty_like(group_rows)  # [bs]: each request's group
+    group_of[group_rows] = torch.arange(bs, device=device) // members
+    full_slots = torch.cat([prefix_slots[group_of], own_slots], 1).reshape(-1)  # [bs * ctx]
+    full_indptr = torch.arange(bs + 1, device=device) * (prefix + own)  # [bs + 1]
+    args = (
+        torch.arange(groups + 1, device=device) * prefix, prefix_slots.reshape(-1),
+        torch.arange(groups + 1, device=device) * members, group_rows,
+        torch.arange(bs + 1, device=device) * own, own_slots.reshape(-1),
+    )  # fmt: skip
+    q = torch.randn(bs, sizes.heads, sizes.head_dim, dtype=dtype, device=device)
+    o, o_full = torch.empty_like(q), torch.empty_like(q)  # [bs, heads, head_dim]
+
+    def cascade_step() -> None:
+        cascade_decode_attention(q, o, k_cache, v_cache, *args, scale, max_group_size=members,
+                                 max_kv_len=own)  # fmt: skip
+
+    def decode_step() -> None:
+        decode_attention(q, o_full, k_cache, v_cache, full_indptr, full_slots, scale,
+                         max_kv_len=prefix + own)  # fmt: skip
+
+    ref = torch.empty(q.shape, dtype=torch.float32, device=device)
+    cascade_decode_attention_ref(q, ref, k_cache, v_cache, *args, scale)
+    o.fill_(float("nan"))
+    o_full.fill_(float("nan"))
+    cascade_step()
+    decode_step()
+    err, err_decode = rel_err(o, ref), rel_err(o_full, ref)
+    t_cascade, t_decode = bench(cascade_step, device), bench(decode_step, device)
+    result = (
+        f"{fmt_time(t_cascade)} vs decode {fmt_time(t_decode)} ({t_decode / t_cascade:4.1f}x)  "
+        f"decode err {err_decode:.0e}  err {err:.0e}"
+    )
+    report.add("cascade", f"bs={bs} g={groups} P={prefix} own={own}", result,
+               ok=max(err, err_decode) < 2e-2)  # fmt: skip
+
+
+def cascade_bench(sizes: Sizes, device: Any, dtype: Any, report: Report) -> None:
+    for bs, groups, prefix, own in sizes.cascade_cases:
+        cascade_case(sizes, bs, groups, prefix, own, device, dtype, report)
 
 
 def extend_case(sizes: Sizes, bs: int, new: int, prefix: int, device: Any, dtype: Any,
@@ -388,6 +415,7 @@ def main(argv: list[str] | None = None) -> int:
         section("tests", 60, lambda: run_kernel_tests(sizes, report, timeout))
     bandwidth = section("copy", 5, lambda: copy_bandwidth(sizes, device, report)) or math.nan
     section("decode", 30, lambda: decode_bench(sizes, device, dtype, bandwidth, report))
+    section("cascade", 15, lambda: cascade_bench(sizes, device, dtype, report))
     section("extend", 15, lambda: extend_bench(sizes, device, dtype, report))
     section("model", 45, lambda: model_bench(sizes, device, dtype, bandwidth, report))
     if device.type != "cuda":

@@ -12,6 +12,7 @@ from radixrt.plan_cli import add_plan_parser, run_plan
 from radixrt.runtime.config import (
     ATTENTION_BACKENDS,
     DEFAULT_CUDA_GRAPH_MAX_BS,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_PINNED_FRACTION,
     DEFAULT_MODEL,
     DTYPES,
@@ -62,8 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--context-length", type=int, default=None,
         help="longest prompt + output; default: the model's")
     add("--max-running-requests", type=int, default=256, help="requests decoding at once")
-    add("--max-num-batched-tokens", type=int, default=2048,
-        help="token budget of one forward pass (prefill is chunked to fit)")
+    add("--max-num-batched-tokens", type=int, default=DEFAULT_MAX_NUM_BATCHED_TOKENS,
+        help="token budget of one forward pass (prefill is chunked to fit): larger favours a "
+        "long prompt's time to first token, smaller the other requests' inter-token latency")
     add("--schedule-policy", default="lpm", choices=SCHEDULE_POLICIES,
         help="waiting-queue order: fcfs, longest cached prefix first, or radix-tree DFS")
     add("--preemption", default="recompute", choices=PREEMPTION_MODES,
@@ -94,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
         "priority; equal priorities never preempt each other")
     add("--fair-share", action=argparse.BooleanOptionalAction, default=True,
         help="within a priority, interleave tenants' admissions by the tokens each was served")
+    add("--cascade-attention", action=argparse.BooleanOptionalAction, default=True,
+        help="decode requests that share a cached prefix read it once per step, together "
+        "(attention over the shared prefix and over each request's own tokens, merged)")
     add("--max-queued-requests", type=int, default=None,
         help="waiting requests past which a new one is refused with 429 and Retry-After")
     add("--max-queued-per-tenant", type=int, default=None,

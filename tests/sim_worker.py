@@ -170,6 +170,7 @@ class SimWorker:
         self.repoints = 0
         self.forced = 0  # tokens appended by jump-forward
         self.known = 0  # runs that "sampled" a token jump-forward had appended already
+        self.shared_reads_saved = 0  # prefix positions cascade attention reads once, not twice
 
     def _check_table(self, rid: int, upto: int | None = None) -> None:
         state = self.states[rid]
@@ -278,6 +279,7 @@ class SimWorker:
                 assert slot not in written, f"run of {run.rid}: slot {slot} written twice"
                 written.add(slot)
             self._check_table(run.rid)
+        self._check_prefix_groups(plan)
         results: list[RunResult] = []
         for run in plan.runs:
             state = self.states[run.rid]
@@ -288,6 +290,24 @@ class SimWorker:
             self.tokens_computed += run.num_new
             results += self._results(run, state)
         return StepResult(plan.step_id, results, sum(r.num_new for r in plan.runs))
+
+    def _check_prefix_groups(self, plan: StepPlan) -> None:
+        """Cascade attention reads a group's prefix from its first member's slots for all of
+        them: every member must be a decode run whose table starts with those very slots."""
+        runs = {run.rid: run for run in plan.runs}
+        grouped: set[int] = set()
+        for group in plan.prefix_groups:
+            assert len(group.rids) >= 2 and group.length > 0, f"prefix group {group}"
+            head = self.states[group.rids[0]].slots[: group.length]
+            for rid in group.rids:
+                run = runs.get(rid)
+                assert run is not None and run.num_new == 1, f"group member {rid}: not a decode"
+                assert group.length <= run.start, f"group of {group.length} past {rid}'s prefix"
+                slots = self.states[rid].slots
+                assert slots[: group.length] == head, f"group member {rid}: other slots"
+                assert rid not in grouped, f"{rid} in two prefix groups"
+                grouped.add(rid)
+            self.shared_reads_saved += (len(group.rids) - 1) * group.length
 
     def _jump(self, rid: int, state: SimState) -> list[int]:
         """after_sample: the grammar's forced tokens after the one just appended."""

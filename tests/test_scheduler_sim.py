@@ -35,7 +35,7 @@ from sim_worker import (
     step,
 )
 
-from radixrt.runtime.messages import Scheduling
+from radixrt.runtime.messages import Scheduling, StepPlan, StepResult
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.scheduler.request import Phase, Request
 
@@ -82,6 +82,8 @@ def configs(draw: st.DrawFn) -> dict:
         overlap=draw(st.booleans()),
         priority_preemption=draw(st.booleans()),
         fair_share=draw(st.booleans()),
+        # cascade groups as soon as two requests share a few tokens: the worker checks each
+        cascade_min_saved_reads=draw(st.sampled_from([1, 16, 2048])),
     )
 
 
@@ -135,6 +137,7 @@ def record_coverage(sim: Sim) -> None:
     event("error" if any(r and r.startswith("error") for r in reasons) else "no error")
     event("overlap" if sim.overlap else "no overlap")
     event("jump-forward" if sim.worker.forced else "no jump-forward")
+    event("cascade" if sim.worker.shared_reads_saved else "no cascade")
     event("priority preemption" if stats.priority_preemptions else "no priority preemption")
     if sim.overlap:
         event("presolved in flight" if sim.worker.known else "nothing presolved")
@@ -228,11 +231,12 @@ def test_outputs_are_identical_across_configurations(
 
 # --- n > 1 -------------------------------------------------------------------------------------
 @pytest.mark.parametrize("disable_radix_cache", [False, True])
-@pytest.mark.parametrize("prompt_len", [10, 12])
+@pytest.mark.parametrize("prompt_len", [10, 12, 42, 140])
 def test_fork_shares_prompt_pages_and_copies_only_a_partial_last_page(
     prompt_len: int, disable_radix_cache: bool
 ) -> None:
-    sim = make_sim(256, page_size=4, disable_radix_cache=disable_radix_cache)
+    sim = make_sim(256, page_size=4, disable_radix_cache=disable_radix_cache,
+                   cascade_min_saved_reads=256)
     prompt = [1 + i % 7 for i in range(prompt_len)]
     params = SamplingParams(max_tokens=6, n=3, ignore_eos=True)
     parent = sim.sched.add_request(prompt, params)
@@ -260,6 +264,12 @@ def test_fork_shares_prompt_pages_and_copies_only_a_partial_last_page(
         assert children[2].pages == pages
     else:
         assert plan.copies == []
+    # the children's decodes read their common whole pages once (the partial page is copied)
+    if (3 - 1) * full * 4 >= 256:
+        assert [(g.rids, g.length) for g in plan.prefix_groups] == [
+            ([c.rid for c in children], full * 4)]
+    else:
+        assert plan.prefix_groups == []
     sim.sched.process_results(plan, sim.worker.execute(plan))
     cross_check(sim)
     assert all(refcount(c.pages[-1]) == 1 for c in children)
@@ -268,6 +278,41 @@ def test_fork_shares_prompt_pages_and_copies_only_a_partial_last_page(
     check_idle(sim)
     for i, child in enumerate(children):
         assert (child.output_ids, child.finish_reason) == oracle(prompt, params, i)
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+@pytest.mark.parametrize("cascade", [True, False])
+def test_decodes_sharing_a_system_prompt_form_one_prefix_group(page_size: int,
+                                                                 cascade: bool) -> None:
+    """Requests behind one system prompt decode as one group holding the prompt's cached pages
+    (the first computes it; the others, held back a step, take it from the tree); a request
+    with another prompt is in no group; the outputs are the oracle's either way."""
+    sim = make_sim(1024, page_size=page_size, cascade_attention=cascade,
+                   cascade_min_saved_reads=256)
+    system = tuple(1 + i % 11 for i in range(128))
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    prompts = [system + (2 + i, 3 + i, 5) for i in range(4)] + [(7,) * 140]
+    arrivals = [Arrival(0, p, params) for p in prompts]
+    groups: list = []
+    execute = sim.worker.execute
+
+    def recording(plan: StepPlan) -> StepResult:
+        groups.extend(plan.prefix_groups)
+        return execute(plan)
+
+    sim.worker.execute = recording  # type: ignore[method-assign]
+    top = run(sim, arrivals)
+    check_idle(sim)
+    check_outputs(sim, arrivals, top)
+    first = min(r.rid for r in sim.sched.requests.values())
+    family = {first + i for i in range(4)}
+    if not cascade:
+        assert groups == [] and sim.worker.shared_reads_saved == 0
+        return
+    assert all(set(g.rids) <= family for g in groups)  # while all decode, all four together
+    assert any(set(g.rids) == family for g in groups)
+    shared = 128 // page_size * page_size  # the tree holds whole pages
+    assert {g.length for g in groups} == {shared}
 
 
 # --- aborts at every stage ---------------------------------------------------------------------

@@ -23,7 +23,7 @@ from radixrt.runtime.forward.attention import (  # noqa: E402
     create_attention_backend,
 )
 from radixrt.runtime.forward.attention.triton_backend import TritonAttentionBackend  # noqa: E402
-from radixrt.runtime.forward.forward_batch import ForwardBatch  # noqa: E402
+from radixrt.runtime.forward.forward_batch import ForwardBatch, PrefixGroup  # noqa: E402
 from radixrt.runtime.forward.kv_cache import KVCache  # noqa: E402
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -70,6 +70,37 @@ def test_backend_matches_torch_backend(prefix_lens: list[int], extend_lens: list
     torch.testing.assert_close(caches[1].buffer, caches[0].buffer, atol=0, rtol=0)
 
 
+def test_cascade_backend_matches_torch_backend() -> None:
+    """A decode batch with a prefix group (three requests behind 40 shared slots, one alone):
+    the triton backend's cascade kernel equals the torch backend with and without the group."""
+    gen = torch.Generator().manual_seed(3)
+    num_slots, kv_heads, heads, head_dim = 160, 3, 9, 64
+    perm = torch.randperm(num_slots, generator=gen).tolist()
+    shared, rest = perm[:40], perm[40:]
+    tables = [shared + rest[0:5], shared + rest[5:6], rest[6:26], shared + rest[26:40]]
+    prefix_lens = [len(t) - 1 for t in tables]
+    group = [PrefixGroup([0, 1, 3], 40)]
+    kv_cache = KVCache(2, num_slots, kv_heads, head_dim, torch.float32, DEVICE)
+    kv_cache.buffer[:, :, :num_slots] = torch.randn(
+        2, 2, num_slots, kv_heads, head_dim, generator=gen
+    ).to(DEVICE)
+    qkv = [
+        torch.randn(4, h, head_dim, generator=gen).to(DEVICE) for h in (heads, kv_heads, kv_heads)
+    ]
+    outs = []
+    for backend, groups in (
+        (TorchAttentionBackend(), []),
+        (TorchAttentionBackend(), group),
+        (TritonAttentionBackend(), group),
+    ):
+        batch = ForwardBatch.build(
+            [[0]] * 4, prefix_lens, tables, device=DEVICE, prefix_groups=groups
+        )
+        outs.append(run_backend(backend, batch, kv_cache, qkv))
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs[2], outs[0], atol=1e-4, rtol=1e-4)
+
+
 @contextmanager
 def attention_backend(model: Any, backend: AttentionBackend) -> Iterator[None]:
     """Run the model's attention layers on another backend, restoring the old one after."""
@@ -104,7 +135,12 @@ def model_on_device(request: pytest.FixtureRequest) -> Any:
 
 def test_engine_greedy_tokens_match_torch_backend(model_on_device: Any) -> None:
     """Prefill (extend kernel) then decode steps (decode kernel) over the whole model."""
-    prompts = [PROMPT] if DEVICE.type == "cpu" else [PROMPT, "def fib(n):", "Once upon a time"]
+    shared = "A list of the capital cities of Europe, with one fact about each of them: " * 2
+    prompts = (
+        [PROMPT]
+        if DEVICE.type == "cpu"
+        else [PROMPT, "def fib(n):", "Once upon a time", shared + "Paris,", shared + "Rome,"]
+    )
     assert isinstance(model_on_device.model.attn_backend, TorchAttentionBackend)
     _, expected = greedy(model_on_device, prompts)
     with attention_backend(model_on_device.model, TritonAttentionBackend()):

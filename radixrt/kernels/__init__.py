@@ -3,6 +3,8 @@
     store_kv          radixrt/kernels/store_kv.py          reference: store_kv_ref
     extend_attention  radixrt/kernels/extend_attention.py  reference: extend_attention_ref
     decode_attention  radixrt/kernels/decode_attention.py  reference: decode_attention_ref
+    cascade_decode_attention
+                      radixrt/kernels/cascade_attention.py reference: cascade_decode_attention_ref
 
 Each Triton launcher takes the arguments of its reference (radixrt/kernels/reference.py) plus
 optional tuning keywords; import it from its module. Triton decides at `@triton.jit` time (when a

@@ -21,6 +21,7 @@ from torch import Tensor
 from radixrt.kernels.triton_utils import (
     MAX_COMBINE,
     SUM_COMBINE,
+    attend_tiles,
     block_dim,
     check_kv_args,
     dot_dtype_and_precision,
@@ -152,26 +153,11 @@ def _decode_grouped_stage1(
     mask_d = offs_d < HEAD_DIM
     q_ptrs = q_ptr + req.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0).to(DOT_DTYPE)
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        mask_n = offs_n < hi
-        slots = tl.load(kv_indices_ptr + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
-        k_ptrs = k_cache_ptr + slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None]
-        k = tl.load(k_ptrs, mask=mask_d[:, None] & mask_n[None, :], other=0.0)  # [D, N]
-        qk = tl.dot(q, k.to(DOT_DTYPE), input_precision=PRECISION) * scale_log2  # [H, N]
-        qk = tl.where(mask_n[None, :], qk, float("-inf"))
-        m_new = tl.maximum(m_i, tl.reduce(qk, 1, MAX_COMBINE))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])  # [BLOCK_H, BLOCK_N]
-        l_i = l_i * alpha + tl.reduce(p, 1, SUM_COMBINE)
-        v_ptrs = v_cache_ptr + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :]
-        v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [N, D]
-        pv = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+    m_i, l_i, acc = attend_tiles(
+        q, kv_indices_ptr, kv_start, lo, hi, k_cache_ptr, v_cache_ptr,
+        stride_kt, stride_kh, stride_vt, stride_vh, kv_head, offs_d, mask_d, scale_log2,
+        ROWS=BLOCK_H, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_DTYPE=DOT_DTYPE, PRECISION=PRECISION,
+    )  # fmt: skip
     nonempty = l_i > 0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
     mask_hd = mask_h[:, None] & mask_d[None, :]
@@ -210,6 +196,8 @@ def _decode_stage2(
     m = tl.reduce(lse, 0, MAX_COMBINE)
     m = tl.where(m > float("-inf"), m, 0.0)  # all chunks empty (a zero-length request): zeros
     w = tl.exp2(lse - m)  # [BLOCK_S]; empty chunks weigh 0
+    # an empty partial's output is not read (cascade_attention never writes its empty ones)
+    mask_s = lse > float("-inf")
     parts_ptrs = part_o_ptr + (first + offs_s)[:, None] * HEAD_DIM + offs_d[None, :]
     parts = tl.load(parts_ptrs, mask=mask_s[:, None] & mask_d[None, :], other=0.0)
     total = tl.reduce(w, 0, SUM_COMBINE)

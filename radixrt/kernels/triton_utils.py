@@ -68,3 +68,52 @@ def check_kv_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor)
         )
     if k_cache.stride(2) != 1 or v_cache.stride(2) != 1 or q.stride(2) != 1:
         raise ValueError("q and the KV caches need a contiguous last (head_dim) axis")
+
+
+@triton.jit
+def attend_tiles(
+    q,  # [ROWS, BLOCK_D] queries of one KV head, in DOT_DTYPE
+    indices_ptr,  # slots of the key positions
+    start,  # offset of position 0 in indices_ptr
+    lo,  # first and one past the last position of this program's range
+    hi,
+    k_cache_ptr,  # [num_slots + 1, num_kv_heads, head_dim]
+    v_cache_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    kv_head,
+    offs_d,  # [BLOCK_D]
+    mask_d,  # [BLOCK_D]
+    scale_log2,
+    ROWS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
+    """Online softmax of q over the keys at positions lo..hi-1, BLOCK_N K/V tiles at a time,
+    each tile read once for all ROWS queries (tl.dot). Returns the running max m_i [ROWS]
+    (log2 domain), the sum l_i [ROWS] and the unnormalised output acc [ROWS, BLOCK_D]."""
+    m_i = tl.full([ROWS], float("-inf"), tl.float32)
+    l_i = tl.zeros([ROWS], tl.float32)
+    acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
+    for start_n in range(lo, hi, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        mask_n = offs_n < hi
+        slots = tl.load(indices_ptr + start + offs_n, mask=mask_n, other=0).to(tl.int64)
+        k_ptrs = k_cache_ptr + slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None]
+        k = tl.load(k_ptrs, mask=mask_d[:, None] & mask_n[None, :], other=0.0)  # [D, N]
+        qk = tl.dot(q, k.to(DOT_DTYPE), input_precision=PRECISION) * scale_log2  # [ROWS, N]
+        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        m_new = tl.maximum(m_i, tl.reduce(qk, 1, MAX_COMBINE))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(qk - m_new[:, None])  # [ROWS, BLOCK_N]
+        l_i = l_i * alpha + tl.reduce(p, 1, SUM_COMBINE)
+        v_ptrs = v_cache_ptr + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :]
+        v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [N, D]
+        pv = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
+        acc = acc * alpha[:, None] + pv
+        m_i = m_new
+    return m_i, l_i, acc

@@ -27,6 +27,29 @@ LPM_FALLBACK_QUEUE_LEN = 128
 # A waiting request is held back one step when a request being prefilled right now shares at least
 # this many not-yet-cached tokens with it: next step those tokens are in the radix tree.
 IN_BATCH_PREFIX_MIN = 32
+# The token budget of one forward pass: long prompts' TTFT against decoders' ITL p99, measured on
+# this engine by benchmarks/chunked_prefill.py (README): 1024 gave the best TTFT and half the ITL
+# p99 of 2048, with 2048's offline throughput; 512 halves ITL p99 again for 7% more TTFT and 11%
+# less offline throughput on random prompts.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 1024
+# Cascade attention: decode requests whose slot tables begin with at least this many common slots
+# (a radix-tree prefix they hold) read that prefix once per step, together, when the group saves
+# at least `cascade_min_saved_reads` position reads per layer ((members - 1) x prefix). Measured
+# on the CPU path (README, "Cascade attention"): 32 requests behind a 512-token prefix (15,872
+# saved) decode 17% faster; 8 behind 420 (2,940) 3%; groups of up to 7 behind 400 (<= 2,400) a
+# little slower than without.
+CASCADE_MIN_PREFIX = 32
+CASCADE_MIN_SAVED_READS = 4096
+# On CUDA a decode batch that a CUDA graph can replay runs the graph (plain decode attention)
+# unless its groups save at least this many reads per layer; then it runs eagerly with the
+# cascade kernel. Not yet measured on a GPU (benchmarks/gpu_check.py times the kernels).
+CASCADE_GRAPH_MIN_SAVED_READS = 8192
+# On the CPU, linear layers over this many rows (inclusive) run block of output rows by block of
+# output rows, this many rows per block for a layer's projections and for the LM head: MKL reads
+# the weights at about half the bandwidth for these batch sizes otherwise (models/linear.py).
+CPU_BLOCKED_LINEAR_ROWS = (3, 12)
+LINEAR_BLOCK_ROWS = 256
+LM_HEAD_BLOCK_ROWS = 1024
 # Decode batches up to this size replay CUDA graphs (triton backend on CUDA); 0 disables them.
 DEFAULT_CUDA_GRAPH_MAX_BS = 128
 DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
@@ -115,7 +138,9 @@ class EngineConfig:
     mem_fraction: float = 0.5  # of free device memory given to the KV pool
     context_length: int | None = None  # None = the model's max_position_embeddings
     max_running_requests: int = 256
-    max_num_batched_tokens: int = 2048  # token budget of one forward pass (chunked prefill)
+    # token budget of one forward pass (chunked prefill); the default is chosen from the
+    # trade-off measured by benchmarks/chunked_prefill.py (README)
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     schedule_policy: str = "lpm"
     preemption: str = "recompute"
     disable_radix_cache: bool = False
@@ -131,6 +156,10 @@ class EngineConfig:
     priority_preemption: bool = True
     # interleave tenants' admissions by the tokens each was served (within a priority level)
     fair_share: bool = True
+    # decode requests sharing a cached prefix read it once per step (cascade attention), in
+    # groups that save at least this many KV position reads per layer
+    cascade_attention: bool = True
+    cascade_min_saved_reads: int = CASCADE_MIN_SAVED_READS
     # waiting requests (in all, per tenant) past which a new request is refused (QueueFull, 429)
     max_queued_requests: int | None = None
     max_queued_per_tenant: int | None = None
@@ -162,6 +191,8 @@ class EngineConfig:
             raise bad("context_length", self.context_length, "must be >= 2")
         if self.max_running_requests < 1:
             raise bad("max_running_requests", self.max_running_requests, "must be >= 1")
+        if self.cascade_min_saved_reads < 1:
+            raise bad("cascade_min_saved_reads", self.cascade_min_saved_reads, "must be >= 1")
         if self.max_num_batched_tokens < 16:
             raise bad("max_num_batched_tokens", self.max_num_batched_tokens, "must be >= 16")
         if self.swap_space_tokens < 0:

@@ -54,6 +54,14 @@ class Swap(msgspec.Struct, frozen=True):
     slots: list[int]
 
 
+class PrefixGroup(msgspec.Struct, frozen=True):
+    """Decode runs of one step whose slot tables begin with the same `length` slots (a radix-tree
+    prefix they all hold): their attention reads that prefix once (cascade attention)."""
+
+    rids: list[int]
+    length: int
+
+
 class StepPlan(msgspec.Struct, frozen=True, tag=True):
     """The worker applies the parts in field order: swap_out reads KV before anything in this
     step can overwrite the slots the scheduler just freed; free comes before new_requests so a
@@ -66,6 +74,7 @@ class StepPlan(msgspec.Struct, frozen=True, tag=True):
     copies: list[SlotCopy] = []
     swap_in: list[Swap] = []  # host KV -> these slots; the request's slot table becomes `slots`
     runs: list[Run] = []
+    prefix_groups: list[PrefixGroup] = []  # over decode runs of `runs`; empty: no cascade
 
 
 class TokenLogprob(msgspec.Struct, frozen=True):

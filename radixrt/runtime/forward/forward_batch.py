@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
 IntSeq = Sequence[int] | Tensor
+
+
+@dataclass(frozen=True)
+class PrefixGroup:
+    """Decode requests of the batch (indices into it) whose KV begins with the same `length`
+    slots: an attention backend may read those once for all of them (cascade attention)."""
+
+    requests: list[int]
+    length: int
 
 
 @dataclass
@@ -28,6 +37,7 @@ class ForwardBatch:
     kv_indices: Tensor  # [sum(seq_lens)] int64
     seq_lens: list[int]  # prefix_len + extend_len per request
     extend_lens: list[int]  # new tokens per request
+    prefix_groups: list[PrefixGroup] = field(default_factory=list)  # over decode requests
 
     @classmethod
     def build(
@@ -36,12 +46,14 @@ class ForwardBatch:
         prefix_lens: Sequence[int],
         slot_tables: Sequence[IntSeq],
         device: torch.device | str = "cpu",
+        prefix_groups: Sequence[PrefixGroup] = (),
     ) -> ForwardBatch:
         """Build a batch from per-request lists.
 
         new_token_ids[i]: the tokens request i computes now (positions prefix_lens[i]...);
         slot_tables[i]: the slot of every position 0..prefix_lens[i] + len(new_token_ids[i]) - 1
-        (a longer table is cut to that length).
+        (a longer table is cut to that length). prefix_groups: decode requests whose tables
+        begin with the same slots, each group's length shorter than its members' prefixes.
         """
         if not (len(new_token_ids) == len(prefix_lens) == len(slot_tables)):
             raise ValueError(
@@ -75,7 +87,13 @@ class ForwardBatch:
             kv_indices=_cat(kv_slots, device),
             seq_lens=seq_lens,
             extend_lens=extend_lens,
+            prefix_groups=_checked_groups(prefix_groups, prefix_lens, extend_lens),
         )
+
+    @property
+    def shared_reads_saved(self) -> int:
+        """KV positions per layer that the prefix groups read once instead of once a member."""
+        return sum((len(g.requests) - 1) * g.length for g in self.prefix_groups)
 
     @property
     def batch_size(self) -> int:
@@ -114,6 +132,19 @@ class ForwardBatch:
     @property
     def device(self) -> torch.device:
         return self.input_ids.device
+
+
+def _checked_groups(groups: Sequence[PrefixGroup], prefix_lens: Sequence[int],
+                   extend_lens: Sequence[int]) -> list[PrefixGroup]:
+    members = [i for group in groups for i in group.requests]
+    if len(set(members)) != len(members) or any(len(g.requests) < 2 for g in groups):
+        raise ValueError("prefix groups must be disjoint and of at least two requests")
+    for group in groups:
+        for i in group.requests:
+            if extend_lens[i] != 1 or not 0 < group.length <= prefix_lens[i]:
+                raise ValueError(f"prefix group of length {group.length}: request {i} is not a "
+                                 f"decode with a prefix that long")
+    return list(groups)
 
 
 def _cat(parts: list[Tensor], device: torch.device | str) -> Tensor:

@@ -9,6 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from radixrt.runtime.models.linear import BlockedLinear
+
 
 class RMSNorm(nn.Module):
     """x / rms(x) * weight, with the statistics in float32 (as the reference implementations do)."""
@@ -92,8 +94,8 @@ class GatedMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int) -> None:
         super().__init__()
         self.intermediate_size = intermediate_size
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_proj = BlockedLinear(hidden_size, 2 * intermediate_size, bias=False)
+        self.down_proj = BlockedLinear(intermediate_size, hidden_size, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [num_tokens, hidden]

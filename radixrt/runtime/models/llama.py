@@ -6,10 +6,11 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
+from radixrt.runtime.config import LM_HEAD_BLOCK_ROWS
 from radixrt.runtime.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+from radixrt.runtime.models.linear import BlockedLinear, small_batch_linear
 from radixrt.runtime.models.model_config import ModelConfig
 
 if TYPE_CHECKING:
@@ -37,8 +38,9 @@ class LlamaAttention(nn.Module):
         self.head_dim = config.head_dim
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.shard_sizes = (q_size, kv_size, kv_size)
-        self.qkv_proj = nn.Linear(config.hidden_size, sum(self.shard_sizes), config.attention_bias)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=False)
+        self.qkv_proj = BlockedLinear(config.hidden_size, sum(self.shard_sizes),
+                                      config.attention_bias)
+        self.o_proj = BlockedLinear(q_size, config.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
@@ -106,7 +108,7 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden [n, hidden] -> logits [n, vocab] float32."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return small_batch_linear(hidden, weight, None, LM_HEAD_BLOCK_ROWS).float()
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:

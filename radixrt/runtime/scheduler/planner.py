@@ -14,14 +14,16 @@ import time
 from dataclasses import dataclass, field
 
 from radixrt.runtime.config import (
+    CASCADE_MIN_PREFIX,
     IN_BATCH_PREFIX_MIN,
     PLACEHOLDER_TOKEN,
     QUEUE_TIMEOUT,
     EngineConfig,
 )
-from radixrt.runtime.messages import Run, SlotCopy, StepPlan, Swap, WorkerRequest
+from radixrt.runtime.messages import PrefixGroup, Run, SlotCopy, StepPlan, Swap, WorkerRequest
 from radixrt.runtime.scheduler.kv_manager import KVManager
 from radixrt.runtime.scheduler.policy import SchedulePolicy
+from radixrt.runtime.scheduler.prefix_groups import prefix_groups
 from radixrt.runtime.scheduler.queue_order import admission_order, most_urgent
 from radixrt.runtime.scheduler.request import Phase, Request
 from radixrt.runtime.scheduler.request_table import RequestTable
@@ -100,7 +102,18 @@ class Planner:
             copies=draft.copies,
             swap_in=draft.swap_in,
             runs=draft.runs,
+            prefix_groups=self._prefix_groups(draft),
         )
+
+    def _prefix_groups(self, draft: _StepDraft) -> list[PrefixGroup]:
+        """Decode runs that share a prefix of pages (after this plan's copies), for cascade
+        attention."""
+        if not self.config.cascade_attention:
+            return []
+        decodes = [self.table.requests[run.rid] for run in draft.runs
+                   if run.num_new == 1 and run.start > 0 and not run.fork_into]
+        return prefix_groups(decodes, self.kv.page_size, CASCADE_MIN_PREFIX,
+                             self.config.cascade_min_saved_reads)
 
     def _plan_prefills(self, requests: list[Request], draft: _StepDraft) -> None:
         for req in requests:

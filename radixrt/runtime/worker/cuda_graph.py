@@ -17,6 +17,7 @@ from torch import Tensor
 
 from radixrt.kernels.decode_attention import decode_workspace_numel, default_num_kv_splits
 from radixrt.kernels.triton_utils import interpreting
+from radixrt.runtime.config import CASCADE_GRAPH_MIN_SAVED_READS
 from radixrt.runtime.forward.attention.triton_backend import TritonAttentionBackend
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.forward.kv_cache import KVCache
@@ -129,6 +130,8 @@ class CudaGraphRunner:
         bs = batch.batch_size
         if bs == 0 or bs > self.max_bs or not batch.is_decode_only:
             return None
+        if batch.shared_reads_saved >= CASCADE_GRAPH_MIN_SAVED_READS:
+            return None  # worth the cascade kernel, eagerly (the graph ignores prefix groups)
         bucket = next(b for b in self.batch_sizes if b >= bs)
         if batch.kv_indices.numel() + bucket - bs > self.kv_capacity:
             return None

@@ -33,6 +33,28 @@ _MASK64 = (1 << 64) - 1
 AllowedTokens = tuple[list[int], torch.Tensor]  # (rows, [len(rows), vocab] bool allowed tokens)
 
 
+class TokenSpan(Sequence[int]):
+    """tokens[start:stop] without copying them: a row's prompt and output are spans of its
+    request's token list, so a step costs nothing per token of context unless a penalty reads
+    them (the list only grows past stop; earlier entries never change)."""
+
+    __slots__ = ("_tokens", "_start", "_stop")
+
+    def __init__(self, tokens: list[int], start: int, stop: int) -> None:
+        self._tokens, self._start, self._stop = tokens, start, stop
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    def __getitem__(self, index):  # type: ignore[no-untyped-def, override]
+        if isinstance(index, slice):
+            return [self._tokens[i] for i in range(self._start, self._stop)[index]]
+        return self._tokens[range(self._start, self._stop)[index]]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._tokens[self._start : self._stop])
+
+
 @dataclass
 class SamplingRow:
     """What the sampler needs to know about one row of the batch."""

@@ -12,7 +12,7 @@ import torch
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.constrained.grammar import CompiledGrammar, GrammarState
 from radixrt.runtime.constrained.token_table import TokenTable
-from radixrt.runtime.forward.forward_batch import ForwardBatch
+from radixrt.runtime.forward.forward_batch import ForwardBatch, PrefixGroup
 from radixrt.runtime.forward.kv_cache import KVCache
 from radixrt.runtime.messages import (
     Run,
@@ -25,7 +25,7 @@ from radixrt.runtime.messages import (
 from radixrt.runtime.models.loader import LoadedModel
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.worker.grammar_rows import after_sample, allowed_tokens
-from radixrt.runtime.worker.sampler import Sampler, SamplingRow, prompt_logprobs
+from radixrt.runtime.worker.sampler import Sampler, SamplingRow, TokenSpan, prompt_logprobs
 
 
 @dataclass
@@ -143,7 +143,8 @@ class Worker:
             tokens.append(state.token_ids[run.start : run.start + run.num_new])
             prefix_lens.append(run.start)
             tables.append(state.slots)
-        batch = ForwardBatch.build(tokens, prefix_lens, tables, device=self.device)
+        batch = ForwardBatch.build(tokens, prefix_lens, tables, device=self.device,
+                                   prefix_groups=self._prefix_groups(plan))
         hidden = None if self.graph_runner is None else self.graph_runner.run(batch)
         if hidden is None:
             hidden = self.model(batch, self.kv_cache)  # [num_tokens, hidden_size]
@@ -155,6 +156,20 @@ class Worker:
             prompt = self._prompt_logprobs(logits, wanted)
             results = self._sample(logits, wanted, prompt)
         return StepResult(step_id=plan.step_id, results=results, num_tokens=batch.num_tokens)
+
+    def _prefix_groups(self, plan: StepPlan) -> list[PrefixGroup]:
+        """The plan's prefix groups as batch indices, each checked against the slot tables (a
+        group whose members' tables differ would read another request's KV)."""
+        index = {run.rid: i for i, run in enumerate(plan.runs)}
+        groups = []
+        for group in plan.prefix_groups:
+            tables = [self.states[rid].slots for rid in group.rids]
+            head = tables[0][: group.length]
+            if any(t[: group.length] != head for t in tables[1:]):
+                raise RuntimeError(f"prefix group {group.rids}: slot tables differ within its "
+                                   f"first {group.length} positions")
+            groups.append(PrefixGroup([index[rid] for rid in group.rids], group.length))
+        return groups
 
     def _logit_rows(self, runs: list[Run], batch: ForwardBatch) -> _LogitRows:
         wanted = _LogitRows(rows=[], sample=[], prompt=[])
@@ -204,11 +219,12 @@ class Worker:
                 continue
             for i, child in enumerate(run.fork_into or [run.rid]):
                 params = state.params if not run.fork_into else state.params.with_(n=1)
+                known_len = len(state.token_ids)
                 rows.append(
                     SamplingRow(
                         params=params,
-                        prompt_ids=state.token_ids[: state.prompt_len],
-                        output_ids=state.token_ids[state.prompt_len :],
+                        prompt_ids=TokenSpan(state.token_ids, 0, state.prompt_len),
+                        output_ids=TokenSpan(state.token_ids, state.prompt_len, known_len),
                         seed_offset=i if run.fork_into else state.seed_offset,
                     )
                 )

@@ -1,4 +1,9 @@
-"""TorchAttentionBackend: the CPU / fallback backend, built on the PyTorch reference kernels."""
+"""TorchAttentionBackend: the CPU / fallback backend, built on the PyTorch reference kernels.
+
+Everything that depends on the batch but not on the layer (which rows decode, their padded slot
+lists, the shared-prefix groups) is prepared once per forward pass in init_forward; a layer's
+forward only gathers K/V and attends.
+"""
 
 from __future__ import annotations
 
@@ -7,14 +12,20 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from radixrt.kernels.reference import decode_attention_ref, extend_attention_ref, store_kv_ref
+from radixrt.kernels.reference import (
+    cascade_decode_attention_padded,
+    decode_attention_padded,
+    extend_attention_ref,
+    store_kv_ref,
+)
+from radixrt.runtime.forward.attention.decode_layout import DecodeLayout
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.forward.kv_cache import KVCache
 
 
 @dataclass
-class _SubBatch:
-    """The requests of one kind (decode or extend) of a mixed batch, re-indexed from zero."""
+class _ExtendPlan:
+    """The extend requests of a batch, re-indexed from zero."""
 
     rows: Tensor | None  # [n] token rows of these requests in the batch; None = all rows, in order
     qo_indptr: Tensor  # [k + 1]
@@ -23,26 +34,30 @@ class _SubBatch:
 
 
 class TorchAttentionBackend:
-    """Decode requests (one new token after a prefix) run together in one padded SDPA call;
-    extend requests run one SDPA call each. Attention scale is head_dim ** -0.5 unless given."""
+    """Decode requests (one new token after a prefix) run together in one padded attention call;
+    decode requests that share a prefix (the batch's prefix_groups) read it once, together, and
+    merge it with their own KV by log-sum-exp (cascade attention); extend requests run one SDPA
+    call each. Attention scale is head_dim ** -0.5 unless given.
+
+    kv_positions_read counts the KV positions decode attention has gathered, over all layers
+    and steps (tests check that a shared prefix is read once)."""
 
     def __init__(self, sm_scale: float | None = None) -> None:
         self.sm_scale = sm_scale
-        self._decode: _SubBatch | None = None
-        self._extend: _SubBatch | None = None
+        self._decode: DecodeLayout | None = None
+        self._extend: _ExtendPlan | None = None
+        self.kv_positions_read = 0
 
     def init_forward(self, batch: ForwardBatch) -> None:
         is_decode = batch.decode_mask
         decode_ids = [i for i, d in enumerate(is_decode) if d]
         extend_ids = [i for i, d in enumerate(is_decode) if not d]
+        self._decode = DecodeLayout.build(batch, decode_ids)
         if not extend_ids:
-            self._decode = _SubBatch(None, batch.qo_indptr, batch.kv_indptr, batch.kv_indices)
             self._extend = None
         elif not decode_ids:
-            self._decode = None
-            self._extend = _SubBatch(None, batch.qo_indptr, batch.kv_indptr, batch.kv_indices)
+            self._extend = _ExtendPlan(None, batch.qo_indptr, batch.kv_indptr, batch.kv_indices)
         else:
-            self._decode = _select(batch, decode_ids)
             self._extend = _select(batch, extend_ids)
 
     def forward(
@@ -60,15 +75,19 @@ class TorchAttentionBackend:
         scale = self.sm_scale if self.sm_scale is not None else q.shape[-1] ** -0.5
         o = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
         if self._decode is not None:
-            sub = self._decode
-            if sub.rows is None:
-                decode_attention_ref(q, o, k_cache, v_cache, sub.kv_indptr, sub.kv_indices, scale)
+            plan = self._decode
+            q_dec = q if plan.rows is None else q[plan.rows]  # [num_decode, num_heads, head_dim]
+            o_dec = o if plan.rows is None else torch.empty_like(q_dec)
+            slots, valid = plan.padded_slots(k_cache.shape[0] - 1)
+            if plan.groups:
+                groups = plan.padded_groups(k_cache.shape[0] - 1)
+                cascade_decode_attention_padded(q_dec, o_dec, k_cache, v_cache, groups, slots,
+                                                valid, scale)
             else:
-                o_sub = torch.empty_like(q[sub.rows])  # [num_decode, num_heads, head_dim]
-                decode_attention_ref(
-                    q[sub.rows], o_sub, k_cache, v_cache, sub.kv_indptr, sub.kv_indices, scale
-                )
-                o[sub.rows] = o_sub
+                decode_attention_padded(q_dec, o_dec, k_cache, v_cache, slots, valid, scale)
+            if plan.rows is not None:
+                o[plan.rows] = o_dec
+            self.kv_positions_read += plan.kv_positions
         if self._extend is not None:
             sub = self._extend
             q_sub = q if sub.rows is None else q[sub.rows]
@@ -81,7 +100,7 @@ class TorchAttentionBackend:
         return o
 
 
-def _select(batch: ForwardBatch, ids: list[int]) -> _SubBatch:
+def _select(batch: ForwardBatch, ids: list[int]) -> _ExtendPlan:
     qo = batch.qo_indptr.tolist()
     kv = batch.kv_indptr.tolist()
     device = batch.kv_indices.device
@@ -90,7 +109,7 @@ def _select(batch: ForwardBatch, ids: list[int]) -> _SubBatch:
     qo_lens = torch.tensor([qo[i + 1] - qo[i] for i in ids], dtype=torch.int64)
     kv_lens = torch.tensor([kv[i + 1] - kv[i] for i in ids], dtype=torch.int64)
     zero = torch.zeros(1, dtype=torch.int64)
-    return _SubBatch(
+    return _ExtendPlan(
         rows=rows,
         qo_indptr=torch.cat([zero, qo_lens.cumsum(0)]).to(device),
         kv_indptr=torch.cat([zero, kv_lens.cumsum(0)]).to(device),

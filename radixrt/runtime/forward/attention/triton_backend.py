@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from radixrt.kernels.cascade_attention import cascade_decode_attention
 from radixrt.kernels.decode_attention import (
     decode_attention,
     decode_workspace_numel,
@@ -17,6 +18,7 @@ from radixrt.kernels.decode_attention import (
 )
 from radixrt.kernels.extend_attention import extend_attention
 from radixrt.kernels.store_kv import store_kv
+from radixrt.runtime.forward.attention.decode_layout import DecodeLayout
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.forward.kv_cache import KVCache
 
@@ -28,6 +30,7 @@ class _StepPlan:
     decode: bool  # every request decodes one token: the split-KV decode kernel
     max_extend_len: int  # longest request's new tokens (the extend kernel's grid)
     max_seq_len: int  # longest request's KV (the split heuristic)
+    cascade: DecodeLayout | None  # decode-only with prefix groups: the cascade kernel
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,8 @@ class _GraphMode:
 
 
 class TritonAttentionBackend:
-    """Decode-only batches run the split-KV decode kernel; batches with any extend request
+    """Decode-only batches run the split-KV decode kernel, or the cascade kernel when the batch
+    has prefix groups (each group's shared prefix read once); batches with any extend request
     (prefill chunks, or decode and prefill mixed) run the extend kernel on every request, a
     decode request being an extend of one token. Scale is head_dim ** -0.5 unless given."""
 
@@ -59,10 +63,15 @@ class TritonAttentionBackend:
 
     # --- AttentionBackend ---------------------------------------------------------------
     def init_forward(self, batch: ForwardBatch) -> None:
+        decode = batch.is_decode_only
+        cascade = None
+        if decode and batch.prefix_groups and self._graph_mode is None:
+            cascade = DecodeLayout.build(batch, list(range(batch.batch_size)))
         self._plan = _StepPlan(
-            decode=batch.is_decode_only,
+            decode=decode,
             max_extend_len=batch.max_extend_len,
             max_seq_len=batch.max_seq_len,
+            cascade=cascade,
         )
 
     def forward(
@@ -83,7 +92,14 @@ class TritonAttentionBackend:
         scale = self.sm_scale if self.sm_scale is not None else q.shape[-1] ** -0.5
         q = q.contiguous()
         o = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
-        if plan.decode:
+        if plan.cascade is not None:
+            layout = plan.cascade
+            cascade_decode_attention(
+                q, o, k_cache, v_cache, *layout.flat_groups(), layout.own_indptr,
+                layout.own_indices, scale, max_group_size=layout.max_group_size,
+                max_kv_len=layout.max_own_len,
+            )  # fmt: skip
+        elif plan.decode:
             splits, workspace = self._decode_settings(q, kv_cache.num_kv_heads, plan)
             decode_attention(
                 q, o, k_cache, v_cache, batch.kv_indptr, batch.kv_indices, scale,
