@@ -1,4 +1,4 @@
-"""PNG plots of benchmark results for the README: grouped bars, one panel per measure.
+"""PNG plots of benchmark results for the README: grouped bars or curves, one panel per measure.
 
 matplotlib comes with the `bench` extra (`make bench`, or `pip install -e '.[bench]'`); without it
 a benchmark still prints its tables and says the plot was skipped.
@@ -10,6 +10,7 @@ import os
 import sys
 import textwrap
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 PLOT_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "docs", "plots")
@@ -70,3 +71,69 @@ def bar_panels(path: str, title: str, groups: Sequence[str], panels: Sequence[Pa
 def _short(value: float) -> str:
     return f"{value:.0f}" if abs(value) >= 100 else f"{value:.2g}" if abs(value) < 1 else (
         f"{value:.1f}")
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One series of a line plot: points (xs[i], ys[i]), each optionally labelled."""
+
+    name: str
+    xs: Sequence[float]
+    ys: Sequence[float]
+    labels: Sequence[str] = ()
+    style: str = "o-"  # a matplotlib format string: "o-" markers joined, "--" a dashed line
+
+
+@dataclass(frozen=True)
+class LinePanel:
+    xlabel: str
+    ylabel: str
+    curves: Sequence[Curve]
+    log_x: bool = False
+    log_y: bool = False
+
+
+def line_panels(path: str, title: str, panels: Sequence[LinePanel], caption: str = ""
+                ) -> str | None:
+    """Side-by-side panels of curves (lines through markers, each point labelled when the curve
+    has labels), for sweeps and trade-offs. Returns the PNG's path, or None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        import matplotlib.ticker
+    except ImportError:
+        print(f"plot skipped ({path}): matplotlib is not installed (pip install -e '.[bench]')",
+              file=sys.stderr)
+        return None
+    width_in = max(7.0, 5.6 * len(panels))
+    fig, axes = plt.subplots(1, len(panels), figsize=(width_in, 4.4), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        for curve in panel.curves:
+            ax.plot(curve.xs, curve.ys, curve.style, label=curve.name, markersize=4)
+            for x, y, label in zip(curve.xs, curve.ys, curve.labels):
+                ax.annotate(label, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        if panel.log_x:
+            ax.set_xscale("log", base=2)
+            ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+        if panel.log_y:
+            ax.set_yscale("log")
+        ax.set_xlabel(panel.xlabel)
+        ax.set_ylabel(panel.ylabel)
+        ax.margins(0.12)
+        if not panel.log_y:
+            ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    lines = textwrap.wrap(caption, width=int(width_in * 17)) if caption else []
+    for i, line in enumerate(lines):
+        fig.text(0.5, 0.01 + 0.035 * (len(lines) - 1 - i), line, ha="center", fontsize=7,
+                 color="0.35")
+    fig.tight_layout(rect=(0, 0.01 + 0.035 * len(lines), 1, 0.94))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    print(f"plot: {path}")
+    return path

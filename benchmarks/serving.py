@@ -35,7 +35,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from plots import add_plot_dir, bar_panels, plot_path
-from serving_requests import Prompt, RequestResult, one_request, random_text, stats_ms, token_count
+from serving_requests import (
+    Prompt,
+    RequestResult,
+    ideal_hit_rate,
+    one_request,
+    random_text,
+    stats_ms,
+    token_count,
+)
 from serving_sharing import add_sharing_args, run_sharing
 from serving_systems import LLAMA_VENV, SYSTEMS, System, build_systems, http_json, running
 
@@ -50,6 +58,7 @@ REQUEST_TIMEOUT_S = 600.0
 class Dataset:
     name: str
     prompts: list[Prompt]
+    ideal_hit_rate: float = 0.0  # every distinct prefix computed once (serving_requests)
 
 
 @dataclass
@@ -59,6 +68,7 @@ class RunResult:
     duration: float
     requests: list[RequestResult]
     server_hit_rate: float | None
+    ideal_hit_rate: float = 0.0
 
 
 # --- arguments ---------------------------------------------------------------------------------
@@ -88,6 +98,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--install-llama-cpp", action="store_true",
                    help=f"create {LLAMA_VENV} and pip install llama-cpp-python[server] there "
                    "(builds from source: minutes)")
+    p.add_argument("--radixrt-args", default="",
+                   help='more `radixrt serve` flags for every radixrt system, e.g. '
+                   '"--max-num-batched-tokens 2048 --no-cascade-attention"')
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
     add_sharing_args(p)
@@ -131,7 +144,12 @@ def build_datasets(args: argparse.Namespace) -> list[Dataset]:
 
     tok = load_tokenizer("default")
     makers = {"random": random_dataset, "shared-prefix": shared_prefix_dataset}
-    return [makers[name](args, tok) for name in args.datasets]
+    datasets = []
+    for name in args.datasets:
+        data = makers[name](args, tok)
+        ideal = ideal_hit_rate([tok.encode(p.text, add_special_tokens=True) for p in data.prompts])
+        datasets.append(Dataset(data.name, data.prompts, ideal))
+    return datasets
 
 
 # --- systems -----------------------------------------------------------------------------------
@@ -171,7 +189,8 @@ async def run_dataset(base: str, system: System, data: Dataset, args: argparse.N
         before = server_counters(base, system, flush=True)
         results, duration = await generate_load(client, system, data.prompts, args)
         after = server_counters(base, system, flush=False)
-    return RunResult(system.name, data.name, duration, results, hit_rate_delta(before, after))
+    return RunResult(system.name, data.name, duration, results, hit_rate_delta(before, after),
+                     data.ideal_hit_rate)
 
 
 def server_counters(base: str, system: System, flush: bool) -> dict[str, Any] | None:
@@ -232,6 +251,7 @@ def print_run(run: RunResult, m: dict[str, Any]) -> None:
         ("Total token throughput (tok/s):", f"{m['total_throughput']:.2f}"),
         ("Cache hit rate (usage):", percent(m["usage_hit_rate"])),
         ("Cache hit rate (server_info):", percent(run.server_hit_rate)),
+        ("Cache hit rate (ideal):", percent(run.ideal_hit_rate)),
     ]
     print("\n" + " Serving Benchmark Result ".center(width, "="))
     for label, value in rows:
@@ -256,24 +276,47 @@ def print_errors(run: RunResult, limit: int = 3) -> None:
 def print_summary(rows: list[tuple[RunResult, dict[str, Any]]], args: argparse.Namespace,
                   notes: list[str]) -> None:
     print("\n| system | dataset | ok/total | out tokens | req/s | out tok/s | total tok/s "
-          "| TTFT mean / p99 (ms) | TPOT mean (ms) | ITL median / p99 (ms) | E2E mean (ms) "
-          "| cache hit |")
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+          "| TTFT mean / p99 (ms) | TPOT mean / p99 (ms) | ITL median / p99 (ms) "
+          "| E2E mean (ms) | cache hit | of ideal |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for run, m in rows:
         hit = m["usage_hit_rate"] if m["usage_hit_rate"] is not None else run.server_hit_rate
+        ideal = run.ideal_hit_rate
+        of_ideal = f"{hit / ideal:.0%}" if hit is not None and ideal else "—"
         print(f"| {run.system} | {run.dataset} | {m['completed']}/{len(run.requests)} "
               f"| {m['output_tokens']} | {m['request_throughput']:.2f} "
               f"| {m['output_throughput']:.1f} | {m['total_throughput']:.1f} "
-              f"| {m['ttft'][0]:.0f} / {m['ttft'][2]:.0f} | {m['tpot'][0]:.1f} "
-              f"| {m['itl'][1]:.1f} / {m['itl'][2]:.1f} | {m['e2e'][0]:.0f} | {percent(hit)} |")
+              f"| {m['ttft'][0]:.0f} / {m['ttft'][2]:.0f} "
+              f"| {m['tpot'][0]:.1f} / {m['tpot'][2]:.1f} "
+              f"| {m['itl'][1]:.1f} / {m['itl'][2]:.1f} | {m['e2e'][0]:.0f} | {percent(hit)} "
+              f"| {of_ideal} |")
+    ideals = {run.dataset: run.ideal_hit_rate for run, _ in rows}
+    print("\nideal hit rate (every distinct prefix computed once): "
+          + ", ".join(f"{d} {percent(r)}" for d, r in ideals.items()))
+    print_ratios(rows)
     load = (f"Poisson {args.request_rate} req/s" if args.request_rate else "all at t=0")
     if args.max_concurrency:
         load += f", max concurrency {args.max_concurrency}"
-    print(f"\n{args.num_prompts} prompts per dataset, {load}; greedy; CPU count {os.cpu_count()}")
+    print(f"\n{args.num_prompts} prompts per dataset, {load}; greedy; CPU count {os.cpu_count()}; "
+          f"{time.strftime('%Y-%m-%d')}")
     command = shlex.join([os.path.basename(sys.executable), *sys.argv])
     print(f"command: {command}")
     for note in notes:
         print(note)
+
+
+def print_ratios(rows: list[tuple[RunResult, dict[str, Any]]]) -> None:
+    """Each radixrt system against llama.cpp on the same dataset: requests/s and TPOT."""
+    by = {(run.system, run.dataset): m for run, m in rows}
+    for (system, dataset), m in by.items():
+        peer = by.get(("llama.cpp", dataset))
+        if system == "llama.cpp" or peer is None or not peer["request_throughput"]:
+            continue
+        print(f"{system} / llama.cpp on {dataset}: "
+              f"{m['request_throughput'] / peer['request_throughput']:.2f}x requests/s, "
+              f"TPOT mean {m['tpot'][0]:.1f} vs {peer['tpot'][0]:.1f} ms "
+              f"({m['tpot'][0] / peer['tpot'][0]:.2f}x), "
+              f"ITL p99 {m['itl'][2]:.1f} vs {peer['itl'][2]:.1f} ms")
 
 
 def plot_summary(rows: list[tuple[RunResult, dict[str, Any]]], args: argparse.Namespace) -> None:

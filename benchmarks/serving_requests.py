@@ -43,6 +43,23 @@ def token_count(tok: Any, text: str) -> int:
     return len(tok.encode(text, add_special_tokens=True))
 
 
+def ideal_hit_rate(token_lists: list[list[int]]) -> float:
+    """The hit rate of computing every distinct prefix once: 1 - (nodes of the token trie of
+    all prompts) / (all prompt tokens), where a prompt that is whole in the trie already still
+    computes its last token (its logits are needed). Order-independent."""
+    total = sum(len(t) for t in token_lists)
+    computed, previous = 0, None
+    for tokens in sorted(token_lists):  # a sorted list's trie: each adds its part past the LCP
+        common = 0
+        if previous is not None:
+            limit = min(len(tokens), len(previous))
+            while common < limit and tokens[common] == previous[common]:
+                common += 1
+        computed += max(len(tokens) - common, 1)
+        previous = tokens
+    return 1 - computed / total if total else 0.0
+
+
 async def one_request(client: Any, system: System, prompt: Prompt) -> RequestResult:
     result = RequestResult(prompt_len=prompt.prompt_len)
     chunks, usage = 0, None

@@ -58,7 +58,8 @@ def gguf_path() -> str:
 
 def radixrt_system(name: str, args: argparse.Namespace) -> System:
     command = [sys.executable, "-m", "radixrt", "serve", "--max-total-tokens",
-               str(args.max_total_tokens), "--log-level", "warning", *RADIXRT_SYSTEMS[name]]
+               str(args.max_total_tokens), "--log-level", "warning", *RADIXRT_SYSTEMS[name],
+               *shlex.split(getattr(args, "radixrt_args", "") or "")]
     return System(name, command, "/health", {"ignore_eos": True}, True, True)
 
 

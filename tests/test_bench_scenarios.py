@@ -1,0 +1,115 @@
+"""benchmarks/chunked_prefill.py and benchmarks/decode_bandwidth.py: their arithmetic on made-up
+inputs, and each one's --quick run end to end (the table's numbers make sense, the plot is drawn
+when matplotlib is there)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+
+from chunked_prefill import summarize  # noqa: E402
+from decode_bandwidth import StepBytes  # noqa: E402
+from serving_requests import RequestResult  # noqa: E402
+
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+QUICK_TIMEOUT_S = 300  # each takes well under 90 s on an idle 2-core machine
+
+
+def run_quick(script: str, plot_dir: Path) -> str:
+    proc = subprocess.run(
+        [sys.executable, f"benchmarks/{script}", "--quick", "--plot-dir", str(plot_dir)],
+        cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True,
+        timeout=QUICK_TIMEOUT_S,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
+def table_rows(stdout: str, header: str) -> list[list[str]]:
+    """The cells of the markdown table whose header starts with `header` (no separator row)."""
+    lines = stdout[stdout.rindex(header):].splitlines()
+    rows = []
+    for line in lines[2:]:
+        if not line.startswith("| "):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def pair(cell: str) -> tuple[float, float]:
+    a, b = cell.split("/")
+    return float(a), float(b)
+
+
+def check_png(path: Path) -> None:
+    if HAS_MATPLOTLIB:
+        assert path.read_bytes()[:8] == PNG_MAGIC
+
+
+# --- arithmetic ----------------------------------------------------------------------------------
+def test_step_bytes_count_the_head_once_and_the_kv_per_sequence() -> None:
+    sb = StepBytes(layers=1000, final_norm=10, lm_head=500, embed_row=5, tied=True,
+                   kv_per_token=2)
+    assert sb.total(1, 0) == 1515
+    assert sb.total(1, 100) == 1515 + 200
+    assert sb.total(4, 100) == 1510 + 4 * (5 + 200)  # weights once, rows and KV per sequence
+
+
+def test_summarize_splits_decoders_and_long_prompts() -> None:
+    decoder = RequestResult(ok=True, output_tokens=11, ttft=0.1, e2e=1.1, itls=[0.1] * 10)
+    long = RequestResult(ok=True, output_tokens=2, ttft=2.0, e2e=2.1, itls=[0.1])
+    failed = RequestResult(error="boom")
+    row = summarize(64, {"decoder": [decoder, decoder], "long": [long, failed]}, 5.0)
+    assert row["ttft_mean"] == pytest.approx(2000.0)  # the long prompts' only
+    assert row["itl_p99"] == pytest.approx(100.0)  # the decoders' only
+    assert row["tpot_mean"] == pytest.approx(100.0) and row["tpot_p99"] == pytest.approx(100.0)
+    assert row["failed"] == 1 and row["errors"] == ["boom"]
+    assert row["decode_tok_s"] == pytest.approx(22 / 5.0)
+
+
+# --- end to end ----------------------------------------------------------------------------------
+@pytest.mark.slow  # starts a server per budget
+def test_chunked_prefill_quick(tmp_path: Path) -> None:
+    out = run_quick("chunked_prefill.py", tmp_path)
+    rows = table_rows(out, "| --max-num-batched-tokens |")
+    assert [int(r[0]) for r in rows] == [32, 1024], rows
+    for r in rows:
+        ttft_mean, ttft_p99 = pair(r[1])
+        itl_p50, itl_p99 = pair(r[2])
+        tpot_mean, tpot_p99 = pair(r[3])
+        assert 0 < ttft_mean <= ttft_p99, r
+        assert 0 < itl_p50 <= itl_p99 and 0 < tpot_mean <= tpot_p99, r
+        assert float(r[4]) > 0 and float(r[5]) > 0 and r[6] == "0", r
+    assert re.search(r"date: \d{4}-\d\d-\d\d .*CPU count \d+", out)
+    assert "command: " in out
+    check_png(tmp_path / "chunked_prefill.png")
+
+
+@pytest.mark.slow  # loads the model in its own process
+def test_decode_bandwidth_quick(tmp_path: Path) -> None:
+    out = run_quick("decode_bandwidth.py", tmp_path)
+    match = re.search(r"measured read bandwidth: ([\d.]+) GB/s .*best run ([\d.]+) GB/s", out)
+    assert match, out
+    median, best = float(match.group(1)), float(match.group(2))
+    assert 0 < median <= best
+    rows = table_rows(out, "| batch |")
+    assert [int(r[0]) for r in rows] == [1, 2], rows
+    for r in rows:
+        tok_s, step_ms, mb, achieved = (float(c) for c in r[1:5])
+        assert tok_s > 0 and step_ms > 0, r
+        assert 100 < mb < 2000, r  # the default model's float32 weights: about 540 MB
+        # against the best run: one that shared the CPU with other work only reads slower
+        assert 0 < achieved < 2 * best, r
+        assert float(r[6]) > 0, r  # the limit
+    assert re.search(r"date: \d{4}-\d\d-\d\d .*CPU count \d+", out)
+    check_png(tmp_path / "decode_bandwidth.png")
