@@ -31,14 +31,8 @@ def bar_panels(path: str, title: str, groups: Sequence[str], panels: Sequence[Pa
                caption: str = "") -> str | None:
     """Side-by-side panels of grouped bars (a group per entry of `groups`, a bar per series),
     each bar labelled with its value. Returns the PNG's path, or None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print(f"plot skipped ({path}): matplotlib is not installed (pip install -e '.[bench]')",
-              file=sys.stderr)
+    plt = _pyplot(path)
+    if plt is None:
         return None
     width_in = max(7.0, 5.2 * len(panels))
     fig, axes = plt.subplots(1, len(panels), figsize=(width_in, 4.2), squeeze=False)
@@ -55,17 +49,7 @@ def bar_panels(path: str, title: str, groups: Sequence[str], panels: Sequence[Pa
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper center", ncol=len(labels), fontsize=8,
                bbox_to_anchor=(0.5, 0.94), frameon=False)
-    fig.suptitle(title, fontsize=10)
-    lines = textwrap.wrap(caption, width=int(width_in * 17)) if caption else []
-    for i, line in enumerate(lines):
-        fig.text(0.5, 0.01 + 0.035 * (len(lines) - 1 - i), line, ha="center", fontsize=7,
-                 color="0.35")
-    fig.tight_layout(rect=(0, 0.01 + 0.035 * len(lines), 1, 0.88))
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    print(f"plot: {path}")
-    return path
+    return _finish(plt, fig, path, title, caption, width_in, top=0.88)
 
 
 def _short(value: float) -> str:
@@ -97,16 +81,11 @@ def line_panels(path: str, title: str, panels: Sequence[LinePanel], caption: str
                 ) -> str | None:
     """Side-by-side panels of curves (lines through markers, each point labelled when the curve
     has labels), for sweeps and trade-offs. Returns the PNG's path, or None without matplotlib."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        import matplotlib.ticker
-    except ImportError:
-        print(f"plot skipped ({path}): matplotlib is not installed (pip install -e '.[bench]')",
-              file=sys.stderr)
+    plt = _pyplot(path)
+    if plt is None:
         return None
+    import matplotlib.ticker
+
     width_in = max(7.0, 5.6 * len(panels))
     fig, axes = plt.subplots(1, len(panels), figsize=(width_in, 4.4), squeeze=False)
     for ax, panel in zip(axes[0], panels):
@@ -126,12 +105,32 @@ def line_panels(path: str, title: str, panels: Sequence[LinePanel], caption: str
             ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
+    return _finish(plt, fig, path, title, caption, width_in, top=0.94)
+
+
+def _pyplot(path: str) -> Any:
+    """matplotlib.pyplot on the Agg backend, or None (and a message) without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"plot skipped ({path}): matplotlib is not installed (pip install -e '.[bench]')",
+              file=sys.stderr)
+        return None
+    return plt
+
+
+def _finish(plt: Any, fig: Any, path: str, title: str, caption: str, width_in: float,
+            top: float) -> str:
+    """Title, the caption wrapped under the panels, and the PNG written to path."""
     fig.suptitle(title, fontsize=10)
     lines = textwrap.wrap(caption, width=int(width_in * 17)) if caption else []
     for i, line in enumerate(lines):
         fig.text(0.5, 0.01 + 0.035 * (len(lines) - 1 - i), line, ha="center", fontsize=7,
                  color="0.35")
-    fig.tight_layout(rect=(0, 0.01 + 0.035 * len(lines), 1, 0.94))
+    fig.tight_layout(rect=(0, 0.01 + 0.035 * len(lines), 1, top))
     os.makedirs(os.path.dirname(path), exist_ok=True)
     fig.savefig(path, dpi=110)
     plt.close(fig)
