@@ -32,7 +32,6 @@ import random
 import shlex
 import signal
 import sys
-import time
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -44,16 +43,16 @@ from serving_requests import (  # noqa: E402
     Prompt,
     RequestResult,
     one_request,
+    openai_client,
     random_text,
     stats_ms,
     token_count,
 )
-from serving_sharing import Arrival  # noqa: E402
+from serving_sharing import Arrival, replay  # noqa: E402
 from serving_systems import System, http_json, radixrt_system, running  # noqa: E402
 
 KINDS = ("decoder", "long")
 DEFAULT_BUDGETS = (64, 128, 256, 512, 1024, 2048, 4096)
-REQUEST_TIMEOUT_S = 600.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -110,28 +109,10 @@ def warm_up_prompt(tok: Any, budget: int, seed: int) -> Prompt:
 
 async def run_load(base: str, system: System, load: list[Arrival], warm: Prompt
                    ) -> tuple[dict[str, list[RequestResult]], float]:
-    import httpx
-    from openai import AsyncOpenAI
-
-    http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0),
-                             timeout=REQUEST_TIMEOUT_S)
-    client = AsyncOpenAI(base_url=base + "/v1", api_key="none", timeout=REQUEST_TIMEOUT_S,
-                         max_retries=0, http_client=http)
-    async with client:
+    async with openai_client(base) as client:
         await one_request(client, system, warm)
         http_json(base + "/flush_cache", method="POST")  # every budget starts cold
-        start = time.perf_counter()
-
-        async def one(arrival: Arrival) -> tuple[str, RequestResult]:
-            await asyncio.sleep(max(0.0, start + arrival.at - time.perf_counter()))
-            return arrival.klass, await one_request(client, system, arrival.prompt)
-
-        done = await asyncio.gather(*(one(a) for a in load))
-        duration = time.perf_counter() - start
-    by_kind: dict[str, list[RequestResult]] = {k: [] for k in KINDS}
-    for kind, result in done:
-        by_kind[kind].append(result)
-    return by_kind, duration
+        return await replay(client, load, lambda _: system, KINDS)
 
 
 # --- metrics -----------------------------------------------------------------------------------

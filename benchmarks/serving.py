@@ -40,6 +40,7 @@ from serving_requests import (
     RequestResult,
     ideal_hit_rate,
     one_request,
+    openai_client,
     random_text,
     stats_ms,
     token_count,
@@ -51,7 +52,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 DATASETS = ("random", "shared-prefix")
 DEFAULT_CONCURRENCY = 8
-REQUEST_TIMEOUT_S = 600.0
 
 
 @dataclass(frozen=True)
@@ -175,16 +175,7 @@ async def generate_load(
 
 async def run_dataset(base: str, system: System, data: Dataset, args: argparse.Namespace
                       ) -> RunResult:
-    import httpx
-    from openai import AsyncOpenAI
-
-    # a fresh connection per request, for every system alike: llama-server drops idle
-    # keep-alive connections, and a request on one it just closed failed as a connection error
-    http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0),
-                             timeout=REQUEST_TIMEOUT_S)
-    client = AsyncOpenAI(base_url=base + "/v1", api_key="none", timeout=REQUEST_TIMEOUT_S,
-                         max_retries=0, http_client=http)
-    async with client:
+    async with openai_client(base) as client:
         await one_request(client, system, Prompt("Hello, how are you?", 6, 4))  # warm-up
         before = server_counters(base, system, flush=True)
         results, duration = await generate_load(client, system, data.prompts, args)

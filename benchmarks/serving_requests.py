@@ -34,6 +34,22 @@ class RequestResult:
     cached_tokens: int | None = None
 
 
+REQUEST_TIMEOUT_S = 600.0
+
+
+def openai_client(base: str) -> Any:
+    """An `openai.AsyncOpenAI` client for base (http://host:port) that opens a fresh connection
+    per request, for every system alike: llama-server drops idle keep-alive connections, and a
+    request on one it just closed failed as a connection error. No retries."""
+    import httpx
+    from openai import AsyncOpenAI
+
+    http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0),
+                             timeout=REQUEST_TIMEOUT_S)
+    return AsyncOpenAI(base_url=base + "/v1", api_key="none", timeout=REQUEST_TIMEOUT_S,
+                       max_retries=0, http_client=http)
+
+
 def random_text(tok: Any, rng: random.Random, n: int) -> str:
     vocab = len(tok)
     return tok.decode([rng.randrange(FIRST_TOKEN_ID, vocab) for _ in range(n)])

@@ -25,10 +25,19 @@ import random
 import shlex
 import sys
 import time
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from plots import bar_panels, plot_path
-from serving_requests import Prompt, RequestResult, one_request, random_text, stats_ms, token_count
+from serving_requests import (
+    Prompt,
+    RequestResult,
+    one_request,
+    openai_client,
+    random_text,
+    stats_ms,
+    token_count,
+)
 from serving_systems import System, radixrt_system, running
 
 CLASSES = ("urgent", "flooded tenant", "flood")
@@ -67,28 +76,31 @@ def body_of(klass: str, mode: str) -> dict[str, Any]:
     return body
 
 
-async def run_load(base: str, system: System, load: list[Arrival], mode: str
-                   ) -> tuple[dict[str, list[RequestResult]], float]:
-    import httpx
-    from openai import AsyncOpenAI
+async def replay(client: Any, load: list[Arrival], system_of: Callable[[Arrival], System],
+                 classes: Sequence[str]) -> tuple[dict[str, list[RequestResult]], float]:
+    """Send every arrival at its time (seconds from now) as system_of(arrival) would, all
+    concurrently; the results by class, and the seconds until the last one ended."""
+    start = time.perf_counter()
 
-    http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0), timeout=600)
-    client = AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0, http_client=http)
-    async with client:
-        await one_request(client, system, Prompt("Hello, how are you?", 6, 4))  # warm-up
-        start = time.perf_counter()
+    async def one(arrival: Arrival) -> tuple[str, RequestResult]:
+        await asyncio.sleep(max(0.0, start + arrival.at - time.perf_counter()))
+        return arrival.klass, await one_request(client, system_of(arrival), arrival.prompt)
 
-        async def one(arrival: Arrival) -> tuple[str, RequestResult]:
-            await asyncio.sleep(max(0.0, start + arrival.at - time.perf_counter()))
-            klass_system = dataclasses.replace(system, extra_body=body_of(arrival.klass, mode))
-            return arrival.klass, await one_request(client, klass_system, arrival.prompt)
-
-        done = await asyncio.gather(*(one(a) for a in load))
-        duration = time.perf_counter() - start
-    by_class: dict[str, list[RequestResult]] = {k: [] for k in CLASSES}
+    done = await asyncio.gather(*(one(a) for a in load))
+    duration = time.perf_counter() - start
+    by_class: dict[str, list[RequestResult]] = {k: [] for k in classes}
     for klass, result in done:
         by_class[klass].append(result)
     return by_class, duration
+
+
+async def run_load(base: str, system: System, load: list[Arrival], mode: str
+                   ) -> tuple[dict[str, list[RequestResult]], float]:
+    async with openai_client(base) as client:
+        await one_request(client, system, Prompt("Hello, how are you?", 6, 4))  # warm-up
+        return await replay(
+            client, load,
+            lambda a: dataclasses.replace(system, extra_body=body_of(a.klass, mode)), CLASSES)
 
 
 def summarize(by_class: dict[str, list[RequestResult]], duration: float) -> dict[str, Any]:

@@ -63,6 +63,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from plots import add_plot_dir, bar_panels, plot_path  # noqa: E402
+from serving_requests import openai_client  # noqa: E402
 from serving_systems import (  # noqa: E402
     LLAMA_CPP,
     LLAMA_SERVER,
@@ -88,7 +89,6 @@ DEFAULT_JSON = os.path.join(HERE, "results", "tool_calls.json")
 RADIXRT, UNENFORCED = "radixrt", "radixrt-unenforced"
 SYSTEMS = (RADIXRT, UNENFORCED, LLAMA_CPP)
 MODES = ("required", "auto")
-REQUEST_TIMEOUT_S = 600.0
 
 
 # --- systems -----------------------------------------------------------------------------------
@@ -168,14 +168,7 @@ async def one_call(client: Any, system: System, request: ToolRequest, mode: str,
 
 async def run_mode(base: str, system: System, requests: list[ToolRequest], mode: str,
                    args: argparse.Namespace) -> Run:
-    import httpx
-    from openai import AsyncOpenAI
-
-    # a fresh connection per request, as serving.py: llama-server drops idle keep-alives
-    http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0),
-                             timeout=REQUEST_TIMEOUT_S)
-    client = AsyncOpenAI(base_url=base + "/v1", api_key="none", timeout=REQUEST_TIMEOUT_S,
-                         max_retries=0, http_client=http)
+    client = openai_client(base)
     limit = asyncio.Semaphore(args.concurrency)
 
     async def limited(request: ToolRequest) -> Outcome:
