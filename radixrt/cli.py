@@ -15,11 +15,13 @@ from radixrt.runtime.config import (
     DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DEFAULT_MAX_PINNED_FRACTION,
     DEFAULT_MODEL,
+    DIST_BACKENDS,
     DTYPES,
     LOAD_FORMATS,
     PIN_LEASE_TTL_S,
     PREEMPTION_MODES,
     REASONING_FORMAT_NAMES,
+    ROUTER_POLICIES,
     SCHEDULE_POLICIES,
     TOOL_CALL_PARSERS,
     EngineConfig,
@@ -113,12 +115,35 @@ def build_parser() -> argparse.ArgumentParser:
     add("--tool-call-enforcement", action=argparse.BooleanOptionalAction, default=True,
         help="the grammar makes every tool call well-formed (tool_choice required / named: "
         "calls only; auto: from the call opener on); --no-tool-call-enforcement only parses")
+    _add_scale_out_flags(serve)
     add_plan_parser(sub)
     add = serve.add_argument
     add("--exit-with-parent", action="store_true",
         help="stop when the process that started this server exits, however it exits "
         "(rx.Runtime() sets it, so a program's runtime never outlives the program)")
     return parser
+
+
+def _add_scale_out_flags(serve: argparse.ArgumentParser) -> None:
+    """Tensor parallelism (SGLang's flag names) and data-parallel replicas."""
+    add = serve.add_argument
+    add("--tp-size", type=int, default=1,
+        help="tensor-parallel worker ranks (torch.distributed: nccl on CUDA, gloo on the CPU)")
+    add("--nnodes", type=int, default=1, help="machines the tensor-parallel ranks span")
+    add("--node-rank", type=int, default=0,
+        help="this machine's index among --nnodes; node 0 serves, the others run ranks only")
+    add("--dist-init-addr", default=None,
+        help="HOST:PORT where the ranks meet (node 0's address, the same on every node); "
+        "default: a free loopback port")
+    add("--dist-backend", default="auto", choices=DIST_BACKENDS,
+        help="auto = nccl on CUDA, gloo on the CPU")
+    add("--base-gpu-id", type=int, default=0, help="on CUDA, local rank i uses cuda:(N + i)")
+    add("--dp-size", type=int, default=1,
+        help="complete replicas (each its own processes and radix cache) behind the SGLang "
+        "router on --port (needs `pip install radixrt[router]`)")
+    add("--router-policy", default="cache_aware", choices=ROUTER_POLICIES,
+        help="how the router picks a replica: cache_aware keeps an approximate radix tree per "
+        "replica and sends a request where its prefix is cached (load permitting)")
 
 
 def as_flags(message: str, names: Sequence[str]) -> str:
@@ -175,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             tool_call_parser=args.tool_call_parser,
             reasoning_parser=args.reasoning_parser,
             tool_call_enforcement=args.tool_call_enforcement,
+            dp_size=args.dp_size,
+            router_policy=args.router_policy,
         )
         return serve(config, options)
     return 2

@@ -85,6 +85,33 @@ DRAIN_TIMEOUT_S = 30.0  # SIGTERM/SIGINT: in-flight requests get this long to fi
 LOG_INTERVAL_S = 10.0  # the scheduler's periodic status line
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
+# --- beyond one device: tensor parallelism and replicas ---------------------------------------
+DIST_BACKENDS = ("auto", "nccl", "gloo")  # auto: nccl on CUDA, gloo on the CPU
+MAX_TP_SIZE = 64
+MAX_NNODES = 64
+MAX_DP_SIZE = 64
+HOST_PORT_PATTERN = r"[A-Za-z0-9.\-]+:[0-9]{1,5}"  # --dist-init-addr
+# A collective that waits longer than this fails (the rank exits and the server with it); idle
+# ranks never reach it: the leader broadcasts a heartbeat plan when no plan went out for
+# TP_HEARTBEAT_S.
+TP_COLLECTIVE_TIMEOUT_S = 120.0
+TP_HEARTBEAT_S = 5.0
+TP_STARTUP_TIMEOUT_S = 600.0  # every rank must join the group (and load its shard) within this
+ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
+# The response header naming the replica that served a request (`radixrt serve --dp-size N`).
+REPLICA_HEADER = "x-radixrt-replica"
+# The DSL over several replicas (`rx.RuntimeEndpoint([address, ...])`) places each program the
+# way the SGLang router's cache_aware policy places a request, with its defaults (sglang_router
+# RouterArgs): balanced loads, the replica whose approximate prefix tree holds more than
+# REPLICA_CACHE_THRESHOLD of the text, else the one with the smallest tree; imbalanced (in-flight
+# calls max - min > REPLICA_BALANCE_ABS_THRESHOLD and max > min * REPLICA_BALANCE_REL_THRESHOLD),
+# the least loaded. Each replica's tree keeps at most REPLICA_TREE_MAX_CHARS characters (least
+# recently used leaves go first).
+REPLICA_CACHE_THRESHOLD = 0.3
+REPLICA_BALANCE_ABS_THRESHOLD = 64
+REPLICA_BALANCE_REL_THRESHOLD = 1.5
+REPLICA_TREE_MAX_CHARS = 2**26
+
 # --- sampling ----------------------------------------------------------------------------------
 # Bounds of every SamplingParams field, checked before anything is allocated (every entry point
 # builds one SamplingParams): an int must fit in 64 bits (what crosses a process boundary is
@@ -163,6 +190,14 @@ class EngineConfig:
     # waiting requests (in all, per tenant) past which a new request is refused (QueueFull, 429)
     max_queued_requests: int | None = None
     max_queued_per_tenant: int | None = None
+    # tensor parallelism: tp_size worker ranks over torch.distributed, nnodes machines of
+    # tp_size // nnodes ranks each; node_rank > 0 runs worker ranks only
+    tp_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: str | None = None  # HOST:PORT where the ranks meet; None: a loopback port
+    dist_backend: str = "auto"
+    base_gpu_id: int = 0  # on CUDA, local rank i takes cuda:(base_gpu_id + i)
 
     def __post_init__(self) -> None:
         def bad(field: str, value: Any, allowed: str) -> ValueError:
@@ -206,6 +241,28 @@ class EngineConfig:
                 raise bad(name, cap, "must be >= 1 (None: unbounded)")
         if self.cuda_graph_max_bs < 0:
             raise bad("cuda_graph_max_bs", self.cuda_graph_max_bs, "must be >= 0 (0 disables)")
+        self._check_distributed(bad)
+
+    def _check_distributed(self, bad: Any) -> None:
+        if not 1 <= self.tp_size <= MAX_TP_SIZE:
+            raise bad("tp_size", self.tp_size, f"use 1..{MAX_TP_SIZE}")
+        if not 1 <= self.nnodes <= MAX_NNODES:
+            raise bad("nnodes", self.nnodes, f"use 1..{MAX_NNODES}")
+        if self.tp_size % self.nnodes:
+            raise bad("tp_size", self.tp_size, f"must be a multiple of nnodes={self.nnodes} "
+                      "(every node runs tp_size // nnodes ranks)")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise bad("node_rank", self.node_rank, f"use 0..{self.nnodes - 1}")
+        if self.dist_init_addr is not None and not re.fullmatch(HOST_PORT_PATTERN,
+                                                                 self.dist_init_addr):
+            raise bad("dist_init_addr", self.dist_init_addr, "use HOST:PORT")
+        if self.nnodes > 1 and self.dist_init_addr is None:
+            raise bad("dist_init_addr", None, "is needed with nnodes > 1: HOST:PORT of node 0, "
+                      "the same on every node")
+        if self.dist_backend not in DIST_BACKENDS:
+            raise bad("dist_backend", self.dist_backend, f"use one of {DIST_BACKENDS}")
+        if self.base_gpu_id < 0:
+            raise bad("base_gpu_id", self.base_gpu_id, "must be >= 0")
 
     @classmethod
     def from_kwargs(cls, **kwargs: Any) -> EngineConfig:

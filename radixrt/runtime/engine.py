@@ -31,6 +31,7 @@ from radixrt.runtime.tokenizer.prompts import (
 )
 from radixrt.runtime.worker.executor import InlineExecutor, ThreadExecutor
 from radixrt.runtime.worker.setup import build_worker
+from radixrt.runtime.worker.tp_ranks import EngineRanks
 
 
 @dataclass
@@ -57,21 +58,37 @@ class Engine:
         """model: "default", a .gguf file, a checkpoint folder, or an already LoadedModel (to
         share weights between engines, as the tests do); overlap: run the worker on its own
         thread and plan step t+1 while it computes step t, as the server does (outputs are the
-        same either way); options: EngineConfig fields."""
+        same either way); options: EngineConfig fields. With tp_size > 1 this process is
+        rank 0 of a tensor-parallel group whose other ranks it starts as processes (call
+        close() to stop them; each rank loads its shard, so `model` is then a path)."""
         loaded = model if isinstance(model, LoadedModel) else None
         if loaded is not None:
             options["model"] = loaded.model_path
         elif model is not None:
             options["model"] = model
         self.config = EngineConfig.from_kwargs(**options)
-        self.worker, ready = build_worker(self.config, loaded)
+        self._ranks: EngineRanks | None = None
+        if self.config.tp_size > 1:
+            if loaded is not None:
+                raise ValueError("tp_size > 1 loads each rank's shard: pass the model's path, "
+                                 "not a LoadedModel")
+            self._ranks = EngineRanks(self.config)
+        try:
+            self.worker, ready = build_worker(
+                self.config, loaded, tp=None if self._ranks is None else self._ranks.group)
+        except BaseException:
+            if self._ranks is not None:
+                self._ranks.close()
+            raise
+        runner = self.worker if self._ranks is None else self._ranks.lead(self.worker)
+        self.tp_layout = ready.tp
         self.model_config = self.worker.config
         self.tokenizer = self.worker.tokenizer
         self.context_length = ready.context_length
         self.eos_token_ids = list(ready.eos_token_ids)
         self.scheduler = Scheduler.for_worker(self.config, ready)
         self._executor: InlineExecutor | ThreadExecutor = (
-            ThreadExecutor(self.worker) if overlap else InlineExecutor(self.worker)
+            ThreadExecutor(runner) if overlap else InlineExecutor(runner)
         )
         self.loop = StepLoop(self.scheduler, self._executor, overlap,
                              self.config.check_integrity)
@@ -273,9 +290,12 @@ class Engine:
             self._queues.pop(rid, None)
 
     def close(self) -> None:
-        """Stop the worker thread of an overlapping Engine (an inline one holds none). The
-        Engine takes no more steps after this."""
+        """Stop the worker thread of an overlapping Engine (an inline one holds none) and the
+        other tensor-parallel ranks. The Engine takes no more steps after this."""
         self._executor.close()
+        if self._ranks is not None:
+            self._ranks.close()
+            self._ranks = None
 
     # --- introspection -------------------------------------------------------------------
     def check_integrity(self) -> None:

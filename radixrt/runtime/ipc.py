@@ -54,6 +54,12 @@ class TypedSocket:
             return None
         return self._decoder.decode(self.sock.recv(copy=False).buffer)
 
+    def recv_raw(self, timeout_ms: int | None = None) -> memoryview | None:
+        """The next message's bytes, undecoded (to pass on as they are), or None."""
+        if timeout_ms is not None and not self.sock.poll(timeout_ms, zmq.POLLIN):
+            return None
+        return self.sock.recv(copy=False).buffer
+
     def decode(self, data: bytes | memoryview) -> Any:
         return self._decoder.decode(data)
 

@@ -45,6 +45,8 @@ class ServerOptions:
     tool_call_parser: str = "auto"  # how tool calls are written and parsed (auto: the template's)
     reasoning_parser: str | None = None  # qwen3 | deepseek-r1: thinking apart from the answer
     tool_call_enforcement: bool = True  # the grammar makes every tool call well-formed
+    dp_size: int = 1  # complete replicas behind the SGLang router (runtime/replicas.py)
+    router_policy: str = "cache_aware"
 
 
 def served_name(config: EngineConfig, options: ServerOptions) -> str:

@@ -118,6 +118,21 @@ class OutputDelta(msgspec.Struct, frozen=True):
 
 
 # --- worker -> scheduler at start-up ------------------------------------------------------------
+class TPLayout(msgspec.Struct, frozen=True):
+    """How the model is split over its tensor-parallel ranks (models/shard_plan.py)."""
+
+    tp_size: int
+    heads_per_rank: int  # query heads, padding included
+    kv_heads_per_rank: int
+    padded_heads: int  # zero query heads added over all ranks
+    kv_heads: str  # "split", "replicated" (more ranks than KV heads) or "padded"
+    intermediate_per_rank: int
+    vocab_per_rank: int
+    kv_bytes_per_token_per_rank: int
+    nnodes: int = 1
+    backend: str = "gloo"
+
+
 class WorkerReady(msgspec.Struct, frozen=True, tag=True):
     num_pages: int
     page_size: int
@@ -127,6 +142,7 @@ class WorkerReady(msgspec.Struct, frozen=True, tag=True):
     device: str
     dtype: str
     kv_bytes_per_token: int = 0  # K and V of one token over all layers (worker/capacity.py)
+    tp: TPLayout | None = None  # the tensor-parallel layout (None: one rank)
 
 
 # --- tokenizer <-> scheduler ---------------------------------------------------------------------

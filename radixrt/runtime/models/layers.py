@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from radixrt.runtime.models.linear import BlockedLinear
+from radixrt.runtime.distributed.group import TPGroup
+from radixrt.runtime.models.parallel import ColumnParallelLinear, RowParallelLinear
 
 
 class RMSNorm(nn.Module):
@@ -89,13 +91,14 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 class GatedMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)) with gate and up fused into one projection."""
+    """down(silu(gate(x)) * up(x)) with gate and up fused into one projection; under tensor
+    parallelism a rank holds `rows` of the intermediate dimension (ShardPlan.intermediate)."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, hidden_size: int, rows: Sequence[int | None], tp: TPGroup) -> None:
         super().__init__()
-        self.intermediate_size = intermediate_size
-        self.gate_up_proj = BlockedLinear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = BlockedLinear(intermediate_size, hidden_size, bias=False)
+        self.intermediate_size = len(rows)  # this rank's
+        self.gate_up_proj = ColumnParallelLinear(hidden_size, [rows, rows], bias=False)
+        self.down_proj = RowParallelLinear(rows, hidden_size, tp)
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [num_tokens, hidden]

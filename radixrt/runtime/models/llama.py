@@ -1,4 +1,5 @@
-"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) over a paged KV cache."""
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) over a paged KV cache, whole
+or as one tensor-parallel rank's shard (models/shard_plan.py says which heads and rows)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,17 @@ import torch
 from torch import Tensor, nn
 
 from radixrt.runtime.config import LM_HEAD_BLOCK_ROWS
+from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
-from radixrt.runtime.models.linear import BlockedLinear, small_batch_linear
 from radixrt.runtime.models.model_config import ModelConfig
+from radixrt.runtime.models.parallel import (
+    ColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+    VocabRows,
+    parallel_logits,
+)
+from radixrt.runtime.models.shard_plan import ShardPlan, head_rows
 
 if TYPE_CHECKING:
     from radixrt.runtime.forward.attention.base import AttentionBackend
@@ -29,18 +38,22 @@ _FUSED_SHARDS = {
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int, backend: AttentionBackend) -> None:
+    """Attention over this rank's query and KV heads (all of them at tp_size 1)."""
+
+    def __init__(self, config: ModelConfig, layer_id: int, backend: AttentionBackend,
+                 shard: ShardPlan, tp: TPGroup) -> None:
         super().__init__()
         self.layer_id = layer_id
         self.backend = backend
-        self.num_heads = config.num_heads
-        self.num_kv_heads = config.num_kv_heads
+        self.num_heads = shard.num_heads
+        self.num_kv_heads = shard.num_kv_heads
         self.head_dim = config.head_dim
-        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.shard_sizes = (q_size, kv_size, kv_size)
-        self.qkv_proj = BlockedLinear(config.hidden_size, sum(self.shard_sizes),
-                                      config.attention_bias)
-        self.o_proj = BlockedLinear(q_size, config.hidden_size, bias=False)
+        q_rows = head_rows(shard.q_heads, self.head_dim)
+        kv_rows = head_rows(shard.kv_heads, self.head_dim)
+        self.shard_sizes = (len(q_rows), len(kv_rows), len(kv_rows))
+        self.qkv_proj = ColumnParallelLinear(config.hidden_size, [q_rows, kv_rows, kv_rows],
+                                             config.attention_bias)
+        self.o_proj = RowParallelLinear(q_rows, config.hidden_size, tp)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
 
@@ -61,12 +74,13 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, layer_id: int, backend: AttentionBackend) -> None:
+    def __init__(self, config: ModelConfig, layer_id: int, backend: AttentionBackend,
+                 shard: ShardPlan, tp: TPGroup) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config, layer_id, backend)
+        self.self_attn = LlamaAttention(config, layer_id, backend, shard, tp)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = GatedMLP(config.hidden_size, config.intermediate_size)
+        self.mlp = GatedMLP(config.hidden_size, shard.intermediate.indices(), tp)
 
     def forward(
         self, h: Tensor, cos: Tensor, sin: Tensor, kv_cache: KVCache, batch: ForwardBatch
@@ -78,21 +92,26 @@ class LlamaDecoderLayer(nn.Module):
 
 class LlamaForCausalLM(nn.Module):
     """forward() returns final hidden states of all new tokens; compute_logits() projects the rows
-    the caller picks (usually each request's last token)."""
+    the caller picks (usually each request's last token). Under tensor parallelism (shard, tp)
+    it is one rank's shard, and both return the same full tensors on every rank."""
 
-    def __init__(self, config: ModelConfig, attn_backend: AttentionBackend) -> None:
+    def __init__(self, config: ModelConfig, attn_backend: AttentionBackend,
+                 shard: ShardPlan | None = None, tp: TPGroup | None = None) -> None:
         super().__init__()
         self.config = config
         self.attn_backend = attn_backend
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.shard = shard or ShardPlan.single(config)
+        self.tp = tp or TPGroup.single()
+        self.embed_tokens = VocabParallelEmbedding(self.shard.vocab, config.hidden_size, self.tp)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, attn_backend) for i in range(config.num_layers)
+            LlamaDecoderLayer(config, i, attn_backend, self.shard, self.tp)
+            for i in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
-        self.lm_head: nn.Linear | None = None
+        self.lm_head: VocabRows | None = None
         if not config.tie_word_embeddings:
-            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+            self.lm_head = VocabRows(self.shard.vocab, config.hidden_size)
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> Tensor:
@@ -108,13 +127,15 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden [n, hidden] -> logits [n, vocab] float32."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return small_batch_linear(hidden, weight, None, LM_HEAD_BLOCK_ROWS).float()
+        return parallel_logits(hidden, weight, self.shard.vocab, self.tp, LM_HEAD_BLOCK_ROWS)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
-        """Load HF-named tensors (model.layers.N.self_attn.q_proj.weight, ...); every parameter
-        must be covered exactly once. Unknown names raise, except rotary buffers and a tied head."""
+        """Load full HF-named tensors (model.layers.N.self_attn.q_proj.weight, ...), each into
+        this rank's piece of its parameter; every parameter must be covered exactly once.
+        Unknown names raise, except rotary buffers and a tied head."""
         params = dict(self.named_parameters())
+        modules = dict(self.named_modules())
         loaded: set[str] = set()
         for hf_name, tensor in weights:
             target = self._target(hf_name)
@@ -123,17 +144,19 @@ class LlamaForCausalLM(nn.Module):
             name, shard = target
             if name not in params:
                 raise KeyError(f"checkpoint tensor {hf_name!r} has no parameter {name!r}")
-            param = params[name]
-            if shard is None:
-                dest = param.data
-                key = name
-            else:
-                dest = self._shard_view(name, param.data, shard)
-                key = f"{name}#{shard}"
-            if tuple(dest.shape) != tuple(tensor.shape):
-                raise ValueError(f"{hf_name}: shape {tuple(tensor.shape)} != {tuple(dest.shape)}")
-            dest.copy_(tensor)
-            loaded.add(key)
+            owner, _, attr = name.rpartition(".")
+            module = modules[owner]
+            try:
+                if hasattr(module, "load"):  # a parallel layer: it takes its rows / columns
+                    module.load(shard or 0, tensor, attr)
+                else:  # replicated (norms)
+                    if tuple(params[name].shape) != tuple(tensor.shape):
+                        raise ValueError(f"shape {tuple(tensor.shape)} != "
+                                         f"{tuple(params[name].shape)}")
+                    params[name].data.copy_(tensor)
+            except ValueError as exc:
+                raise ValueError(f"{hf_name}: {exc}") from None
+            loaded.add(name if shard is None else f"{name}#{shard}")
         expected = set()
         for name in params:
             if ".qkv_proj." in name:
@@ -157,12 +180,3 @@ class LlamaForCausalLM(nn.Module):
             if f".{hf_proj}." in name:
                 return name.replace(hf_proj, fused), shard
         return name, None
-
-    def _shard_view(self, name: str, data: Tensor, shard: int) -> Tensor:
-        if ".qkv_proj." in name:
-            layer = self.layers[0].self_attn
-            sizes = list(layer.shard_sizes)  # type: ignore[union-attr]
-        else:
-            sizes = [self.config.intermediate_size] * 2
-        start = sum(sizes[:shard])
-        return data[start : start + sizes[shard]]

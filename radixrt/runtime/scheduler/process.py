@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import zmq
 
 from radixrt.runtime.config import LOG_FORMAT, LOG_INTERVAL_S, PARENT_POLL_MS, EngineConfig
@@ -160,6 +161,7 @@ class SchedulerService:
             disable_radix_cache=self.scheduler.config.disable_radix_cache,
             vocab_size=self.ready.vocab_size,
             eos_token_ids=list(self.ready.eos_token_ids),
+            tensor_parallel=msgspec.to_builtins(self.ready.tp) if self.ready.tp else None,
         )
         return info
 

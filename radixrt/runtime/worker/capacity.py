@@ -18,13 +18,15 @@ from typing import TYPE_CHECKING, Any
 from radixrt.runtime.config import TYPICAL_REQUEST_TOKENS
 
 if TYPE_CHECKING:  # torch-free at run time: the scheduler process states capacity too
+    from radixrt.runtime.forward.kv_cache import KVShape
     from radixrt.runtime.models.model_config import ModelConfig
 
 GIB = 1 << 30
 
 
-def kv_bytes_per_token(config: ModelConfig, dtype_bytes: int) -> int:
-    """K and V of one token across all layers."""
+def kv_bytes_per_token(config: KVShape, dtype_bytes: int) -> int:
+    """K and V of one token across all layers (of one rank's KV heads under tensor
+    parallelism: ShardPlan.kv_shape)."""
     return 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype_bytes
 
 

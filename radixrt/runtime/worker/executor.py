@@ -7,13 +7,19 @@ from __future__ import annotations
 
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol
 
 from radixrt.runtime.messages import StepPlan, StepResult
-from radixrt.runtime.worker.worker import Worker
+
+
+class PlanRunner(Protocol):
+    """What runs a plan: the Worker, or rank 0's TPLeader (worker/tp_ranks.py)."""
+
+    def execute(self, plan: StepPlan) -> StepResult: ...
 
 
 class InlineExecutor:
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: PlanRunner) -> None:
         self.worker = worker
         self._results: deque[StepResult] = deque()
 
@@ -28,7 +34,7 @@ class InlineExecutor:
 
 
 class ThreadExecutor:
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: PlanRunner) -> None:
         self.worker = worker
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixrt-worker")
         self._results: deque[Future[StepResult]] = deque()

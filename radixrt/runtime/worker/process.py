@@ -1,9 +1,11 @@
 """Process 3: the worker. Builds its worker (model, KV pool) with the one factory, reports
-`WorkerReady`, then executes step plans in order."""
+`WorkerReady`, then executes step plans in order. Under tensor parallelism it is rank 0: it
+passes every plan's bytes on to the other ranks (worker/tp_ranks.py) before running it."""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from radixrt.runtime.config import LOG_FORMAT, PARENT_POLL_MS, EngineConfig
@@ -20,10 +22,19 @@ def run_worker(config: EngineConfig, addrs: Addresses, parent_pid: int, log_leve
 
     from radixrt.runtime.worker.capacity import Capacity, typical_request_tokens
     from radixrt.runtime.worker.setup import build_worker
+    from radixrt.runtime.worker.tp_ranks import TPLeader, join_group, settle, share_cpu_threads
 
     setproctitle.setproctitle("radixrt::worker")
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
-    worker, ready = build_worker(config, grammar_dir=addrs.grammar_dir)
+    group = leader = None
+    if config.tp_size > 1:
+        share_cpu_threads(config)
+        group = join_group(config, 0)
+    worker, ready = build_worker(config, grammar_dir=addrs.grammar_dir, tp=group)
+    if group is not None:
+        settle(group)
+        leader = TPLeader(worker, group, on_failure=_follower_lost)
+        log.info("tensor parallelism: %s", ready.tp)
     ctx = zmq.Context()
     plans = pull(ctx, addrs.to_worker, WORKER_IN)
     results = push(ctx, addrs.from_worker)
@@ -34,9 +45,17 @@ def run_worker(config: EngineConfig, addrs: Addresses, parent_pid: int, log_leve
                         ready.context_length)
     log.info("%s", capacity.describe(typical_request_tokens(ready.context_length)))
     while True:
-        plan: StepPlan | None = plans.recv(timeout_ms=PARENT_POLL_MS)
-        if plan is None:
+        data = plans.recv_raw(timeout_ms=PARENT_POLL_MS)
+        if data is None:
             if not parent_alive(parent_pid):
                 sys.exit(0)
             continue
-        results.send(worker.execute(plan))
+        plan: StepPlan = plans.decode(data)
+        results.send(worker.execute(plan) if leader is None else leader.execute(plan, data))
+
+
+def _follower_lost(exc: BaseException) -> None:
+    """A heartbeat found a follower rank gone: stop now (the launcher takes the server down)."""
+    log.error("a tensor-parallel rank is gone (%s); the worker stops", exc)
+    logging.shutdown()
+    os._exit(1)

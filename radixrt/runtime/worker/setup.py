@@ -1,6 +1,7 @@
 """The one worker factory: device and dtype, the attention backend, the model, the KV pool's
-size, and the `WorkerReady` report the scheduler is sized from. The Engine and the worker process
-both build their worker here, so both run the same model on the same pool."""
+size, and the `WorkerReady` report the scheduler is sized from. The Engine, the worker process
+and every tensor-parallel rank build their worker here, so all run the same model (each rank its
+shard) on the same pool."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import torch
 
 from radixrt.runtime.config import CPU_MAX_POOL_TOKENS, EngineConfig
 from radixrt.runtime.constrained.compiler import GrammarCompiler
+from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.forward.attention import resolve_attention_backend
-from radixrt.runtime.messages import WorkerReady
+from radixrt.runtime.messages import TPLayout, WorkerReady
 from radixrt.runtime.models.loader import LoadedModel, inspect_model, load_model, resolve_dtype
 from radixrt.runtime.models.model_config import ModelConfig
+from radixrt.runtime.models.shard_plan import check_tp_size
 from radixrt.runtime.worker.capacity import kv_bytes_per_token, pool_tokens
 from radixrt.runtime.worker.worker import Worker
 
@@ -52,9 +55,33 @@ def context_length_for(config: EngineConfig, model: ModelConfig) -> int:
 
 def check_config(config: EngineConfig) -> None:
     """What build_worker would refuse, found without loading weights (the server checks it
-    before it starts any process): the model, the device, the context length."""
-    context_length_for(config, inspect_model(config.model))
-    resolve_device(config.device)
+    before it starts any process): the model, the device, the context length, the TP plan."""
+    model = inspect_model(config.model)
+    context_length_for(config, model)
+    check_tp_size(model, config.tp_size)
+    rank_device(config, 0)
+    if config.tp_size > 1:
+        rank_device(config, config.tp_size // config.nnodes - 1)
+
+
+def rank_device(config: EngineConfig, rank: int) -> torch.device:
+    """The device of a tensor-parallel rank: config.device, and on CUDA under tensor
+    parallelism cuda:(base_gpu_id + the rank's index on its node)."""
+    device = resolve_device(config.device)
+    if device.type != "cuda" or config.tp_size == 1:
+        return device
+    local = rank % (config.tp_size // config.nnodes)
+    return resolve_device(f"cuda:{config.base_gpu_id + local}")
+
+
+def dist_backend(config: EngineConfig) -> str:
+    """The layers' collective backend: auto = nccl on CUDA, gloo on the CPU."""
+    if config.dist_backend != "auto":
+        if config.dist_backend == "nccl" and resolve_device(config.device).type != "cuda":
+            raise ValueError("dist_backend='nccl' needs CUDA devices: use dist_backend='gloo' "
+                             "on the CPU")
+        return config.dist_backend
+    return "nccl" if resolve_device(config.device).type == "cuda" else "gloo"
 
 
 def pool_pages(config: EngineConfig, bytes_per_token: int, device: torch.device) -> int:
@@ -78,11 +105,17 @@ def build_worker(
     loaded: LoadedModel | None = None,
     grammars: GrammarCompiler | None = None,
     grammar_dir: str | None = None,
+    tp: TPGroup | None = None,
 ) -> tuple[Worker, WorkerReady]:
     """Load the model (or reuse `loaded`, whose device and dtype then win), size the KV pool
-    and build the worker. grammars / grammar_dir: see Worker."""
+    and build the worker. grammars / grammar_dir: see Worker. tp: this rank's group under
+    tensor parallelism (every rank calls this together: the pool size is agreed, the minimum
+    of the ranks')."""
+    tp = tp or TPGroup.single()
     if loaded is None:
-        device = resolve_device(config.device)
+        device = rank_device(config, tp.rank)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
         dtype = resolve_dtype(config.dtype, device)
         loaded = load_model(
             config.model,
@@ -90,16 +123,23 @@ def build_worker(
             device=device,
             load_format=config.load_format,
             attention_backend=resolve_attention_backend(config.attention_backend, device),
+            tp=tp,
         )
+    elif loaded.model.tp.size != tp.size:
+        raise ValueError("a LoadedModel is shared only at its own tp_size: under tensor "
+                         "parallelism each rank loads its shard (pass the model's path)")
     param = next(loaded.model.parameters())
     device, dtype = param.device, param.dtype
-    per_token = kv_bytes_per_token(loaded.config, torch.empty((), dtype=dtype).element_size())
-    num_pages = pool_pages(config, per_token, device)
+    shard = loaded.model.shard
+    per_token = kv_bytes_per_token(shard.kv_shape(loaded.config),
+                                   torch.empty((), dtype=dtype).element_size())
+    num_pages = tp.min_int(pool_pages(config, per_token, device))
     worker = Worker(
         loaded,
         num_pages * config.page_size,
         seed=config.seed,
-        cuda_graph_max_bs=config.cuda_graph_max_bs,
+        # graphs are captured per rank without the collectives: eager under tensor parallelism
+        cuda_graph_max_bs=config.cuda_graph_max_bs if tp.size == 1 else 0,
         grammars=grammars,
         jump_forward=not config.disable_jump_forward,
         grammar_dir=grammar_dir,
@@ -112,6 +152,9 @@ def build_worker(
         eos_token_ids=list(loaded.config.eos_token_ids),
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),
-        kv_bytes_per_token=per_token,
+        kv_bytes_per_token=per_token * tp.size,
+        tp=None if tp.size == 1 else TPLayout(
+            **shard.describe(loaded.config), kv_bytes_per_token_per_rank=per_token,
+            nnodes=config.nnodes, backend=dist_backend(config)),
     )
     return worker, ready

@@ -67,7 +67,8 @@ class Worker:
         param = next(self.model.parameters())
         self.device = param.device
         self.dtype = param.dtype
-        self.kv_cache = KVCache.from_config(loaded.config, num_slots, self.dtype, self.device)
+        kv_shape = self.model.shard.kv_shape(loaded.config)  # this rank's KV heads
+        self.kv_cache = KVCache.from_config(kv_shape, num_slots, self.dtype, self.device)
         eos = list(loaded.config.eos_token_ids)
         self.sampler = Sampler(loaded.config.vocab_size, eos, self.device, base_seed=seed)
         self.states: dict[int, _RequestState] = {}

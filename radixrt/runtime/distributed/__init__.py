@@ -1,0 +1,1 @@
+"""Process groups and collectives for tensor parallelism (torch.distributed: gloo / NCCL)."""
