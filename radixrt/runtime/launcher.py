@@ -10,6 +10,7 @@ import multiprocessing
 import os
 import shutil
 import signal
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
@@ -67,17 +68,24 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
     from radixrt.runtime.worker.process import run_worker
 
     logging.basicConfig(level=options.log_level.upper(), format=LOG_FORMAT)
+    if config.node_rank > 0:
+        return serve_worker_node(config, options)
     setproctitle.setproctitle("radixrt::tokenizer")
     owner = os.getppid() if options.exit_with_parent else None
     addrs, ipc_dir = Addresses.in_private_dir()
     try:
         tokenizer = load_tokenizer(config.model)
         spawn = multiprocessing.get_context("spawn")
+        config = _with_rendezvous(config)
         args = (config, addrs, os.getpid(), options.log_level)
         procs = {
             "scheduler": spawn.Process(target=run_scheduler, args=args, name="radixrt-scheduler"),
             "worker": spawn.Process(target=run_worker, args=args, name="radixrt-worker"),
+            **_follower_processes(config, options, addrs.grammar_dir),
         }
+        if config.tp_size > 1:
+            log.info("tensor parallelism: %d ranks over %d node(s), meeting at %s",
+                     config.tp_size, config.nnodes, config.dist_init_addr)
         for proc in procs.values():
             proc.start()
         try:
@@ -96,6 +104,66 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
             _stop(procs)
     finally:
         shutil.rmtree(ipc_dir, ignore_errors=True)
+
+
+def _with_rendezvous(config: EngineConfig) -> EngineConfig:
+    """Under tensor parallelism: the address the ranks meet at (a free loopback port unless
+    --dist-init-addr names one). Rank 0, in the worker process, binds it again at once."""
+    if config.tp_size == 1:
+        return config
+    from radixrt.runtime.worker.tp_ranks import rendezvous
+
+    config, listen = rendezvous(config)
+    if listen is not None:
+        listen.close()
+    return config
+
+
+def _follower_processes(config: EngineConfig, options: ServerOptions,
+                        grammar_dir: str | None) -> dict[str, BaseProcess]:
+    """This node's tensor-parallel follower ranks (rank 0 is the worker process)."""
+    from radixrt.runtime.worker.tp_ranks import local_follower_ranks, run_follower
+
+    spawn = multiprocessing.get_context("spawn")
+    return {
+        f"tensor-parallel rank {rank}": spawn.Process(
+            target=run_follower, name=f"radixrt-tp{rank}",
+            args=(config, rank, os.getpid(), options.log_level, grammar_dir))
+        for rank in local_follower_ranks(config)
+    }
+
+
+def serve_worker_node(config: EngineConfig, options: ServerOptions) -> int:
+    """`--node-rank` > 0: run this node's tensor-parallel ranks only, until they stop (exit 0
+    when rank 0 closed the group, 1 when a rank failed) or SIGTERM/SIGINT (exit 0)."""
+    import setproctitle
+
+    setproctitle.setproctitle(f"radixrt::node{config.node_rank}")
+    procs = _follower_processes(config, options, None)
+    for proc in procs.values():
+        proc.start()
+    log.info("node %d of %d: tensor-parallel ranks %s, meeting at %s", config.node_rank,
+             config.nnodes, ", ".join(p.name for p in procs.values()), config.dist_init_addr)
+    stopping: list[int] = []
+    previous = {sig: signal.signal(sig, lambda signum, _frame: stopping.append(signum))
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not stopping:
+            dead = [p for p in procs.values() if not p.is_alive()]
+            if dead:
+                failed = [p for p in dead if p.exitcode != 0]
+                if failed:
+                    log.error("%s", _dead({p.name: p for p in failed}))
+                    return 1
+                if len(dead) == len(procs):
+                    log.info("rank 0 closed the group; node %d stops", config.node_rank)
+                    return 0
+            time.sleep(CHILD_WATCH_S)
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _stop(procs)
 
 
 async def _serve_http(

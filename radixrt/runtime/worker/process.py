@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 
 from radixrt.runtime.config import LOG_FORMAT, PARENT_POLL_MS, EngineConfig
@@ -44,14 +45,19 @@ def run_worker(config: EngineConfig, addrs: Addresses, parent_pid: int, log_leve
     capacity = Capacity(ready.kv_bytes_per_token, ready.page_size, ready.num_pages,
                         ready.context_length)
     log.info("%s", capacity.describe(typical_request_tokens(ready.context_length)))
-    while True:
+    stopping: list[int] = []  # SIGTERM: finish the step, tell the other ranks, exit 0
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
+    while not stopping:
         data = plans.recv_raw(timeout_ms=PARENT_POLL_MS)
         if data is None:
             if not parent_alive(parent_pid):
-                sys.exit(0)
+                break
             continue
         plan: StepPlan = plans.decode(data)
         results.send(worker.execute(plan) if leader is None else leader.execute(plan, data))
+    if leader is not None:
+        leader.close()
+    sys.exit(0)
 
 
 def _follower_lost(exc: BaseException) -> None:
