@@ -104,12 +104,13 @@ def test_killing_rank0_stops_everything():
 def test_two_nodes_on_loopback(reference):
     addr = f"127.0.0.1:{free_port()}"
     multi = ("--tp-size", "2", "--nnodes", "2", "--dist-init-addr", addr)
-    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+    # both "nodes" share this machine's cores: one thread each (each would take them all)
+    env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     node1 = subprocess.Popen(
         [sys.executable, "-m", "radixrt", "serve", *multi, "--node-rank", "1", *COMMON],
         env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        node0 = Server(*multi, "--node-rank", "0", *COMMON)
+        node0 = Server(*multi, "--node-rank", "0", *COMMON, env={"OMP_NUM_THREADS": "1"})
         node1_children = psutil.Process(node1.pid).children(recursive=True)
         try:
             assert_answers_like(node0, reference)

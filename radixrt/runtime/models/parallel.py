@@ -30,9 +30,13 @@ from radixrt.runtime.models.shard_plan import Slice
 def take(full: Tensor, index: Sequence[int | None], dim: int) -> Tensor:
     """full's entries at `index` along dim, zeros where the index is None (padding)."""
     real = [i for i in index if i is not None]
-    if real and max(real) >= full.shape[dim]:
+    if real and not 0 <= min(real) <= max(real) < full.shape[dim]:
         raise ValueError(f"checkpoint tensor of shape {tuple(full.shape)} has no index "
-                         f"{max(real)} along dimension {dim}")
+                         f"{min(real) if min(real) < 0 else max(real)} along dimension {dim}")
+    if not real:
+        shape = list(full.shape)
+        shape[dim] = len(index)
+        return full.new_zeros(shape)
     if len(real) == len(index) and real == list(range(real[0], real[0] + len(real))):
         return full.narrow(dim, real[0], len(real))
     shape = list(full.shape)

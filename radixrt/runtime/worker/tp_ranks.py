@@ -129,10 +129,13 @@ def settle(group: TPGroup) -> None:
 
 def share_cpu_threads(config: EngineConfig) -> int:
     """On the CPU, give this rank its share of the node's cores (at least 1 thread): ranks
-    that each used every core would spin against each other. Returns the previous count."""
+    that each used every core would spin against each other. An explicit OMP_NUM_THREADS
+    wins. Returns the previous count."""
     from radixrt.runtime.worker.setup import resolve_device
 
     previous = torch.get_num_threads()
+    if "OMP_NUM_THREADS" in os.environ:
+        return previous
     if config.tp_size > 1 and resolve_device(config.device).type == "cpu":
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
             os.cpu_count() or 1)
