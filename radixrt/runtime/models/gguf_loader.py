@@ -102,6 +102,44 @@ class GGUFFile:
         raw = self._data[info.start : info.start + info.nbytes]
         return dequantize(raw, info.qtype, info.shape)
 
+    def rows(self, name: str, start: int, stop: int) -> Tensor | None:
+        """Rows [start, stop) (outermost dimension) dequantized alone, or None when a row is
+        not a whole number of quantization blocks (then read the tensor whole)."""
+        info = self.tensors[name]
+        row_elems = int(np.prod(info.shape[1:]))
+        block, type_size = gguf.GGML_QUANT_SIZES[_QT(info.qtype)]
+        if row_elems % block:
+            return None
+        row_bytes = row_elems // block * type_size
+        first = info.start + start * row_bytes
+        raw = self._data[first : first + (stop - start) * row_bytes]
+        return dequantize(raw, info.qtype, (stop - start, *info.shape[1:]))
+
+
+class GGUFWeight:
+    """One GGUF tensor as a TensorSource (models/tensor_source.py): a range of rows is read and
+    dequantized alone; Q/K rows, which llama.cpp's converter permuted within each head, are
+    un-permuted head by head (a shard's rows are whole heads)."""
+
+    def __init__(self, gf: GGUFFile, name: str, rope_heads: int | None) -> None:
+        self.gf = gf
+        self.name = name
+        self.rope_heads = rope_heads  # heads whose rows to un-permute, or None
+        self.shape = gf.tensors[name].shape
+
+    def read(self, dim: int, start: int, stop: int) -> Tensor:
+        head_rows = self.shape[0] // self.rope_heads if self.rope_heads else 1
+        whole_heads = start % head_rows == 0 and stop % head_rows == 0
+        part = self.gf.rows(self.name, start, stop) if dim == 0 and whole_heads else None
+        if part is None:
+            full = self.gf.tensor(self.name)
+            if self.rope_heads:
+                full = unpermute_rope_rows(full, self.rope_heads)
+            return full.narrow(dim, start, stop - start)
+        if self.rope_heads:
+            part = unpermute_rope_rows(part, (stop - start) // head_rows)
+        return part
+
 
 class _HeaderReader:
     """Sequential little-endian reader of the GGUF header; arrays are skipped, not decoded."""
@@ -201,18 +239,18 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
     return ModelConfig.from_gguf_metadata(gf.metadata, vocab_size, tied, factors)
 
 
-def iter_gguf_weights(gf: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, Tensor]]:
-    """(HF name, float32 tensor) pairs, with the Q/K row permutation undone."""
+def iter_gguf_weights(gf: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, GGUFWeight]]:
+    """(HF name, lazy float32 tensor) pairs, with the Q/K row permutation undone on reading."""
     for name in gf.tensors:
         target = hf_name(name)
         if target is None:
             continue
-        w = gf.tensor(name)
-        if target.endswith("q_proj.weight") or target.endswith("q_proj.bias"):
-            w = unpermute_rope_rows(w, config.num_heads)
-        elif target.endswith("k_proj.weight") or target.endswith("k_proj.bias"):
-            w = unpermute_rope_rows(w, config.num_kv_heads)
-        yield target, w
+        heads = None
+        if ".q_proj." in target:
+            heads = config.num_heads
+        elif ".k_proj." in target:
+            heads = config.num_kv_heads
+        yield target, GGUFWeight(gf, name, heads)
 
 
 def load_gguf_tokenizer(path: str) -> Any:

@@ -8,9 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from torch import Tensor
-
 from radixrt.runtime.models.model_config import ModelConfig
+from radixrt.runtime.models.tensor_source import SafetensorsSlice
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -23,8 +22,9 @@ def hf_config(folder: str) -> ModelConfig:
         return ModelConfig.from_hf_dict(json.load(f))
 
 
-def iter_safetensors_weights(folder: str) -> Iterator[tuple[str, Tensor]]:
-    """(name, tensor) pairs of every *.safetensors file in the folder, in file order."""
+def iter_safetensors_weights(folder: str) -> Iterator[tuple[str, SafetensorsSlice]]:
+    """(name, lazy tensor) pairs of every *.safetensors file in the folder, in file order: a
+    rank reads only its shard's range of each (the file stays open while it is consumed)."""
     from safetensors import safe_open
 
     files = sorted(Path(folder).glob("*.safetensors"))
@@ -33,7 +33,7 @@ def iter_safetensors_weights(folder: str) -> Iterator[tuple[str, Tensor]]:
     for file in files:
         with safe_open(str(file), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                yield name, f.get_tensor(name)
+                yield name, SafetensorsSlice(f.get_slice(name))
 
 
 def load_hf_tokenizer(folder: str) -> Any | None:

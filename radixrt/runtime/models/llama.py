@@ -21,6 +21,7 @@ from radixrt.runtime.models.parallel import (
     parallel_logits,
 )
 from radixrt.runtime.models.shard_plan import ShardPlan, head_rows
+from radixrt.runtime.models.tensor_source import Weight, read_all, shape_of
 
 if TYPE_CHECKING:
     from radixrt.runtime.forward.attention.base import AttentionBackend
@@ -130,9 +131,10 @@ class LlamaForCausalLM(nn.Module):
         return parallel_logits(hidden, weight, self.shard.vocab, self.tp, LM_HEAD_BLOCK_ROWS)
 
     @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
-        """Load full HF-named tensors (model.layers.N.self_attn.q_proj.weight, ...), each into
-        this rank's piece of its parameter; every parameter must be covered exactly once.
+    def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
+        """Load full HF-named tensors (model.layers.N.self_attn.q_proj.weight, ...; or
+        TensorSources, read in part), each into this rank's piece of its parameter; every
+        parameter must be covered exactly once.
         Unknown names raise, except rotary buffers and a tied head."""
         params = dict(self.named_parameters())
         modules = dict(self.named_modules())
@@ -150,10 +152,10 @@ class LlamaForCausalLM(nn.Module):
                 if hasattr(module, "load"):  # a parallel layer: it takes its rows / columns
                     module.load(shard or 0, tensor, attr)
                 else:  # replicated (norms)
-                    if tuple(params[name].shape) != tuple(tensor.shape):
-                        raise ValueError(f"shape {tuple(tensor.shape)} != "
+                    if tuple(params[name].shape) != shape_of(tensor):
+                        raise ValueError(f"shape {shape_of(tensor)} != "
                                          f"{tuple(params[name].shape)}")
-                    params[name].data.copy_(tensor)
+                    params[name].data.copy_(read_all(tensor))
             except ValueError as exc:
                 raise ValueError(f"{hf_name}: {exc}") from None
             loaded.add(name if shard is None else f"{name}#{shard}")

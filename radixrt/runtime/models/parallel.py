@@ -25,26 +25,31 @@ from radixrt.runtime.config import LINEAR_BLOCK_ROWS
 from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.models.linear import BlockedLinear, small_batch_linear
 from radixrt.runtime.models.shard_plan import Slice
+from radixrt.runtime.models.tensor_source import Weight, read_all, read_range, shape_of
 
 
-def take(full: Tensor, index: Sequence[int | None], dim: int) -> Tensor:
-    """full's entries at `index` along dim, zeros where the index is None (padding)."""
+def take(full: Weight, index: Sequence[int | None], dim: int) -> Tensor:
+    """full's entries at `index` along dim, zeros where the index is None (padding). A shard's
+    real entries are one ascending run (padding comes after them), so only that range of a
+    TensorSource is read."""
+    shape = list(shape_of(full))
     real = [i for i in index if i is not None]
-    if real and not 0 <= min(real) <= max(real) < full.shape[dim]:
-        raise ValueError(f"checkpoint tensor of shape {tuple(full.shape)} has no index "
+    if real and not 0 <= min(real) <= max(real) < shape[dim]:
+        raise ValueError(f"checkpoint tensor of shape {tuple(shape)} has no index "
                          f"{min(real) if min(real) < 0 else max(real)} along dimension {dim}")
-    if not real:
-        shape = list(full.shape)
-        shape[dim] = len(index)
-        return full.new_zeros(shape)
-    if len(real) == len(index) and real == list(range(real[0], real[0] + len(real))):
-        return full.narrow(dim, real[0], len(real))
-    shape = list(full.shape)
     shape[dim] = len(index)
-    out = full.new_zeros(shape)
+    if not real:
+        return torch.zeros(shape)
+    run = real == list(range(real[0], real[0] + len(real)))
+    if run:
+        piece = read_range(full, dim, real[0], real[0] + len(real))
+    else:
+        piece = read_all(full).index_select(dim, torch.tensor(real, dtype=torch.int64))
+    if list(index) == real:
+        return piece
+    out = piece.new_zeros(shape)
     where = torch.tensor([j for j, i in enumerate(index) if i is not None], dtype=torch.int64)
-    out.index_copy_(dim, where, full.index_select(dim, torch.tensor(real, dtype=torch.int64)))
-    return out
+    return out.index_copy_(dim, where, piece)
 
 
 class ColumnParallelLinear(BlockedLinear):
@@ -58,7 +63,7 @@ class ColumnParallelLinear(BlockedLinear):
         super().__init__(in_features, sum(self.sizes), bias=bias, block_rows=block_rows)
 
     @torch.no_grad()
-    def load(self, shard: int, full: Tensor, name: str = "weight") -> None:
+    def load(self, shard: int, full: Weight, name: str = "weight") -> None:
         start = sum(self.sizes[:shard])
         dest = getattr(self, name).data[start : start + self.sizes[shard]]
         piece = take(full, self.rows[shard], 0)
@@ -80,7 +85,7 @@ class RowParallelLinear(BlockedLinear):
         return self.tp.all_reduce(super().forward(x))
 
     @torch.no_grad()
-    def load(self, shard: int, full: Tensor, name: str = "weight") -> None:
+    def load(self, shard: int, full: Weight, name: str = "weight") -> None:
         piece = take(full, self.cols, 1)
         _check_shape(self.weight.data, piece)
         self.weight.data.copy_(piece)
@@ -95,7 +100,7 @@ class VocabRows(nn.Module):
         self.weight = nn.Parameter(torch.empty(vocab.size, hidden_size))
 
     @torch.no_grad()
-    def load(self, shard: int, full: Tensor, name: str = "weight") -> None:
+    def load(self, shard: int, full: Weight, name: str = "weight") -> None:
         piece = take(full, self.vocab.indices(), 0)
         _check_shape(self.weight.data, piece)
         self.weight.data.copy_(piece)

@@ -1,0 +1,51 @@
+"""Checkpoint tensors that a tensor-parallel rank reads only in part.
+
+A loader yields each weight as a Tensor or as a TensorSource: something with a shape that reads
+a contiguous range along one dimension without reading the rest (safetensors' lazy slices; GGUF
+rows, dequantized block row by block row). A rank takes the rows or columns of its shard
+(models/parallel.py, `take`); a replicated weight is read whole. At tp_size 1 every read is the
+whole tensor, as before.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, Union
+
+from torch import Tensor
+
+
+class TensorSource(Protocol):
+    shape: tuple[int, ...]
+
+    def read(self, dim: int, start: int, stop: int) -> Tensor:
+        """float32 entries [start, stop) along dim, every entry of the other dimensions."""
+        ...
+
+
+Weight = Union[Tensor, "TensorSource"]
+
+
+def shape_of(weight: Weight) -> tuple[int, ...]:
+    return tuple(weight.shape)
+
+
+def read_range(weight: Weight, dim: int, start: int, stop: int) -> Tensor:
+    if isinstance(weight, Tensor):
+        return weight.narrow(dim, start, stop - start)
+    return weight.read(dim, start, stop)
+
+
+def read_all(weight: Weight) -> Tensor:
+    return weight if isinstance(weight, Tensor) else weight.read(0, 0, weight.shape[0])
+
+
+class SafetensorsSlice:
+    """A tensor of an open safetensors file, read by ranges (safe_open's get_slice)."""
+
+    def __init__(self, lazy: Any) -> None:
+        self._lazy = lazy
+        self.shape = tuple(lazy.get_shape())
+
+    def read(self, dim: int, start: int, stop: int) -> Tensor:
+        index = tuple([slice(None)] * dim + [slice(start, stop)])
+        return self._lazy[index]
