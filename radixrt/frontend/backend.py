@@ -17,6 +17,11 @@ class BackendError(RuntimeError):
     """The runtime refused or failed a call; the message is the runtime's."""
 
 
+class RuntimeUnreachable(BackendError):
+    """Not a refusal of one call: the runtime exited or stopped answering (a ReplicaEndpoint
+    places no more programs on it)."""
+
+
 @dataclass(frozen=True)
 class ChatFormat:
     """Text around each role's message, and what a conversation without a system message starts
@@ -93,3 +98,11 @@ class Backend(Protocol):
     def info(self) -> dict[str, Any]:
         """The runtime's counters (cache_hit_rate, cached_tokens, ...) where it reports them."""
         ...
+
+
+def program_backend(backend: Any) -> Any:
+    """The backend one program runs on: a backend over several replicas (ReplicaEndpoint)
+    gives each program its own view, kept on one replica (`for_program()`); any other backend
+    is itself."""
+    for_program = getattr(backend, "for_program", None)
+    return backend if for_program is None else for_program()

@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from radixrt.frontend.api import DEFAULT_BACKEND, check_priority
-from radixrt.frontend.backend import Backend
+from radixrt.frontend.backend import Backend, program_backend
 from radixrt.frontend.executor import StreamExecutor
 from radixrt.frontend.runners import LoopRunner, spawn
 from radixrt.frontend.sglang_names import is_sampling_option, sampling_fields
@@ -45,6 +45,7 @@ class Program:
         check_priority(priority)
         kwargs, defaults = self._split_defaults(kwargs)
         bound = self._bind(args, kwargs)
+        backend = program_backend(backend)  # over several replicas: this program's one
         state = ProgramState(StreamExecutor(backend, Transcript(backend.chat_format), None, stream,
                                             priority, defaults))
         if stream:
@@ -73,6 +74,7 @@ class Program:
                           defaults: dict[str, Any], priority: int,
                           stream: bool = False) -> ProgramState:
         runner = LoopRunner()
+        backend = program_backend(backend)
         state = ProgramState(StreamExecutor(backend, Transcript(backend.chat_format), None, stream,
                                             priority, defaults, runner))
         if stream:
@@ -219,6 +221,7 @@ class Program:
     def _run_one(self, backend: Backend, bound: dict[str, Any], progress: _Progress,
                  priority: int, defaults: dict[str, Any]
                  ) -> tuple[ProgramState, BaseException | None]:
+        backend = program_backend(backend)
         state = ProgramState(StreamExecutor(backend, Transcript(backend.chat_format),
                                             priority=priority, defaults=defaults))
         try:

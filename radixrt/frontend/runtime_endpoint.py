@@ -41,10 +41,17 @@ class RuntimeEndpoint:
     """`RuntimeEndpoint("tcp://127.0.0.1:PORT")` for `radixrt serve --dsl-port PORT`, or the
     ipc:// address its log names; `api_key`: the server's `--api-key`, if it has one.
     `RuntimeEndpoint("http://host:port")` (SGLang's form) talks to the HTTP port instead: it
-    returns an HttpRuntimeEndpoint (http_endpoint.py)."""
+    returns an HttpRuntimeEndpoint (http_endpoint.py). A list of addresses, one per replica
+    (`RuntimeEndpoint(["tcp://127.0.0.1:A", "tcp://127.0.0.1:B"])`), returns a ReplicaEndpoint
+    (replica_endpoint.py): each program runs on one replica, chosen by cached prefix and load."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
         address = args[0] if args else kwargs.get("address")
+        if cls is RuntimeEndpoint and isinstance(address, (list, tuple)):
+            from radixrt.frontend.replica_endpoint import ReplicaEndpoint
+
+            kwargs.pop("address", None)
+            return ReplicaEndpoint(address, *args[1:], **kwargs)
         if cls is RuntimeEndpoint and isinstance(address, str) and address.startswith(
                 ("http://", "https://")):
             from radixrt.frontend.http_endpoint import HttpRuntimeEndpoint

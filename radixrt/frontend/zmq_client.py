@@ -24,7 +24,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from radixrt.frontend.backend import BackendError
+from radixrt.frontend.backend import BackendError, RuntimeUnreachable
 from radixrt.runtime.config import DSL_PING_AFTER_S, DSL_PING_TIMEOUT_S, DSL_POLL_S
 from radixrt.runtime.messages import DslReply, DslRequest
 
@@ -167,9 +167,9 @@ class DslClient:
         True when it is time to ping the runtime."""
         now = time.monotonic()
         if self._alive is not None and not self._alive():
-            raise BackendError(f"the runtime at {self.address} exited")
+            raise RuntimeUnreachable(f"the runtime at {self.address} exited")
         if timeout is not None and now - start > timeout:
-            raise BackendError(f"no reply from the runtime at {self.address} within "
+            raise RuntimeUnreachable(f"no reply from the runtime at {self.address} within "
                                f"{timeout:.0f} s")
         return may_ping and now - last > DSL_PING_AFTER_S
 
@@ -194,7 +194,7 @@ class DslClient:
             sent.result(timeout=DSL_PING_TIMEOUT_S)
         except concurrent.futures.TimeoutError:
             sent.cancel()
-            raise BackendError(f"the runtime at {self.address} took no request for "
+            raise RuntimeUnreachable(f"the runtime at {self.address} took no request for "
                                f"{DSL_PING_TIMEOUT_S:.0f} s (its queue is full)") from None
 
     def close(self) -> None:

@@ -7,6 +7,12 @@ and finish reasons are fed by the manager's on_finish callback, once per finishe
 refused requests are counted by the app's error handlers, by status code. Requests, tokens and
 queue time are also counted by class of service (priority, tenant), and preemptions caused by
 urgent requests by their priority and tenant.
+
+The same load figures are also exported under the names a Kubernetes inference gateway reads
+(GATEWAY_GAUGES): the Gateway API Inference Extension's endpoint picker (llm-d-router) scrapes
+each model-server pod for its queue, its running requests and its KV-cache utilization, under
+vLLM's names by default and SGLang's for pods labelled `llm-d.ai/engine-type: sglang`. radixrt
+answers to both (docs/kubernetes.md).
 """
 
 from __future__ import annotations
@@ -21,6 +27,26 @@ from radixrt.runtime.tokenizer.manager_base import RequestMetrics, TokenizerMana
 from radixrt.runtime.tokenizer.pin_leases import PinService
 
 PREFIX = "radixrt"
+
+# (name, help, the figure it carries): the endpoint picker's built-in engine configs
+# (llm-d-router, pkg/epp/framework/plugins/datalayer/extractor/metrics/factories.go; the table
+# of the inference extension's model server protocol). "kv_usage" is the fraction (0..1) of KV
+# slots held by requests or locked, radixrt_kv_usage_ratio: cached prefixes that could be
+# evicted count as free, as in vLLM's and SGLang's own figures.
+GATEWAY_GAUGES = (
+    ("vllm:num_requests_waiting", "Requests queued (vLLM's name)", "waiting"),
+    ("vllm:num_requests_running", "Requests running (vLLM's name)", "running"),
+    ("vllm:kv_cache_usage_perc", "KV-cache usage, 0..1 (vLLM's name)", "kv_usage"),
+    ("vllm:gpu_cache_usage_perc", "KV-cache usage, 0..1 (vLLM's earlier name, the default of "
+     "older endpoint pickers)", "kv_usage"),
+    ("sglang:num_queue_reqs", "Requests queued (SGLang's name)", "waiting"),
+    ("sglang:num_running_reqs", "Requests running (SGLang's name)", "running"),
+    ("sglang:token_usage", "KV-cache usage, 0..1 (SGLang's name)", "kv_usage"),
+)
+# the picker's optional cache-shape info metrics (for its approximate prefix scorer): the
+# name, its page-size label and its page-count label
+GATEWAY_CACHE_INFO = (("vllm:cache_config_info", "block_size", "num_gpu_blocks"),
+                      ("sglang:cache_config_info", "page_size", "num_pages"))
 
 
 class HTTPMetrics:
@@ -103,6 +129,11 @@ class HTTPMetrics:
                                     "Requests that waited past their timeout", registry=r)
         self.queue_full = Gauge(f"{PREFIX}_queue_full_refusals",
                                 "Requests refused because a queue was at its cap", registry=r)
+        self.gateway = [(Gauge(name, text, registry=r), figure)
+                        for name, text, figure in GATEWAY_GAUGES]
+        self.cache_info = [Gauge(name, "KV cache shape: page size and page count (value 1)",
+                                 [size, count], registry=r)
+                           for name, size, count in GATEWAY_CACHE_INFO]
         self._labels: dict[str, set[str]] = {"priority": set(), "tenant": set()}
         manager.on_finish(self.record)
 
@@ -151,10 +182,12 @@ class HTTPMetrics:
         self.running.set(info.get("running", 0))
         self.waiting.set(info.get("waiting", 0))
         total = info.get("kv_total", 0)
+        kv_usage = 0.0
         if total:
-            in_use = info.get("kv_private", 0) + info.get("kv_locked", 0)
-            self.kv_usage.set(in_use / total)
+            kv_usage = (info.get("kv_private", 0) + info.get("kv_locked", 0)) / total
+            self.kv_usage.set(kv_usage)
             self.kv_cached.set(info.get("kv_evictable", 0) / total)
+        self._update_gateway(info, kv_usage)
         self.hit_rate.set(info.get("cache_hit_rate", 0.0))
         swaps = info.get("swaps", 0)
         self.preemptions.labels(mode="swap").set(swaps)
@@ -170,6 +203,17 @@ class HTTPMetrics:
         self.queue_full.set(info.get("queue_full", 0))
         self.leases.set(len(self.pins))
         self.leases_expired.set(self.pins.expired_total)
+
+    def _update_gateway(self, info: dict[str, Any], kv_usage: float) -> None:
+        figures = {"waiting": info.get("waiting", 0), "running": info.get("running", 0),
+                   "kv_usage": kv_usage}
+        for gauge, figure in self.gateway:
+            gauge.set(figures[figure])
+        page_size = max(1, int(info.get("page_size", 1)))
+        pages = int(info.get("kv_total", 0)) // page_size
+        for gauge in self.cache_info:
+            gauge.clear()
+            gauge.labels(str(page_size), str(pages)).set(1)
 
     def reject(self, status: int) -> None:
         """An error handler refused a request with this status."""
