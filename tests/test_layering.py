@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1] / "radixrt"
 
 LAYERS = [  # (layer name, module prefixes), top to bottom
     ("cli", ["radixrt", "radixrt.__main__", "radixrt.cli", "radixrt.plan_cli"]),
-    ("launcher", ["radixrt.runtime.launcher"]),
+    ("launcher", ["radixrt.runtime.launcher", "radixrt.runtime.replicas"]),
     ("server", ["radixrt.runtime.server"]),
     ("engine", ["radixrt.runtime.engine", "radixrt.runtime.engine_manager"]),
     ("tokenizer", ["radixrt.runtime.tokenizer"]),

@@ -111,6 +111,12 @@ REPLICA_CACHE_THRESHOLD = 0.3
 REPLICA_BALANCE_ABS_THRESHOLD = 64
 REPLICA_BALANCE_REL_THRESHOLD = 1.5
 REPLICA_TREE_MAX_CHARS = 2**26
+# `radixrt serve --dp-size N` (runtime/replicas/): N replicas named REPLICA_NAME_FORMAT behind the
+# SGLang router (the optional dependency `radixrt[router]`), in a process of its own.
+REPLICA_NAME_FORMAT = "replica-{index}"
+ROUTER_INSTALL_HINT = "pip install 'radixrt[router]'"
+ROUTER_READY_TIMEOUT_S = 120.0  # the router must list every (already healthy) replica by then
+REPLICA_STOP_GRACE_S = 10.0  # after DRAIN_TIMEOUT_S, a replica or the router still up is killed
 
 # --- sampling ----------------------------------------------------------------------------------
 # Bounds of every SamplingParams field, checked before anything is allocated (every entry point

@@ -46,8 +46,9 @@ class ServerOptions:
     tool_call_parser: str = "auto"  # how tool calls are written and parsed (auto: the template's)
     reasoning_parser: str | None = None  # qwen3 | deepseek-r1: thinking apart from the answer
     tool_call_enforcement: bool = True  # the grammar makes every tool call well-formed
-    dp_size: int = 1  # complete replicas behind the SGLang router (runtime/replicas.py)
+    dp_size: int = 1  # complete replicas behind the SGLang router (runtime/replicas/)
     router_policy: str = "cache_aware"
+    replica_name: str | None = None  # one of --dp-size's replicas: named in every response
 
 
 def served_name(config: EngineConfig, options: ServerOptions) -> str:
@@ -60,6 +61,10 @@ def served_name(config: EngineConfig, options: ServerOptions) -> str:
 
 def serve(config: EngineConfig, options: ServerOptions) -> int:
     """Run the server until SIGTERM/SIGINT (exit 0) or until a process dies (exit 1)."""
+    if options.dp_size != 1:  # replicas behind the router (dp_size < 1: refused there)
+        from radixrt.runtime.replicas import serve_replicas
+
+        return serve_replicas(config, options)
     import setproctitle
 
     from radixrt.runtime.models.loader import load_tokenizer
@@ -194,7 +199,8 @@ async def _serve_http(
         ApiKeys.single(options.api_key) if options.api_key else None)
     features = ChatFeatures.of(manager.tokenizer, options.tool_call_parser,
                                options.reasoning_parser, options.tool_call_enforcement)
-    app = create_app(manager, pins=pins, keys=keys, features=features)
+    app = create_app(manager, pins=pins, keys=keys, features=features,
+                     replica=options.replica_name)
     dsl = DslEndpoint(manager, dsl_addresses, keys, pins, features)
     dsl.start()
     server = _Server(

@@ -7,6 +7,8 @@ Native: POST /generate, POST /abort, POST /unpin, POST /renew_pins, POST /flush_
 GET /server_info.
 Operations: GET /health (no auth, no work), GET /health_generate (generates one token),
 GET /metrics (Prometheus text).
+For the SGLang router (http_replica.py): GET /model_info, GET /get_load; a replica's responses
+name it in the `x-radixrt-replica` header.
 
 Every refusal is an HTTP 4xx in OpenAI's error format (a body past MAX_REQUEST_BODY_BYTES: 413);
 an internal error is a 500 in the same format that leaves the connection usable. Only pure ASGI
@@ -44,6 +46,7 @@ from radixrt.runtime.server.http_native import (
     RenewPinsBody,
     UnpinBody,
 )
+from radixrt.runtime.server.http_replica import ReplicaHeader, add_router_routes, router_metadata
 from radixrt.runtime.server.http_streaming import ClientGone
 from radixrt.runtime.server.openai_protocol import (
     APIError,
@@ -77,11 +80,12 @@ class AbortRequest(BaseModel):
 
 def create_app(manager: TokenizerManager, api_key: str | None = None,
                pins: PinService | None = None, keys: ApiKeys | None = None,
-               features: ChatFeatures | None = None) -> FastAPI:
+               features: ChatFeatures | None = None, replica: str | None = None) -> FastAPI:
     """api_key: the one key every request needs; keys: named keys instead (--api-key-file),
     each naming its requests' tenant. pins: the process's pin leases, shared with the DSL
     endpoint (made here if not given). features: tool calls and reasoning (default: the
-    template's tool-call format, no reasoning parser, calls enforced)."""
+    template's tool-call format, no reasoning parser, calls enforced). replica: the name every
+    response carries in the REPLICA_HEADER (one of `radixrt serve --dp-size N`'s replicas)."""
     features = features if features is not None else ChatFeatures.of(manager.tokenizer)
     pins = pins if pins is not None else PinService(manager)
     if keys is None and api_key:
@@ -92,10 +96,13 @@ def create_app(manager: TokenizerManager, api_key: str | None = None,
     app.add_middleware(BodyLimit, max_bytes=MAX_REQUEST_BODY_BYTES, metrics=metrics)
     if keys is not None:
         app.add_middleware(BearerAuth, keys=keys)
-    app.add_middleware(InternalErrors, metrics=metrics)  # the outermost: catches the others'
+    app.add_middleware(InternalErrors, metrics=metrics)  # catches the others'
+    if replica is not None:  # the outermost: names even InternalErrors' 500s
+        app.add_middleware(ReplicaHeader, name=replica)
     add_openai_routes(app, OpenAIServing(manager, features), manager)
     add_native_routes(app, NativeServing(manager), manager, pins, features)
     add_operations_routes(app, manager, metrics)
+    add_router_routes(app, manager)
     return app
 
 
@@ -147,6 +154,7 @@ def add_native_routes(app: FastAPI, serving: NativeServing, manager: TokenizerMa
         info["chat_features"] = features.info()
         info["score_start"] = start_text(manager.tokenizer)  # unconditional select scores
         info.update(pins.info())
+        info.update(router_metadata(manager))
         return info
 
 
