@@ -338,11 +338,12 @@ def print_ratios(rows: list[tuple[RunResult, dict[str, Any]]]) -> None:
 
 
 def plot_summary(rows: list[tuple[RunResult, dict[str, Any]]], args: argparse.Namespace) -> None:
-    """Throughput, TTFT and TPOT of every system on every dataset, and, when llama.cpp ran,
-    radixrt's throughput ratio to it."""
+    """Throughput, TTFT and TPOT of every system on every dataset (and, for replicas, the
+    server-side cache hit rate), and, when llama.cpp ran, radixrt's throughput ratio to it."""
     systems = list(dict.fromkeys(run.system for run, _ in rows))
     datasets = list(dict.fromkeys(run.dataset for run, _ in rows))
     by = {(run.system, run.dataset): m for run, m in rows}
+    hits = {(run.system, run.dataset): 100 * (run.server_hit_rate or 0.0) for run, _ in rows}
 
     def series(key: Any) -> dict[str, list[float]]:
         return {s: [key(by[s, d]) if (s, d) in by else 0.0 for d in datasets] for s in systems}
@@ -360,6 +361,9 @@ def plot_summary(rows: list[tuple[RunResult, dict[str, Any]]], args: argparse.Na
                + (f"{ours} / llama.cpp total tokens/s: " + ", ".join(ratios) if ratios
                   else "greedy, streaming"))
     scaled = args.dp_size > 1 or args.tp_size > 1
+    if scaled:
+        panels.append(("cache hit rate, % (higher is better)",
+                       {s: [hits.get((s, d), 0.0) for d in datasets] for s in systems}))
     name = ("serving_vs_llama_cpp" if "llama.cpp" in systems
             else "serving_scale_out" if scaled else "serving")
     title = ("radixrt serve: one replica vs replicas behind the router" if scaled
