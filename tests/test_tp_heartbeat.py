@@ -83,3 +83,41 @@ def test_heartbeats_keep_an_idle_follower_alive_and_plans_arrive(folder):
 def test_without_heartbeats_the_idle_follower_times_out(folder):
     out = run_pair(folder, heartbeat_s=60.0)
     assert "error1" in out, "the follower should have hit the collective timeout"
+
+
+def test_a_failed_step_leaves_the_group_closed_not_hung(folder):
+    """A step that raises on rank 0 after its broadcast (here a plan for a request no rank
+    knows, so the follower fails on it too) marks the group failed: the next plan is refused
+    with a message, and close() returns at once instead of sending STOP into a group whose
+    ranks may stand at different collectives (which would wait out the collective timeout)."""
+    listen = bind_listener("127.0.0.1", 0)
+    addr = f"127.0.0.1:{listen.getsockname()[1]}"
+    out: dict[str, Any] = {}
+    bad = StepPlan(step_id=1, runs=[Run(rid=99, start=0, num_new=1, new_slots=[0], sample=True)])
+
+    def rank(r: int) -> None:
+        try:
+            group = TPGroup.join(r, 2, addr, "gloo", 30.0, listen if r == 0 else None)
+            worker = Worker(load_model(str(folder), load_format="dummy", tp=group), 16)
+            if r == 1:
+                follow(worker, group)
+                return
+            leader = TPLeader(worker, group, heartbeat_s=0.2)
+            with pytest.raises(KeyError):
+                leader.execute(bad)
+            with pytest.raises(RuntimeError, match="rank failed"):
+                leader.execute(StepPlan(step_id=2))
+            start = time.monotonic()
+            leader.close()
+            out["close_s"] = time.monotonic() - start
+        except Exception as exc:  # noqa: BLE001 - reported to the test
+            out[f"error{r}"] = exc
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert "error0" not in out, out
+    assert isinstance(out.get("error1"), KeyError)  # the follower failed on the same plan
+    assert out["close_s"] < 2.0

@@ -259,9 +259,10 @@ class EngineConfig:
                       "(every node runs tp_size // nnodes ranks)")
         if not 0 <= self.node_rank < self.nnodes:
             raise bad("node_rank", self.node_rank, f"use 0..{self.nnodes - 1}")
-        if self.dist_init_addr is not None and not re.fullmatch(HOST_PORT_PATTERN,
-                                                                 self.dist_init_addr):
-            raise bad("dist_init_addr", self.dist_init_addr, "use HOST:PORT")
+        if self.dist_init_addr is not None and not (
+                re.fullmatch(HOST_PORT_PATTERN, self.dist_init_addr)
+                and 0 < int(self.dist_init_addr.rsplit(":", 1)[1]) < 65536):
+            raise bad("dist_init_addr", self.dist_init_addr, "use HOST:PORT, PORT in 1..65535")
         if self.nnodes > 1 and self.dist_init_addr is None:
             raise bad("dist_init_addr", None, "is needed with nnodes > 1: HOST:PORT of node 0, "
                       "the same on every node")

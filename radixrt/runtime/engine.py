@@ -68,6 +68,10 @@ class Engine:
             options["model"] = model
         self.config = EngineConfig.from_kwargs(**options)
         self._ranks: EngineRanks | None = None
+        if self.config.node_rank > 0:
+            raise ValueError(f"node_rank={self.config.node_rank}: an Engine is node 0 (rank 0 "
+                             "and its node's ranks); run the other nodes' ranks with "
+                             "`radixrt serve --node-rank K`")
         if self.config.tp_size > 1:
             if loaded is not None:
                 raise ValueError("tp_size > 1 loads each rank's shard: pass the model's path, "

@@ -81,11 +81,12 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
     try:
         tokenizer = load_tokenizer(config.model)
         spawn = multiprocessing.get_context("spawn")
-        config = _with_rendezvous(config)
+        config, listen = _with_rendezvous(config)
         args = (config, addrs, os.getpid(), options.log_level)
         procs = {
             "scheduler": spawn.Process(target=run_scheduler, args=args, name="radixrt-scheduler"),
-            "worker": spawn.Process(target=run_worker, args=args, name="radixrt-worker"),
+            "worker": spawn.Process(target=run_worker, args=(*args, listen),
+                                    name="radixrt-worker"),
             **_follower_processes(config, options, addrs.grammar_dir),
         }
         if config.tp_size > 1:
@@ -93,6 +94,8 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
                      config.tp_size, config.nnodes, config.dist_init_addr)
         for proc in procs.values():
             proc.start()
+        if listen is not None:
+            listen.close()  # the worker process (rank 0) holds its duplicate
         try:
             # the manager's asyncio sockets must be made inside the loop that serves them
             name = served_name(config, options)
@@ -111,17 +114,15 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
         shutil.rmtree(ipc_dir, ignore_errors=True)
 
 
-def _with_rendezvous(config: EngineConfig) -> EngineConfig:
+def _with_rendezvous(config: EngineConfig) -> tuple[EngineConfig, Any]:
     """Under tensor parallelism: the address the ranks meet at (a free loopback port unless
-    --dist-init-addr names one). Rank 0, in the worker process, binds it again at once."""
+    --dist-init-addr names one) and its listening socket, bound here and handed to the worker
+    process (rank 0 serves the store from it: no other process can take the port between)."""
     if config.tp_size == 1:
-        return config
+        return config, None
     from radixrt.runtime.worker.tp_ranks import rendezvous
 
-    config, listen = rendezvous(config)
-    if listen is not None:
-        listen.close()
-    return config
+    return rendezvous(config)
 
 
 def _follower_processes(config: EngineConfig, options: ServerOptions,

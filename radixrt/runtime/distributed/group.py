@@ -13,6 +13,7 @@ input: a single-rank model calls exactly the kernels it always did.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
@@ -56,7 +57,7 @@ class TPGroup:
             listen.close()
         store = dist.TCPStore(host, int(port), size, is_master=rank == 0, timeout=timeout,
                               master_listen_fd=fd, use_libuv=False)
-        cpu = _gloo(dist.PrefixStore("cpu", store), rank, size, host, timeout)
+        cpu = _gloo(dist.PrefixStore("cpu", store), rank, size, host, int(port), timeout)
         device = cpu
         if backend == "nccl":
             opts = dist.ProcessGroupNCCL.Options()
@@ -114,6 +115,14 @@ class TPGroup:
         for group in {id(self.cpu): self.cpu, id(self.device): self.device}.values():
             group._set_default_timeout(timeout)
 
+    def close(self) -> None:
+        """Release the process groups and the store (their threads and sockets); the group
+        takes no collective after this."""
+        if self.device is not None and self.device is not self.cpu:
+            with contextlib.suppress(Exception):
+                self.device.shutdown()
+        self.cpu = self.device = self.store = None
+
     def barrier(self) -> None:
         if self.size > 1:
             self.cpu.barrier().wait()
@@ -129,11 +138,26 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _gloo(store: Any, rank: int, size: int, host: str, timeout: datetime.timedelta) -> Any:
+def _gloo(store: Any, rank: int, size: int, host: str, port: int,
+          timeout: datetime.timedelta) -> Any:
+    """The gloo group, listening on GLOO_SOCKET_IFNAME's interfaces when set (torch's own
+    convention), on loopback for a loopback group, else on this machine's address that routes
+    to the rendezvous host (its hostname may resolve to 127.0.1.1, unreachable from others)."""
     opts = dist.ProcessGroupGloo._Options()
     opts._timeout = timeout
-    if host in LOOPBACK:
-        opts._devices = [dist.ProcessGroupGloo.create_device(hostname="127.0.0.1")]
+    gloo = dist.ProcessGroupGloo
+    names = [n for n in os.environ.get("GLOO_SOCKET_IFNAME", "").split(",") if n]
+    if names:
+        opts._devices = [gloo.create_device(interface=name) for name in names]
+    elif host in LOOPBACK:
+        opts._devices = [gloo.create_device(hostname="127.0.0.1")]
     else:
-        opts._devices = [dist.ProcessGroupGloo.create_default_device()]
+        opts._devices = [gloo.create_device(hostname=_route_to(host, port))]
     return dist.ProcessGroupGloo(store, rank, size, opts)
+
+
+def _route_to(host: str, port: int) -> str:
+    """This machine's address on the route to host (a UDP connect sends nothing)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        probe.connect((host, port))
+        return probe.getsockname()[0]

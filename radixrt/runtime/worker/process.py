@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import sys
+from typing import Any
 
 from radixrt.runtime.config import LOG_FORMAT, PARENT_POLL_MS, EngineConfig
 from radixrt.runtime.ipc import WORKER_IN, Addresses, parent_alive, pull, push
@@ -16,8 +17,10 @@ from radixrt.runtime.messages import StepPlan
 log = logging.getLogger("radixrt.worker")
 
 
-def run_worker(config: EngineConfig, addrs: Addresses, parent_pid: int, log_level: str) -> None:
-    """Entry point of the worker process (spawned by the launcher)."""
+def run_worker(config: EngineConfig, addrs: Addresses, parent_pid: int, log_level: str,
+               listen: Any = None) -> None:
+    """Entry point of the worker process (spawned by the launcher). listen: under tensor
+    parallelism, the bound socket rank 0 serves the ranks' store from."""
     import setproctitle
     import zmq
 
@@ -30,7 +33,7 @@ def run_worker(config: EngineConfig, addrs: Addresses, parent_pid: int, log_leve
     group = leader = None
     if config.tp_size > 1:
         share_cpu_threads(config)
-        group = join_group(config, 0)
+        group = join_group(config, 0, listen)
     worker, ready = build_worker(config, grammar_dir=addrs.grammar_dir, tp=group)
     if group is not None:
         settle(group)

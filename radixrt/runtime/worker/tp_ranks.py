@@ -30,12 +30,14 @@ import torch
 
 from radixrt.runtime.config import (
     LOG_FORMAT,
+    PARENT_POLL_MS,
     TP_COLLECTIVE_TIMEOUT_S,
     TP_HEARTBEAT_S,
     TP_STARTUP_TIMEOUT_S,
     EngineConfig,
 )
 from radixrt.runtime.distributed.group import TPGroup, bind_listener
+from radixrt.runtime.ipc import parent_alive
 from radixrt.runtime.messages import StepPlan, StepResult
 from radixrt.runtime.worker.worker import Worker
 
@@ -43,6 +45,7 @@ log = logging.getLogger("radixrt.worker")
 
 HEARTBEAT = 0
 STOP = -1
+FOLLOWER_STOP_S = 10.0  # followers told to STOP get this long to exit before they are killed
 
 
 class TPLeader:
@@ -72,13 +75,21 @@ class TPLeader:
             raise RuntimeError(f"a tensor-parallel rank failed: {self._failed}")
         payload = self._encoder.encode(plan) if data is None else bytes(data)
         with self._lock:
-            self.group.broadcast_bytes(payload)
-            self._last_sent = time.monotonic()
-            return self.worker.execute(plan)
+            try:
+                self.group.broadcast_bytes(payload)
+                self._last_sent = time.monotonic()
+                return self.worker.execute(plan)
+            except BaseException as exc:
+                # the ranks may now stand at different collectives of this step: the group is
+                # unusable (no heartbeat, no STOP: either would pair with a step's collective)
+                self._failed = exc
+                raise
 
     def _heartbeats(self) -> None:
         while not self._closed.wait(self._heartbeat_s / 2):
             with self._lock:
+                if self._failed is not None:
+                    return
                 if self._closed.is_set() or time.monotonic() - self._last_sent < self._heartbeat_s:
                     continue
                 try:
@@ -90,8 +101,13 @@ class TPLeader:
                     return
                 self._last_sent = time.monotonic()
 
+    @property
+    def failed(self) -> bool:
+        return self._failed is not None
+
     def close(self) -> None:
-        """Tell the followers to stop (they exit 0) and stop the heartbeat."""
+        """Tell the followers to stop (they exit 0) and stop the heartbeat; after a failure
+        the followers are left to the caller (EngineRanks kills them)."""
         self._closed.set()
         with self._lock:
             if self._failed is None:
@@ -153,6 +169,8 @@ def run_follower(config: EngineConfig, rank: int, parent_pid: int, log_level: st
     setproctitle.setproctitle(f"radixrt::tp{rank}")
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
     share_cpu_threads(config)
+    threading.Thread(target=_exit_with_parent, args=(parent_pid, rank), daemon=True,
+                     name="radixrt-parent-watch").start()
     try:
         group = join_group(config, rank)
         worker, _ = build_worker(config, grammar_dir=grammar_dir, tp=group)
@@ -162,6 +180,16 @@ def run_follower(config: EngineConfig, rank: int, parent_pid: int, log_level: st
         log.error("tensor-parallel rank %d failed: %s", rank, exc)
         sys.exit(1)
     log.info("tensor-parallel rank %d stopped", rank)
+
+
+def _exit_with_parent(parent_pid: int, rank: int) -> None:
+    """A follower whose parent is gone exits, wherever its main thread is blocked (joining a
+    group whose rank 0 never came, or a collective)."""
+    while parent_alive(parent_pid):
+        time.sleep(PARENT_POLL_MS / 1000)
+    log.error("tensor-parallel rank %d: the process that started it is gone; exiting", rank)
+    logging.shutdown()
+    os._exit(1)
 
 
 def rendezvous(config: EngineConfig) -> tuple[EngineConfig, Any]:
@@ -187,7 +215,9 @@ class EngineRanks:
 
         self.config, listen = rendezvous(config)
         self.leader: TPLeader | None = None
+        self.group: TPGroup | None = None
         self.previous_threads = share_cpu_threads(config)
+        self.threads = torch.get_num_threads()
         spawn = multiprocessing.get_context("spawn")
         self.procs = [
             spawn.Process(target=run_follower, args=(self.config, rank, os.getpid(), log_level),
@@ -222,20 +252,27 @@ class EngineRanks:
         return result["group"]
 
     def lead(self, worker: Worker) -> TPLeader:
+        assert self.group is not None
         settle(self.group)
         self.leader = TPLeader(worker, self.group)
         return self.leader
 
     def close(self) -> None:
+        """STOP the followers (kill them at once after a failure) and release the group."""
+        failed = self.leader is None or self.leader.failed
         if self.leader is not None:
             self.leader.close()
             self.leader = None
+        deadline = time.monotonic() + (0 if failed else FOLLOWER_STOP_S)
         for proc in self.procs:
-            proc.join(timeout=10)
+            proc.join(timeout=max(0.0, deadline - time.monotonic()))
             if proc.is_alive():
                 proc.kill()
                 proc.join(timeout=5)
-        torch.set_num_threads(self.previous_threads)
+        if self.group is not None:
+            self.group.close()
+        if torch.get_num_threads() == self.threads:  # nobody changed it since: put it back
+            torch.set_num_threads(self.previous_threads)
 
 
 def local_follower_ranks(config: EngineConfig) -> list[int]:
