@@ -203,5 +203,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             dp_size=args.dp_size,
             router_policy=args.router_policy,
         )
+        if options.dp_size != 1:  # replicas behind the router (dp_size < 1: refused there)
+            from radixrt.runtime.replicas import serve_replicas
+
+            return serve_replicas(config, options)
         return serve(config, options)
     return 2

@@ -60,11 +60,8 @@ def served_name(config: EngineConfig, options: ServerOptions) -> str:
 
 
 def serve(config: EngineConfig, options: ServerOptions) -> int:
-    """Run the server until SIGTERM/SIGINT (exit 0) or until a process dies (exit 1)."""
-    if options.dp_size != 1:  # replicas behind the router (dp_size < 1: refused there)
-        from radixrt.runtime.replicas import serve_replicas
-
-        return serve_replicas(config, options)
+    """Run the server until SIGTERM/SIGINT (exit 0) or until a process dies (exit 1). One
+    replica: `--dp-size N` runs N of these behind the router (runtime/replicas/)."""
     import setproctitle
 
     from radixrt.runtime.models.loader import load_tokenizer
