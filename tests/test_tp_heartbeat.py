@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,30 +38,19 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def run_pair(folder: Path, heartbeat_s: float) -> dict[str, Any]:
-    """Rank 0 idles IDLE_S, then runs one real plan (a 3-token prefill that samples), then
-    closes; rank 1 follows. Returns what each rank produced or raised."""
+def two_ranks(folder: Path, timeout_s: float,
+              body: Callable[[int, TPGroup, Worker, dict[str, Any]], None]) -> dict[str, Any]:
+    """body(rank, group, worker, out) on two rank threads of one real gloo group (collective
+    timeout timeout_s), each with a tiny model's worker; what a rank raises is out["error<r>"]."""
     listen = bind_listener("127.0.0.1", 0)
     addr = f"127.0.0.1:{listen.getsockname()[1]}"
     out: dict[str, Any] = {}
-    params = SamplingParams(max_tokens=4, temperature=0).to_dict()
-    new = WorkerRequest(rid=7, prompt_ids=[1, 2, 3], output_ids=[], params=params)
-    plan = StepPlan(step_id=1, new_requests=[new],
-                    runs=[Run(rid=7, start=0, num_new=3, new_slots=[0, 1, 2], sample=True)])
 
     def rank(r: int) -> None:
         try:
-            group = TPGroup.join(r, 2, addr, "gloo", COLLECTIVE_TIMEOUT_S,
-                                 listen if r == 0 else None)
+            group = TPGroup.join(r, 2, addr, "gloo", timeout_s, listen if r == 0 else None)
             worker = Worker(load_model(str(folder), load_format="dummy", tp=group), 16)
-            if r == 0:
-                leader = TPLeader(worker, group, heartbeat_s=heartbeat_s)
-                time.sleep(IDLE_S)
-                out["result"] = leader.execute(plan)
-                leader.close()
-            else:
-                follow(worker, group)
-                out["follower_tokens"] = worker.states[7].token_ids
+            body(r, group, worker, out)
         except Exception as exc:  # noqa: BLE001 - reported to the test
             out[f"error{r}"] = exc
 
@@ -70,6 +60,27 @@ def run_pair(folder: Path, heartbeat_s: float) -> dict[str, Any]:
     for t in threads:
         t.join(timeout=60)
     return out
+
+
+def run_pair(folder: Path, heartbeat_s: float) -> dict[str, Any]:
+    """Rank 0 idles IDLE_S, then runs one real plan (a 3-token prefill that samples), then
+    closes; rank 1 follows. Returns what each rank produced or raised."""
+    params = SamplingParams(max_tokens=4, temperature=0).to_dict()
+    new = WorkerRequest(rid=7, prompt_ids=[1, 2, 3], output_ids=[], params=params)
+    plan = StepPlan(step_id=1, new_requests=[new],
+                    runs=[Run(rid=7, start=0, num_new=3, new_slots=[0, 1, 2], sample=True)])
+
+    def body(r: int, group: TPGroup, worker: Worker, out: dict[str, Any]) -> None:
+        if r == 0:
+            leader = TPLeader(worker, group, heartbeat_s=heartbeat_s)
+            time.sleep(IDLE_S)
+            out["result"] = leader.execute(plan)
+            leader.close()
+        else:
+            follow(worker, group)
+            out["follower_tokens"] = worker.states[7].token_ids
+
+    return two_ranks(folder, COLLECTIVE_TIMEOUT_S, body)
 
 
 def test_heartbeats_keep_an_idle_follower_alive_and_plans_arrive(folder):
@@ -90,34 +101,22 @@ def test_a_failed_step_leaves_the_group_closed_not_hung(folder):
     knows, so the follower fails on it too) marks the group failed: the next plan is refused
     with a message, and close() returns at once instead of sending STOP into a group whose
     ranks may stand at different collectives (which would wait out the collective timeout)."""
-    listen = bind_listener("127.0.0.1", 0)
-    addr = f"127.0.0.1:{listen.getsockname()[1]}"
-    out: dict[str, Any] = {}
     bad = StepPlan(step_id=1, runs=[Run(rid=99, start=0, num_new=1, new_slots=[0], sample=True)])
 
-    def rank(r: int) -> None:
-        try:
-            group = TPGroup.join(r, 2, addr, "gloo", 30.0, listen if r == 0 else None)
-            worker = Worker(load_model(str(folder), load_format="dummy", tp=group), 16)
-            if r == 1:
-                follow(worker, group)
-                return
-            leader = TPLeader(worker, group, heartbeat_s=0.2)
-            with pytest.raises(KeyError):
-                leader.execute(bad)
-            with pytest.raises(RuntimeError, match="rank failed"):
-                leader.execute(StepPlan(step_id=2))
-            start = time.monotonic()
-            leader.close()
-            out["close_s"] = time.monotonic() - start
-        except Exception as exc:  # noqa: BLE001 - reported to the test
-            out[f"error{r}"] = exc
+    def body(r: int, group: TPGroup, worker: Worker, out: dict[str, Any]) -> None:
+        if r == 1:
+            follow(worker, group)
+            return
+        leader = TPLeader(worker, group, heartbeat_s=0.2)
+        with pytest.raises(KeyError):
+            leader.execute(bad)
+        with pytest.raises(RuntimeError, match="rank failed"):
+            leader.execute(StepPlan(step_id=2))
+        start = time.monotonic()
+        leader.close()
+        out["close_s"] = time.monotonic() - start
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    out = two_ranks(folder, 30.0, body)
     assert "error0" not in out, out
     assert isinstance(out.get("error1"), KeyError)  # the follower failed on the same plan
     assert out["close_s"] < 2.0
