@@ -1,7 +1,9 @@
-"""AttentionBackend: the interface the model's attention layers call."""
+"""AttentionBackend: the interface the model's attention layers call, and LayerAttention: what
+one layer asks of it (scale, sliding window, logit soft-capping)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from torch import Tensor
@@ -9,6 +11,33 @@ from torch import Tensor
 if TYPE_CHECKING:
     from radixrt.runtime.forward.forward_batch import ForwardBatch
     from radixrt.runtime.forward.kv_cache import KVCache
+
+
+@dataclass(frozen=True)
+class LayerAttention:
+    """One attention layer's fixed settings.
+
+    layer_id: its index into the KV cache.
+    scale: the softmax scale (None: head_dim ** -0.5).
+    sliding_window: None = full attention; W = a query at position p sees the keys at positions
+        j with p - W < j <= p (W keys, itself included; transformers' convention). A request's
+        KV position j is the j-th entry of its slot list.
+    logit_cap: 0 = off; c > 0 = each score s (after scaling) becomes c * tanh(s / c) (Gemma 2).
+    """
+
+    layer_id: int
+    scale: float | None = None
+    sliding_window: int | None = None
+    logit_cap: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ValueError(f"sliding_window={self.sliding_window} must be >= 1 or None")
+        if self.logit_cap < 0:
+            raise ValueError(f"logit_cap={self.logit_cap} must be >= 0")
+
+    def softmax_scale(self, head_dim: int) -> float:
+        return self.scale if self.scale is not None else head_dim**-0.5
 
 
 @runtime_checkable
@@ -24,14 +53,14 @@ class AttentionBackend(Protocol):
         q: Tensor,
         k: Tensor,
         v: Tensor,
-        layer_id: int,
+        layer: LayerAttention,
         kv_cache: KVCache,
         batch: ForwardBatch,
     ) -> Tensor:
-        """Store k, v at batch.out_slots in layer layer_id, then attend.
+        """Store k, v at batch.out_slots in layer layer.layer_id, then attend.
 
         q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
         returns [num_tokens, num_heads, head_dim]: each new token attends to its request's prefix
-        and causally to the request's new tokens.
+        and causally to the request's new tokens, within layer.sliding_window when it has one.
         """
         ...
