@@ -4,9 +4,19 @@ Conventions shared with the Triton kernels (keep these signatures):
 - k_cache, v_cache: one layer's KV tensors, [num_slots + 1, num_kv_heads, head_dim]; the last row is
   a zeroed padding slot that is never allocated, so padded positions may point at it.
 - Requests are ragged: request i's new tokens are rows qo_indptr[i]:qo_indptr[i+1] of q, and its
-  full KV (prefix + new tokens) lives in slots kv_indices[kv_indptr[i]:kv_indptr[i+1]].
-- New token j of a request with prefix length P attends to KV positions 0..P+j.
+  full KV (prefix + new tokens) lives in slots kv_indices[kv_indptr[i]:kv_indptr[i+1]]; KV
+  position j of a request is the j-th slot of its list.
+- New token j of a request with prefix length P sits at position P+j and attends to KV positions
+  0..P+j; a decode token (the last of its request's KV) sits at position seq_len - 1.
+- sliding_window W (None: off): a query at position p attends only to positions j with
+  p - W < j <= p (W keys, itself included).
+- logit_cap c (0: off): each score s = q.k * sm_scale becomes c * tanh(s / c) before the softmax.
 - The output tensor o is written in place.
+
+With neither option, attention runs through PyTorch's SDPA (fused flash kernels). A window alone
+adds a mask and reads only the keys some query of the request can see; a cap takes an explicit
+float32 scores path. Long extends under either run a chunk of queries at a time, so the scores
+stay within QUERY_CHUNK_SCORES elements.
 """
 
 from __future__ import annotations
@@ -14,6 +24,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+QUERY_CHUNK_SCORES = 1 << 24  # elements of one chunk's scores (64 MiB of float32), about
+MIN_QUERY_CHUNK = 64  # ... but never fewer query rows per chunk than this
 
 
 def store_kv_ref(k_cache: Tensor, v_cache: Tensor, k: Tensor, v: Tensor, out_slots: Tensor) -> None:
@@ -38,26 +51,58 @@ def gather_kv(cache: Tensor, slots: Tensor) -> Tensor:
 
 
 def _attend(
-    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float,
+    logit_cap: float = 0.0,
 ) -> Tensor:
-    """SDPA over q [batch, heads, q_len, head_dim] and k, v [batch, kv_heads, kv_len, head_dim].
+    """SDPA over q [batch, heads, q_len, head_dim] and k, v [batch, kv_heads, kv_len, head_dim]
+    (mask: bool, broadcastable to [batch, 1, q_len, kv_len]); logit_cap > 0 soft-caps the scores
+    on an explicit float32 path instead.
 
     GQA without copying K/V: query head h reads KV head h // group, so the group's query heads
     are folded into the query-length axis of their KV head ([b, kv_heads, group * q_len, d])."""
     b, num_heads, q_len, head_dim = q.shape
     num_kv_heads, kv_len = k.shape[1], k.shape[2]
     group = num_heads // num_kv_heads
-    if group == 1:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
-                                              scale=scale)
     if causal:
+        if logit_cap == 0 and group == 1:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
         mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril()
+    if logit_cap > 0:
+        return _attend_capped(q, k, v, mask, scale, logit_cap)
+    if group == 1:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
     if mask is not None:
-        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))  # [b|1, 1, q_len, kv]
-        mask = mask.expand(mask.shape[0], 1, q_len, kv_len).repeat(1, 1, group, 1)
+        mask = _mask4(mask).expand(-1, 1, q_len, kv_len).repeat(1, 1, group, 1)
     qg = q.reshape(b, num_kv_heads, group * q_len, head_dim)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
     return out.reshape(b, num_heads, q_len, head_dim)
+
+
+def _mask4(mask: Tensor) -> Tensor:
+    """A bool mask [q_len, kv_len] or [b|1, 1, q_len|1, kv_len] as 4-D [b|1, 1, q_len|1, kv_len]."""
+    return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+
+
+def soft_cap_(scores: Tensor, logit_cap: float) -> Tensor:
+    """scores -> logit_cap * tanh(scores / logit_cap), in place (logit_cap > 0)."""
+    return scores.div_(logit_cap).tanh_().mul_(logit_cap)
+
+
+def _attend_capped(
+    q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float, logit_cap: float
+) -> Tensor:
+    """_attend with soft-capped scores, computed in float32 (shapes as _attend's)."""
+    b, num_heads, q_len, head_dim = q.shape
+    num_kv_heads = k.shape[1]
+    group = num_heads // num_kv_heads
+    qg = q.float().reshape(b, num_kv_heads, group * q_len, head_dim)
+    scores = torch.matmul(qg, k.float().transpose(-1, -2)).mul_(scale)  # [b, kvh, g * q_len, n]
+    scores = soft_cap_(scores, logit_cap).view(b, num_kv_heads, group, q_len, -1)
+    if mask is not None:  # [b|1, 1, 1, q_len|1, kv_len] over [b, kvh, group, q_len, kv_len]
+        scores.masked_fill_(~_mask4(mask).unsqueeze(2), float("-inf"))
+    probs = torch.softmax(scores, dim=-1).view(b, num_kv_heads, group * q_len, -1)
+    out = torch.matmul(probs, v.float())  # [b, kv_heads, group * q_len, head_dim]
+    return out.view(b, num_heads, q_len, head_dim).to(q.dtype)
 
 
 def extend_attention_ref(
@@ -69,6 +114,9 @@ def extend_attention_ref(
     kv_indptr: Tensor,
     kv_indices: Tensor,
     sm_scale: float,
+    *,
+    sliding_window: int | None = None,
+    logit_cap: float = 0.0,
 ) -> None:
     """Attention of new tokens (any count per request) over their request's prefix and themselves.
 
@@ -80,38 +128,98 @@ def extend_attention_ref(
     for i in range(len(qo_bounds) - 1):
         q_start, q_end = qo_bounds[i], qo_bounds[i + 1]
         kv_start, kv_end = kv_bounds[i], kv_bounds[i + 1]
-        q_len, kv_len = q_end - q_start, kv_end - kv_start
-        if q_len == 0:
+        if q_end == q_start:
             continue
-        prefix_len = kv_len - q_len
         slots = kv_indices[kv_start:kv_end]  # [kv_len]
-        qi = q[q_start:q_end].transpose(0, 1).unsqueeze(0)  # [1, num_heads, q_len, head_dim]
-        # [1, num_kv_heads, kv_len, head_dim]
-        ki = gather_kv(k_cache, slots).transpose(0, 1).unsqueeze(0)
-        vi = gather_kv(v_cache, slots).transpose(0, 1).unsqueeze(0)
-        ki, vi = ki.to(q.dtype), vi.to(q.dtype)
-        if prefix_len == 0:
-            out = _attend(qi, ki, vi, None, q_len > 1, sm_scale)
+        q_req = q[q_start:q_end]  # [q_len, num_heads, head_dim]
+        prefix_len = slots.numel() - q_req.shape[0]
+        window = window_within(sliding_window, slots.numel())
+        if window is None and logit_cap == 0:
+            out = _extend_request(q_req, k_cache, v_cache, slots, prefix_len, sm_scale)
         else:
-            rows = torch.arange(q_len, device=q.device).unsqueeze(1)  # [q_len, 1]
-            cols = torch.arange(kv_len, device=q.device).unsqueeze(0)  # [1, kv_len]
-            mask = cols <= rows + prefix_len  # [q_len, kv_len]
-            out = _attend(qi, ki, vi, mask, False, sm_scale)
-        o[q_start:q_end] = out.squeeze(0).transpose(0, 1).to(o.dtype)
+            out = _extend_request_chunked(q_req, k_cache, v_cache, slots, prefix_len, sm_scale,
+                                          window, logit_cap)  # fmt: skip
+        o[q_start:q_end] = out.to(o.dtype)
+
+
+def window_within(sliding_window: int | None, kv_len: int) -> int | None:
+    """The window, or None where it hides nothing: no query of a request whose KV is at most
+    the window long has a key outside it."""
+    return sliding_window if sliding_window is not None and sliding_window < kv_len else None
+
+
+def _extend_request(
+    q_req: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, prefix_len: int, scale: float
+) -> Tensor:
+    """One request's full causal attention in one SDPA call: q_req [q_len, num_heads, head_dim],
+    slots [kv_len] -> [q_len, num_heads, head_dim]."""
+    q_len, kv_len = q_req.shape[0], slots.numel()
+    qi = q_req.transpose(0, 1).unsqueeze(0)  # [1, num_heads, q_len, head_dim]
+    # [1, num_kv_heads, kv_len, head_dim]
+    ki = gather_kv(k_cache, slots).transpose(0, 1).unsqueeze(0).to(q_req.dtype)
+    vi = gather_kv(v_cache, slots).transpose(0, 1).unsqueeze(0).to(q_req.dtype)
+    if prefix_len == 0:
+        out = _attend(qi, ki, vi, None, q_len > 1, scale)
+    else:
+        rows = torch.arange(q_len, device=q_req.device).unsqueeze(1)  # [q_len, 1]
+        cols = torch.arange(kv_len, device=q_req.device).unsqueeze(0)  # [1, kv_len]
+        out = _attend(qi, ki, vi, cols <= rows + prefix_len, False, scale)  # mask [q_len, kv_len]
+    return out.squeeze(0).transpose(0, 1)
+
+
+def _query_chunk_rows(num_heads: int, kv_len: int, window: int | None) -> int:
+    """Query rows per chunk of a windowed or capped extend: scores of about QUERY_CHUNK_SCORES
+    elements (a chunk of r rows under a window W reads at most r + W - 1 keys)."""
+    span = kv_len if window is None else min(kv_len, 2 * window)
+    rows = max(MIN_QUERY_CHUNK, QUERY_CHUNK_SCORES // max(num_heads * span, 1))
+    return rows if window is None else min(rows, max(window, MIN_QUERY_CHUNK))
+
+
+def _extend_request_chunked(
+    q_req: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, prefix_len: int,
+    scale: float, window: int | None, logit_cap: float,
+) -> Tensor:  # fmt: skip
+    """_extend_request under a sliding window and/or a logit cap, a chunk of queries at a time,
+    each chunk reading only the keys its queries may see."""
+    q_len, num_heads, _ = q_req.shape
+    device = q_req.device
+    out = torch.empty_like(q_req)  # [q_len, num_heads, head_dim]
+    rows = _query_chunk_rows(num_heads, slots.numel(), window)
+    for first in range(0, q_len, rows):
+        last = min(q_len, first + rows)  # rows first..last-1, at positions prefix_len + row
+        lo = 0 if window is None else max(0, prefix_len + first + 1 - window)
+        hi = prefix_len + last  # keys lo..hi-1
+        # [1, num_kv_heads, hi - lo, head_dim]
+        ki = gather_kv(k_cache, slots[lo:hi]).transpose(0, 1).unsqueeze(0).to(q_req.dtype)
+        vi = gather_kv(v_cache, slots[lo:hi]).transpose(0, 1).unsqueeze(0).to(q_req.dtype)
+        pos_q = torch.arange(prefix_len + first, hi, device=device).unsqueeze(1)  # [rows, 1]
+        pos_k = torch.arange(lo, hi, device=device).unsqueeze(0)  # [1, hi - lo]
+        mask = pos_k <= pos_q  # [rows, hi - lo]
+        if window is not None:
+            mask &= pos_k > pos_q - window
+        qi = q_req[first:last].transpose(0, 1).unsqueeze(0)  # [1, num_heads, rows, head_dim]
+        res = _attend(qi, ki, vi, mask, False, scale, logit_cap)  # [1, num_heads, rows, head_dim]
+        out[first:last] = res.squeeze(0).transpose(0, 1)
+    return out
 
 
 def decode_padded_slots(
-    kv_indptr: Tensor, kv_indices: Tensor, padding_slot: int
+    kv_indptr: Tensor, kv_indices: Tensor, padding_slot: int, sliding_window: int | None = None
 ) -> tuple[Tensor, Tensor]:
-    """Pad the ragged slot lists of a decode batch into a matrix.
+    """Pad the ragged slot lists of a decode batch into a matrix; with a sliding window W, only
+    each list's last W slots (what a decode query at position seq_len - 1 sees).
 
     Returns slots [bs, max_len] (padded entries point at padding_slot) and valid [bs, max_len] bool.
     """
     seq_lens = kv_indptr[1:] - kv_indptr[:-1]  # [bs]
+    starts = kv_indptr[:-1]  # [bs]
+    if sliding_window is not None:
+        starts = starts + (seq_lens - sliding_window).clamp(min=0)
+        seq_lens = seq_lens.clamp(max=sliding_window)
     max_len = int(seq_lens.max().item())
     pos = torch.arange(max_len, device=kv_indices.device).unsqueeze(0)  # [1, max_len]
     valid = pos < seq_lens.unsqueeze(1)  # [bs, max_len]
-    flat = (kv_indptr[:-1].unsqueeze(1) + pos).clamp_(max=max(kv_indices.numel() - 1, 0))
+    flat = (starts.unsqueeze(1) + pos).clamp_(max=max(kv_indices.numel() - 1, 0))
     slots = torch.where(valid, kv_indices[flat], padding_slot)  # [bs, max_len]
     return slots, valid
 
@@ -124,34 +232,40 @@ def decode_attention_ref(
     kv_indptr: Tensor,
     kv_indices: Tensor,
     sm_scale: float,
+    *,
+    sliding_window: int | None = None,
+    logit_cap: float = 0.0,
 ) -> None:
-    """Attention of one new token per request over its whole KV, batched in one padded SDPA call.
+    """Attention of one new token per request over its whole KV (its last sliding_window
+    positions), batched in one padded attention call.
 
     q, o: [bs, num_heads, head_dim]; kv_indptr: [bs + 1] int64; kv_indices: [sum(seq_lens)] int64.
     The new token's own K/V must already be stored (it is the last of the request's slots).
     """
     if q.shape[0] == 0:
         return
-    slots, valid = decode_padded_slots(kv_indptr, kv_indices, k_cache.shape[0] - 1)
-    decode_attention_padded(q, o, k_cache, v_cache, slots, valid, sm_scale)
+    slots, valid = decode_padded_slots(kv_indptr, kv_indices, k_cache.shape[0] - 1, sliding_window)
+    decode_attention_padded(q, o, k_cache, v_cache, slots, valid, sm_scale, logit_cap=logit_cap)
 
 
 def decode_attention_padded(
     q: Tensor, o: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, valid: Tensor,
-    sm_scale: float,
+    sm_scale: float, *, logit_cap: float = 0.0,
 ) -> None:
     """decode_attention_ref on slot lists already padded by decode_padded_slots (a backend pads
-    them once per forward pass, not once per layer). slots, valid: [bs, max_len]."""
+    them once per forward pass, not once per layer; a sliding window is applied there: only
+    the window's slots are padded in). slots, valid: [bs, max_len]."""
     # [bs, num_kv_heads, max_len, head_dim]
     k = gather_kv(k_cache, slots).transpose(1, 2).to(q.dtype)
     v = gather_kv(v_cache, slots).transpose(1, 2).to(q.dtype)
     mask = valid[:, None, None, :]  # [bs, 1, 1, max_len]
-    out = _attend(q.unsqueeze(2), k, v, mask, False, sm_scale)  # [bs, num_heads, 1, head_dim]
+    # [bs, num_heads, 1, head_dim]
+    out = _attend(q.unsqueeze(2), k, v, mask, False, sm_scale, logit_cap)
     o.copy_(out.squeeze(2))
 
 
 def attend_with_lse(
-    q: Tensor, k: Tensor, v: Tensor, valid: Tensor | None, sm_scale: float
+    q: Tensor, k: Tensor, v: Tensor, valid: Tensor | None, sm_scale: float, logit_cap: float = 0.0
 ) -> tuple[Tensor, Tensor]:
     """Softmax attention that also returns each query's log-sum-exp (natural log), in float32.
 
@@ -159,9 +273,11 @@ def attend_with_lse(
     k, v: [b, num_kv_heads, n, head_dim]; valid: [b, 1, 1, n] bool or None; every query needs at
     least one valid key. Returns out [b, num_kv_heads, m, head_dim] and lse [b, num_kv_heads, m].
     float32 on the CPU runs PyTorch's fused CPU flash-attention kernel (the one SDPA uses, which
-    also returns the log-sum-exp); anything else the plain formula in float32.
+    also returns the log-sum-exp); anything else (a logit cap included) the plain formula in
+    float32.
     """
-    if q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32:
+    fused = q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32
+    if fused and logit_cap == 0:
         mask = None
         if valid is not None:  # additive, in the query's dtype (as the kernel requires)
             mask = torch.zeros(valid.shape, dtype=q.dtype).masked_fill_(~valid, float("-inf"))
@@ -169,6 +285,8 @@ def attend_with_lse(
             q, k, v, 0.0, False, attn_mask=mask, scale=sm_scale)
         return out, lse
     scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * sm_scale  # [b, h, m, n]
+    if logit_cap > 0:
+        soft_cap_(scores, logit_cap)
     if valid is not None:
         scores = scores.masked_fill(~valid, float("-inf"))
     lse = torch.logsumexp(scores, dim=-1)  # [b, h, m]
@@ -201,6 +319,8 @@ def cascade_decode_attention_ref(
     kv_indptr: Tensor,
     kv_indices: Tensor,
     sm_scale: float,
+    *,
+    logit_cap: float = 0.0,
 ) -> None:
     """Decode attention where groups of requests share a KV prefix (cascade attention).
 
@@ -210,7 +330,9 @@ def cascade_decode_attention_ref(
     when it is in no group), is in slots kv_indices[kv_indptr[i]:kv_indptr[i+1]]; it holds at
     least the new token. The prefix is read once per group: all the group's queries attend to it
     together; each request attends to its own KV; the two are merged by their log-sum-exps.
-    The result equals decode_attention_ref over the concatenated KV.
+    The result equals decode_attention_ref over the concatenated KV (with the same logit_cap).
+    There is no sliding window: a windowed layer decodes with decode_attention_ref (the
+    backends use this only when the window covers every request's whole KV).
 
     q, o: [bs, num_heads, head_dim]; prefix_indptr, group_indptr: [num_groups + 1] int64;
     prefix_indices: [sum(prefix_lens)] int64; group_rows: [sum(group sizes)] int64;
@@ -221,10 +343,12 @@ def cascade_decode_attention_ref(
     padding = k_cache.shape[0] - 1
     slots, valid = decode_padded_slots(kv_indptr, kv_indices, padding)
     if group_indptr.numel() <= 1:  # no groups: plain decode attention
-        decode_attention_padded(q, o, k_cache, v_cache, slots, valid, sm_scale)
+        decode_attention_padded(q, o, k_cache, v_cache, slots, valid, sm_scale,
+                                logit_cap=logit_cap)
         return
     groups = pad_groups(prefix_indptr, prefix_indices, group_indptr, group_rows, padding)
-    cascade_decode_attention_padded(q, o, k_cache, v_cache, groups, slots, valid, sm_scale)
+    cascade_decode_attention_padded(q, o, k_cache, v_cache, groups, slots, valid, sm_scale,
+                                    logit_cap=logit_cap)
 
 
 def pad_groups(prefix_indptr: Tensor, prefix_indices: Tensor, group_indptr: Tensor,
@@ -243,6 +367,7 @@ def pad_groups(prefix_indptr: Tensor, prefix_indices: Tensor, group_indptr: Tens
 def cascade_decode_attention_padded(
     q: Tensor, o: Tensor, k_cache: Tensor, v_cache: Tensor,
     groups: tuple[Tensor, Tensor, Tensor, Tensor], slots: Tensor, valid: Tensor, sm_scale: float,
+    *, logit_cap: float = 0.0,
 ) -> None:
     """cascade_decode_attention_ref on metadata a backend prepares once per forward pass: the
     groups padded by pad_groups, and the requests' own slot lists padded by decode_padded_slots
@@ -256,7 +381,7 @@ def cascade_decode_attention_padded(
     qg = q.reshape(bs, num_kv_heads, group, head_dim)  # [bs, kv_heads, group, head_dim]
     k = gather_kv(k_cache, slots).transpose(1, 2)  # [bs, kv_heads, max_len, head_dim]
     v = gather_kv(v_cache, slots).transpose(1, 2)  # [bs, kv_heads, max_len, head_dim]
-    out, lse = attend_with_lse(qg, k, v, valid[:, None, None, :], sm_scale)
+    out, lse = attend_with_lse(qg, k, v, valid[:, None, None, :], sm_scale, logit_cap)
     if not bool(member_valid.any()):  # no group with a prefix
         o.copy_(out.reshape(bs, num_heads, head_dim))
         return
@@ -265,7 +390,8 @@ def cascade_decode_attention_padded(
                                                       head_dim)
     k_p = gather_kv(k_cache, prefix).transpose(1, 2)  # [G, kv_heads, max_prefix, head_dim]
     v_p = gather_kv(v_cache, prefix).transpose(1, 2)  # [G, kv_heads, max_prefix, head_dim]
-    out_p, lse_p = attend_with_lse(q_p, k_p, v_p, prefix_valid[:, None, None, :], sm_scale)
+    out_p, lse_p = attend_with_lse(q_p, k_p, v_p, prefix_valid[:, None, None, :], sm_scale,
+                                   logit_cap)
     out_p = out_p.reshape(num_groups, num_kv_heads, width, group, head_dim).transpose(1, 2)
     lse_p = lse_p.reshape(num_groups, num_kv_heads, width, group).transpose(1, 2)
     rows = members[member_valid]  # [sum of group sizes]
