@@ -18,6 +18,7 @@ import torch
 
 from radixrt import SamplingParams
 from radixrt.kernels.reference import cascade_decode_attention_ref, decode_attention_ref
+from radixrt.runtime.forward.attention.base import LayerAttention
 from radixrt.runtime.forward.attention.torch_backend import TorchAttentionBackend
 from radixrt.runtime.forward.forward_batch import ForwardBatch, PrefixGroup
 from radixrt.runtime.forward.kv_cache import KVCache
@@ -64,20 +65,24 @@ def ragged_case(seed: int, page_size: int) -> dict[str, Any]:
             "num_slots": num_pages * page_size}
 
 
+@pytest.mark.parametrize("logit_cap", [0.0, 1.5])
 @pytest.mark.parametrize("page_size", [1, 16])
 @pytest.mark.parametrize("group", [1, 3])
 @pytest.mark.parametrize("seed", range(4))
-def test_cascade_reference_equals_plain_decode(seed: int, group: int, page_size: int) -> None:
+def test_cascade_reference_equals_plain_decode(
+    seed: int, group: int, page_size: int, logit_cap: float
+) -> None:
     case = ragged_case(seed, page_size)
     gen = torch.Generator().manual_seed(seed)
     kv_heads, head_dim = 2, 32
     k_cache = torch.randn(case["num_slots"] + 1, kv_heads, head_dim, generator=gen)
     v_cache = torch.randn(case["num_slots"] + 1, kv_heads, head_dim, generator=gen)
-    q = torch.randn(case["bs"], kv_heads * group, head_dim, generator=gen)
+    q = 3 * torch.randn(case["bs"], kv_heads * group, head_dim, generator=gen)  # a cap bites
     plain = torch.full_like(q, float("nan"))
     full = case["full"]
     decode_attention_ref(q, plain, k_cache, v_cache, indptr([len(f) for f in full]),
-                         torch.tensor(list(itertools.chain(*full))), head_dim**-0.5)
+                         torch.tensor(list(itertools.chain(*full))), head_dim**-0.5,
+                         logit_cap=logit_cap)  # fmt: skip
     groups = case["groups"]
     own = torch.tensor(list(itertools.chain(*case["owns"])))
     cascade = torch.full_like(q, float("nan"))
@@ -88,7 +93,7 @@ def test_cascade_reference_equals_plain_decode(seed: int, group: int, page_size:
                                                           dtype=torch.int64),
         indptr([len(rows) for rows, _ in groups]),
         torch.tensor(list(itertools.chain(*(rows for rows, _ in groups))), dtype=torch.int64),
-        indptr([len(o) for o in case["owns"]]), own, head_dim**-0.5,
+        indptr([len(o) for o in case["owns"]]), own, head_dim**-0.5, logit_cap=logit_cap,
     )  # fmt: skip
     assert torch.allclose(cascade, plain, atol=1e-5, rtol=1e-4)
 
@@ -114,11 +119,49 @@ def test_the_torch_backend_reads_a_shared_prefix_once() -> None:
         batch = ForwardBatch.build(tokens, prefix_lens, tables, prefix_groups=groups)
         backend = TorchAttentionBackend()
         backend.init_forward(batch)
-        outs.append(backend.forward(q, k_new, v_new, 0, kv, batch))
+        outs.append(backend.forward(q, k_new, v_new, LayerAttention(0), kv, batch))
         reads.append(backend.kv_positions_read)
     own = sum(len(t) for t in tables)
     assert reads == [own, own - 3 * 100]
     assert torch.allclose(outs[0], outs[1], atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "window,logit_cap,reads",
+    [(None, 2.0, 100 + 26 + 50),  # the group reads its prefix once
+     (8, 0.0, 4 * 8 + 8),  # a short window: each request its last 8 positions, no prefix
+     (50, 1.0, 4 * 50 + 50),  # a window into the prefix: each request its share of it
+     (200, 1.0, 100 + 26 + 50)],  # as long as every request's KV: no window, the group stands
+)  # fmt: skip
+def test_the_torch_backend_decodes_a_windowed_layer_exactly(
+    window: int | None, logit_cap: float, reads: int
+) -> None:
+    """The batch of the test above with and without its group, on a layer with a sliding window
+    and a logit cap: the same output, the reference's, and only the window's positions read."""
+    gen = torch.Generator().manual_seed(1)
+    kv = KVCache(num_layers=2, num_slots=1024, num_kv_heads=3, head_dim=64,
+                 dtype=torch.float32, device=torch.device("cpu"))
+    kv.buffer[:, :, :-1] = torch.randn(2, 2, 1024, 3, 64, generator=gen)
+    tables = [list(range(100)) + list(range(200 + 20 * i, 205 + 21 * i)) for i in range(4)]
+    tables.append(list(range(600, 650)))
+    layer = LayerAttention(1, scale=0.2, sliding_window=window, logit_cap=logit_cap)
+    q = 3 * torch.randn(5, 9, 64, generator=gen)
+    k_new, v_new = torch.randn(2, 5, 3, 64, generator=gen)
+    outs, counts = [], []
+    for groups in ([], [PrefixGroup([0, 1, 2, 3], 100)]):
+        batch = ForwardBatch.build([[1]] * 5, [len(t) - 1 for t in tables], tables,
+                                   prefix_groups=groups)  # fmt: skip
+        backend = TorchAttentionBackend()
+        backend.init_forward(batch)
+        outs.append(backend.forward(q, k_new, v_new, layer, kv, batch))
+        counts.append(backend.kv_positions_read)
+    expected = torch.full_like(q, float("nan"))
+    decode_attention_ref(q, expected, kv.k[1], kv.v[1], batch.kv_indptr, batch.kv_indices, 0.2,
+                         sliding_window=window, logit_cap=logit_cap)  # fmt: skip
+    assert torch.allclose(outs[0], expected, atol=1e-5, rtol=1e-4)
+    assert torch.allclose(outs[1], expected, atol=1e-5, rtol=1e-4)
+    assert counts[1] == reads
+    assert counts[0] == sum(min(len(t), window or len(t)) for t in tables)
 
 
 def test_a_group_that_is_not_a_decode_prefix_is_refused() -> None:

@@ -4,17 +4,22 @@ pass for every layer (both attention backends use it).
 A decode request in one of the batch's prefix groups reads the group's shared prefix together
 with the other members (once for all of them) and, alone, only what follows it: its "own" KV.
 A request in no group owns all of its KV.
+
+A sliding-window layer whose window is shorter than some decode request's KV does not use the
+groups: each request reads the last `window` positions of its whole KV (decode_padded_slots with
+the window), its share of a group's prefix included; exact, and a short window reads little. A
+window at least as long as every decode request's KV hides nothing, and the groups stand.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from radixrt.kernels.reference import decode_padded_slots, pad_groups
+from radixrt.kernels.reference import decode_padded_slots, pad_groups, window_within
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 
 
@@ -24,9 +29,13 @@ class DecodeLayout:
     own_indptr: Tensor  # [n + 1] each request's KV after its group's prefix (all of it if none)
     own_indices: Tensor  # [sum of own lens]
     groups: list[tuple[Tensor, Tensor]]  # (rows [k] among the n decode requests, prefix slots)
-    kv_positions: int  # KV positions one layer reads (a shared prefix counted once)
+    kv_positions: int  # KV positions one full-attention layer reads (a shared prefix once)
     max_own_len: int
-    padded: tuple[Tensor, Tensor] | None = None  # own slots and valid [n, max_len], padded once
+    seq_lens: list[int]  # [n] each request's whole KV length
+    full_indptr: Tensor  # [n + 1] each request's whole KV (the own KV when there are no groups)
+    full_indices: Tensor  # [sum(seq_lens)]
+    # (slots, valid) [n, max_len] per window, padded once: None = own KV, W = last W of the whole
+    padded: dict[int | None, tuple[Tensor, Tensor]] = field(default_factory=dict)
     flat: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
     padded_prefixes: tuple[Tensor, Tensor, Tensor, Tensor] | None = None
 
@@ -41,14 +50,16 @@ class DecodeLayout:
         kv = [0, *itertools.accumulate(batch.seq_lens)]  # host offsets: no device sync
         every_row = len(ids) == batch.batch_size
         rows = None if every_row else batch.qo_indptr[torch.tensor(ids, device=device)]
+        seq_lens = [kv[i + 1] - kv[i] for i in ids]
         lens = [kv[i + 1] - kv[i] - skip.get(i, 0) for i in ids]
-        if not skip and every_row:
-            own_indptr, own_indices = batch.kv_indptr, batch.kv_indices
+        if every_row:
+            full_indptr, full_indices = batch.kv_indptr, batch.kv_indices
         else:
-            parts = [batch.kv_indices[kv[i] + skip.get(i, 0) : kv[i + 1]] for i in ids]
-            own = torch.tensor(lens, dtype=torch.int64)
-            own_indptr = torch.cat([torch.zeros(1, dtype=torch.int64), own.cumsum(0)]).to(device)
-            own_indices = torch.cat(parts)
+            full_indptr, full_indices = _slot_lists(batch, kv, {i: 0 for i in ids}, seq_lens)
+        if skip:
+            own_indptr, own_indices = _slot_lists(batch, kv, {i: skip.get(i, 0) for i in ids}, lens)
+        else:
+            own_indptr, own_indices = full_indptr, full_indices
         groups = [
             (torch.tensor([position[i] for i in g.requests], dtype=torch.int64, device=device),
              batch.kv_indices[kv[g.requests[0]] : kv[g.requests[0]] + g.length])
@@ -56,14 +67,44 @@ class DecodeLayout:
         ]  # fmt: skip
         return cls(rows=rows, own_indptr=own_indptr, own_indices=own_indices, groups=groups,
                    kv_positions=sum(lens) + sum(g.length for g in batch.prefix_groups),
-                   max_own_len=max(lens))
+                   max_own_len=max(lens), seq_lens=seq_lens, full_indptr=full_indptr,
+                   full_indices=full_indices)
 
-    def padded_slots(self, padding_slot: int) -> tuple[Tensor, Tensor]:
-        """The own slot lists padded into [n, max_len] matrices (slots, valid), at the first
-        layer that asks: every layer's pool has the same padding slot."""
-        if self.padded is None:
-            self.padded = decode_padded_slots(self.own_indptr, self.own_indices, padding_slot)
-        return self.padded
+    @property
+    def max_seq_len(self) -> int:
+        return max(self.seq_lens)
+
+    def layer_window(self, sliding_window: int | None) -> int | None:
+        """A layer's window as these requests see it: None where it hides nothing."""
+        return window_within(sliding_window, self.max_seq_len)
+
+    def uses_groups(self, sliding_window: int | None) -> bool:
+        """Whether a layer with this window reads the groups' prefixes once (cascade)."""
+        return bool(self.groups) and self.layer_window(sliding_window) is None
+
+    def positions_read(self, sliding_window: int | None) -> int:
+        """KV positions one layer with this window reads."""
+        window = self.layer_window(sliding_window)
+        if window is None:
+            return self.kv_positions
+        return sum(min(n, window) for n in self.seq_lens)
+
+    def padded_slots(
+        self, padding_slot: int, sliding_window: int | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """Slot lists padded into [n, max_len] matrices (slots, valid), at the first layer that
+        asks (every layer's pool has the same padding slot): for sliding_window None each
+        request's own KV (all of it without groups), for W < max_seq_len the last W positions
+        of its whole KV."""
+        window = self.layer_window(sliding_window)
+        if window not in self.padded:
+            if window is None:
+                padded = decode_padded_slots(self.own_indptr, self.own_indices, padding_slot)
+            else:
+                padded = decode_padded_slots(self.full_indptr, self.full_indices, padding_slot,
+                                             window)  # fmt: skip
+            self.padded[window] = padded
+        return self.padded[window]
 
     def padded_groups(self, padding_slot: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """The groups padded for one attention call over all of them (kernels.reference
@@ -91,3 +132,14 @@ class DecodeLayout:
     @property
     def max_group_size(self) -> int:
         return max((r.numel() for r, _ in self.groups), default=0)
+
+
+def _slot_lists(
+    batch: ForwardBatch, kv: list[int], skip: dict[int, int], lens: list[int]
+) -> tuple[Tensor, Tensor]:
+    """(indptr [n + 1], indices): the slots of requests skip.keys() (in order), each without
+    its first skip[i] positions; lens are the resulting lengths (host ints: no device sync)."""
+    parts = [batch.kv_indices[kv[i] + first : kv[i + 1]] for i, first in skip.items()]
+    counts = torch.tensor(lens, dtype=torch.int64)
+    indptr = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)])
+    return indptr.to(batch.kv_indices.device), torch.cat(parts)

@@ -18,6 +18,7 @@ from radixrt.kernels.reference import (
     extend_attention_ref,
     store_kv_ref,
 )
+from radixrt.runtime.forward.attention.base import LayerAttention
 from radixrt.runtime.forward.attention.decode_layout import DecodeLayout
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.forward.kv_cache import KVCache
@@ -37,13 +38,14 @@ class TorchAttentionBackend:
     """Decode requests (one new token after a prefix) run together in one padded attention call;
     decode requests that share a prefix (the batch's prefix_groups) read it once, together, and
     merge it with their own KV by log-sum-exp (cascade attention); extend requests run one SDPA
-    call each. Attention scale is head_dim ** -0.5 unless given.
+    call each. A layer's sliding window and logit cap go to the reference kernels; a decode
+    layer whose window is shorter than some request's KV reads each request's last `window`
+    positions and no shared prefix (see DecodeLayout).
 
     kv_positions_read counts the KV positions decode attention has gathered, over all layers
-    and steps (tests check that a shared prefix is read once)."""
+    and steps (tests check that a shared prefix is read once, and a window's positions only)."""
 
-    def __init__(self, sm_scale: float | None = None) -> None:
-        self.sm_scale = sm_scale
+    def __init__(self) -> None:
         self._decode: DecodeLayout | None = None
         self._extend: _ExtendPlan | None = None
         self.kv_positions_read = 0
@@ -65,39 +67,49 @@ class TorchAttentionBackend:
         q: Tensor,
         k: Tensor,
         v: Tensor,
-        layer_id: int,
+        layer: LayerAttention,
         kv_cache: KVCache,
         batch: ForwardBatch,
     ) -> Tensor:
         # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
-        k_cache, v_cache = kv_cache.k[layer_id], kv_cache.v[layer_id]
+        k_cache, v_cache = kv_cache.k[layer.layer_id], kv_cache.v[layer.layer_id]
         store_kv_ref(k_cache, v_cache, k, v, batch.out_slots)
-        scale = self.sm_scale if self.sm_scale is not None else q.shape[-1] ** -0.5
         o = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
         if self._decode is not None:
-            plan = self._decode
-            q_dec = q if plan.rows is None else q[plan.rows]  # [num_decode, num_heads, head_dim]
-            o_dec = o if plan.rows is None else torch.empty_like(q_dec)
-            slots, valid = plan.padded_slots(k_cache.shape[0] - 1)
-            if plan.groups:
-                groups = plan.padded_groups(k_cache.shape[0] - 1)
-                cascade_decode_attention_padded(q_dec, o_dec, k_cache, v_cache, groups, slots,
-                                                valid, scale)
-            else:
-                decode_attention_padded(q_dec, o_dec, k_cache, v_cache, slots, valid, scale)
-            if plan.rows is not None:
-                o[plan.rows] = o_dec
-            self.kv_positions_read += plan.kv_positions
+            self._forward_decode(self._decode, q, o, k_cache, v_cache, layer)
         if self._extend is not None:
             sub = self._extend
             q_sub = q if sub.rows is None else q[sub.rows]
             o_sub = o if sub.rows is None else torch.empty_like(q_sub)
             extend_attention_ref(
-                q_sub, o_sub, k_cache, v_cache, sub.qo_indptr, sub.kv_indptr, sub.kv_indices, scale
-            )
+                q_sub, o_sub, k_cache, v_cache, sub.qo_indptr, sub.kv_indptr, sub.kv_indices,
+                layer.softmax_scale(q.shape[-1]), sliding_window=layer.sliding_window,
+                logit_cap=layer.logit_cap,
+            )  # fmt: skip
             if sub.rows is not None:
                 o[sub.rows] = o_sub
         return o
+
+    def _forward_decode(
+        self, plan: DecodeLayout, q: Tensor, o: Tensor, k_cache: Tensor, v_cache: Tensor,
+        layer: LayerAttention,
+    ) -> None:  # fmt: skip
+        """The decode rows of q into o: [num_tokens, num_heads, head_dim] both."""
+        scale, padding = layer.softmax_scale(q.shape[-1]), k_cache.shape[0] - 1
+        q_dec = q if plan.rows is None else q[plan.rows]  # [num_decode, num_heads, head_dim]
+        o_dec = o if plan.rows is None else torch.empty_like(q_dec)
+        slots, valid = plan.padded_slots(padding, layer.sliding_window)  # [num_decode, max_len]
+        if plan.uses_groups(layer.sliding_window):
+            cascade_decode_attention_padded(
+                q_dec, o_dec, k_cache, v_cache, plan.padded_groups(padding), slots, valid, scale,
+                logit_cap=layer.logit_cap,
+            )  # fmt: skip
+        else:
+            decode_attention_padded(q_dec, o_dec, k_cache, v_cache, slots, valid, scale,
+                                    logit_cap=layer.logit_cap)  # fmt: skip
+        if plan.rows is not None:
+            o[plan.rows] = o_dec
+        self.kv_positions_read += plan.positions_read(layer.sliding_window)
 
 
 def _select(batch: ForwardBatch, ids: list[int]) -> _ExtendPlan:
