@@ -20,6 +20,11 @@ group's prefix) is a slot range plus the query rows attending to it. Chunks are 
 BLOCK_N. Partials live in one float32 workspace: outputs [bs, num_heads, splits, head_dim] and
 log-sum-exps [bs, num_heads, splits], own chunks first, then prefix chunks. Without groups
 (or with empty ones) the call is decode_attention.
+
+A logit cap soft-caps every score in both partial steps (the merge is unchanged: it only
+weighs the partials by their log-sum-exps). There is no sliding window, as in the reference: a
+windowed layer decodes with decode_attention, and the backends use this kernel for one only
+when its window covers every request's whole KV (where it hides nothing).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ def _cascade_partial(
     part_o_ptr,  # [bs, num_heads, TOTAL_SPLITS, head_dim] float32
     part_lse_ptr,  # [bs, num_heads, TOTAL_SPLITS] float32 (log2 domain)
     scale_log2,
+    cap_log2,  # logit_cap * log2(e) (SOFT_CAP)
     stride_qb,
     stride_qh,
     stride_kt,
@@ -80,6 +86,7 @@ def _cascade_partial(
     GROUPS: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
 ):
     seg = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -117,9 +124,10 @@ def _cascade_partial(
     q_ptrs = q_ptr + rows[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=mask_md, other=0.0).to(DOT_DTYPE)  # [BLOCK_M, BLOCK_D]
     m_i, l_i, acc = attend_tiles(
-        q, seg_indices_ptr, seg_start, lo, hi, k_cache_ptr, v_cache_ptr,
-        stride_kt, stride_kh, stride_vt, stride_vh, kv_head, offs_d, mask_d, scale_log2,
-        ROWS=BLOCK_M, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_DTYPE=DOT_DTYPE, PRECISION=PRECISION,
+        q, 0, seg_indices_ptr, seg_start, lo, hi, k_cache_ptr, v_cache_ptr,
+        stride_kt, stride_kh, stride_vt, stride_vh, kv_head, offs_d, mask_d, scale_log2, 0,
+        cap_log2, ROWS=BLOCK_M, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_DTYPE=DOT_DTYPE,
+        PRECISION=PRECISION, CAUSAL=False, WINDOWED=False, SOFT_CAP=SOFT_CAP,
     )  # fmt: skip
     nonempty = l_i > 0  # an empty chunk stores zeros and a log-sum-exp of -inf
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
@@ -163,6 +171,7 @@ def cascade_decode_attention(
     kv_indices: Tensor,
     sm_scale: float,
     *,
+    logit_cap: float = 0.0,
     num_kv_splits: int | None = None,
     num_prefix_splits: int | None = None,
     max_group_size: int | None = None,
@@ -187,7 +196,7 @@ def cascade_decode_attention(
     allocated here). block_m, block_n: the prefix kernel's query rows per block (default: the
     largest group's rows of a KV head, 16 to 64) and keys per tile. With the split counts and
     the workspace given the call allocates nothing and never synchronises: CUDA graphs
-    capture it.
+    capture it. logit_cap: as in the reference (0: off).
     """
     check_kv_args(q, k_cache, v_cache)
     if o.shape != q.shape or o.stride(2) != 1:
@@ -212,8 +221,9 @@ def cascade_decode_attention(
     bn = block_n or (_INTERPRETER_BLOCK_N if interpreting() else _GPU_BLOCK_N)
     if num_groups == 0 or group_rows.numel() == 0:  # nothing shared: plain decode
         decode_attention(
-            q, o, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, num_kv_splits=own_splits,
-            workspace=workspace, block_n=bn, num_warps=num_warps, num_stages=num_stages,
+            q, o, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, logit_cap=logit_cap,
+            num_kv_splits=own_splits, workspace=workspace, block_n=bn, num_warps=num_warps,
+            num_stages=num_stages,
         )  # fmt: skip
         return
     max_rows = (max_group_size or group_rows.numel()) * kv_group  # query rows of a KV head
@@ -234,13 +244,13 @@ def cascade_decode_attention(
     dot_dtype, precision = dot_dtype_and_precision(q.dtype)
     bd = block_dim(head_dim)
     common = (
-        part_o, part_lse, sm_scale * _LOG2E, q.stride(0), q.stride(1),
+        part_o, part_lse, sm_scale * _LOG2E, logit_cap * _LOG2E, q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         num_heads, kv_group,
     )  # fmt: skip
     consts = dict(
         HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn, TOTAL_SPLITS=splits, DOT_DTYPE=dot_dtype,
-        PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
+        PRECISION=precision, SOFT_CAP=logit_cap > 0, num_warps=num_warps, num_stages=num_stages,
     )  # fmt: skip
     # 1. own KV; also marks every request's prefix partials empty
     _cascade_partial[(batch_size, num_kv_heads, own_splits)](

@@ -6,7 +6,9 @@ Stage 1 splits each request's KV into num_kv_splits contiguous chunks and writes
 query head, the normalised partial output and its log-sum-exp; stage 2 merges the chunks (with a
 single chunk stage 1 writes the output and stage 2 is skipped). Stage 1 comes in two variants: per
 query head (vector products; best without GQA) and grouped, where one program serves all query
-heads of a KV head with tl.dot, reading each K/V tile once.
+heads of a KV head with tl.dot, reading each K/V tile once. Under a sliding window W the chunks
+split only the last W positions of each request (what its query at seq_len - 1 sees); a logit
+cap soft-caps each score (triton_utils.soft_cap_log2).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from radixrt.kernels.triton_utils import (
     dot_dtype_and_precision,
     interpreting,
     num_compute_units,
+    soft_cap_log2,
 )
 
 _LOG2E = math.log2(math.e)
@@ -34,6 +37,18 @@ MAX_KV_SPLITS = 16
 MIN_KEYS_PER_SPLIT = 64  # the split heuristic never makes chunks shorter than this on average
 _GPU_BLOCK_N = 64
 _INTERPRETER_BLOCK_N = 32
+
+
+@triton.jit
+def _split_range(kv_len, window, split, NUM_SPLITS: tl.constexpr, WINDOWED: tl.constexpr):
+    """Positions lo..hi-1 of chunk `split` of a request's KV: the last `window` positions
+    (WINDOWED) or all kv_len of them, cut into NUM_SPLITS chunks."""
+    first = 0
+    if WINDOWED:  # the decode query sits at position kv_len - 1
+        first = tl.maximum(kv_len - window, 0)
+    split_len = (kv_len - first + NUM_SPLITS - 1) // NUM_SPLITS
+    lo = first + split * split_len
+    return lo, tl.minimum(lo + split_len, kv_len)
 
 
 @triton.jit
@@ -47,6 +62,8 @@ def _decode_stage1(
     part_o_ptr,  # [bs, num_heads, NUM_SPLITS, head_dim] float32
     part_lse_ptr,  # [bs, num_heads, NUM_SPLITS] float32
     scale_log2,
+    window,  # sliding window (WINDOWED)
+    cap_log2,  # logit_cap * log2(e) (SOFT_CAP)
     stride_qb,
     stride_qh,
     stride_ob,
@@ -61,6 +78,8 @@ def _decode_stage1(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
@@ -68,9 +87,7 @@ def _decode_stage1(
     kv_head = head // kv_group
     kv_start = tl.load(kv_indptr_ptr + req).to(tl.int64)
     kv_len = tl.load(kv_indptr_ptr + req + 1).to(tl.int64) - kv_start
-    split_len = (kv_len + NUM_SPLITS - 1) // NUM_SPLITS
-    lo = split * split_len
-    hi = tl.minimum(lo + split_len, kv_len)
+    lo, hi = _split_range(kv_len, window, split, NUM_SPLITS, WINDOWED)
 
     offs_d = tl.arange(0, BLOCK_D)
     mask_d = offs_d < HEAD_DIM
@@ -87,6 +104,8 @@ def _decode_stage1(
         k_ptrs = k_cache_ptr + slots[:, None] * stride_kt + kv_head * stride_kh + offs_d[None, :]
         k = tl.load(k_ptrs, mask=mask_nd, other=0.0).to(tl.float32)  # [BLOCK_N, BLOCK_D]
         qk = tl.reduce(q[None, :] * k, 1, SUM_COMBINE) * scale_log2  # [BLOCK_N]
+        if SOFT_CAP:
+            qk = soft_cap_log2(qk, cap_log2)
         qk = tl.where(mask_n, qk, float("-inf"))
         m_new = tl.maximum(tl.reduce(qk, 0, MAX_COMBINE), m_i)
         alpha = tl.exp2(m_i - m_new)
@@ -119,6 +138,8 @@ def _decode_grouped_stage1(
     part_o_ptr,  # [bs, num_heads, NUM_SPLITS, head_dim] float32
     part_lse_ptr,  # [bs, num_heads, NUM_SPLITS] float32
     scale_log2,
+    window,  # sliding window (WINDOWED)
+    cap_log2,  # logit_cap * log2(e) (SOFT_CAP)
     stride_qb,
     stride_qh,
     stride_ob,
@@ -136,15 +157,15 @@ def _decode_grouped_stage1(
     NUM_SPLITS: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     kv_start = tl.load(kv_indptr_ptr + req).to(tl.int64)
     kv_len = tl.load(kv_indptr_ptr + req + 1).to(tl.int64) - kv_start
-    split_len = (kv_len + NUM_SPLITS - 1) // NUM_SPLITS
-    lo = split * split_len
-    hi = tl.minimum(lo + split_len, kv_len)
+    lo, hi = _split_range(kv_len, window, split, NUM_SPLITS, WINDOWED)
 
     offs_g = tl.arange(0, BLOCK_H)
     mask_h = offs_g < kv_group
@@ -154,9 +175,10 @@ def _decode_grouped_stage1(
     q_ptrs = q_ptr + req.to(tl.int64) * stride_qb + heads[:, None] * stride_qh + offs_d[None, :]
     q = tl.load(q_ptrs, mask=mask_h[:, None] & mask_d[None, :], other=0.0).to(DOT_DTYPE)
     m_i, l_i, acc = attend_tiles(
-        q, kv_indices_ptr, kv_start, lo, hi, k_cache_ptr, v_cache_ptr,
-        stride_kt, stride_kh, stride_vt, stride_vh, kv_head, offs_d, mask_d, scale_log2,
-        ROWS=BLOCK_H, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_DTYPE=DOT_DTYPE, PRECISION=PRECISION,
+        q, 0, kv_indices_ptr, kv_start, lo, hi, k_cache_ptr, v_cache_ptr,
+        stride_kt, stride_kh, stride_vt, stride_vh, kv_head, offs_d, mask_d, scale_log2, 0,
+        cap_log2, ROWS=BLOCK_H, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_DTYPE=DOT_DTYPE,
+        PRECISION=PRECISION, CAUSAL=False, WINDOWED=False, SOFT_CAP=SOFT_CAP,
     )  # fmt: skip
     nonempty = l_i > 0
     out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
@@ -237,6 +259,8 @@ def decode_attention(
     kv_indices: Tensor,
     sm_scale: float,
     *,
+    sliding_window: int | None = None,
+    logit_cap: float = 0.0,
     num_kv_splits: int | None = None,
     workspace: Tensor | None = None,
     grouped: bool | None = None,
@@ -253,6 +277,8 @@ def decode_attention(
     tensor of >= decode_workspace_numel(...) elements (default: allocated here). grouped: serve
     all query heads of a KV head in one program (default: when there is GQA). With num_kv_splits
     and workspace given the call allocates nothing and never synchronises: CUDA graphs capture it.
+    sliding_window, logit_cap: as in the reference (None and 0: off); a window also bounds the
+    keys per request that the default split count assumes.
     """
     check_kv_args(q, k_cache, v_cache)
     if o.shape != q.shape or o.stride(2) != 1:
@@ -264,6 +290,8 @@ def decode_attention(
         return
     num_kv_heads = k_cache.shape[1]
     kv_group = num_heads // num_kv_heads
+    if sliding_window is not None and max_kv_len is not None:
+        max_kv_len = min(max_kv_len, sliding_window)
     splits = num_kv_splits or default_num_kv_splits(batch_size, num_kv_heads, q.device, max_kv_len)
     numel = decode_workspace_numel(batch_size, num_heads, head_dim, splits)
     if workspace is None:
@@ -274,7 +302,8 @@ def decode_attention(
     part_lse = workspace[numel - batch_size * num_heads * splits : numel]
     bd = block_dim(head_dim)
     bn = block_n or (_INTERPRETER_BLOCK_N if interpreting() else _GPU_BLOCK_N)
-    scale_log2 = sm_scale * _LOG2E
+    scores = (sm_scale * _LOG2E, sliding_window or 0, logit_cap * _LOG2E)
+    options = dict(WINDOWED=sliding_window is not None, SOFT_CAP=logit_cap > 0)
     strides = (
         q.stride(0), q.stride(1), o.stride(0), o.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
@@ -282,17 +311,18 @@ def decode_attention(
     if grouped if grouped is not None else kv_group > 1:
         dot_dtype, precision = dot_dtype_and_precision(q.dtype)
         _decode_grouped_stage1[(batch_size, num_kv_heads, splits)](
-            q, o, k_cache, v_cache, kv_indptr, kv_indices, part_o, part_lse, scale_log2,
+            q, o, k_cache, v_cache, kv_indptr, kv_indices, part_o, part_lse, *scores,
             *strides, num_heads, kv_group,
             HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn,
             BLOCK_H=max(16, triton.next_power_of_2(kv_group)), NUM_SPLITS=splits,
-            DOT_DTYPE=dot_dtype, PRECISION=precision, num_warps=num_warps, num_stages=num_stages,
+            DOT_DTYPE=dot_dtype, PRECISION=precision, **options, num_warps=num_warps,
+            num_stages=num_stages,
         )  # fmt: skip
     else:
         _decode_stage1[(batch_size, num_heads, splits)](
-            q, o, k_cache, v_cache, kv_indptr, kv_indices, part_o, part_lse, scale_log2,
+            q, o, k_cache, v_cache, kv_indptr, kv_indices, part_o, part_lse, *scores,
             *strides, num_heads, kv_group,
-            HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn, NUM_SPLITS=splits,
+            HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn, NUM_SPLITS=splits, **options,
             num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
     if splits == 1:  # stage 1 wrote the outputs

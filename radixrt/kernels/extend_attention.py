@@ -3,7 +3,9 @@ each other, reading K/V from the paged pool through the slot table (Triton, onli
 
 Same arguments as radixrt.kernels.reference.extend_attention_ref, its PyTorch reference. The new
 tokens' K/V must already be stored (store_kv), so one loop over the request's slots covers prefix
-and new tokens alike: row j of a request with prefix P sees positions 0..P+j.
+and new tokens alike: row j of a request with prefix P sees positions 0..P+j (under a sliding
+window W only P+j-W+1..P+j: a query block starts at its first row's window, skipping the tiles
+before it; a logit cap soft-caps each score, see triton_utils.soft_cap_log2).
 """
 
 from __future__ import annotations
@@ -15,8 +17,7 @@ import triton.language as tl
 from torch import Tensor
 
 from radixrt.kernels.triton_utils import (
-    MAX_COMBINE,
-    SUM_COMBINE,
+    attend_tiles,
     block_dim,
     check_kv_args,
     dot_dtype_and_precision,
@@ -36,6 +37,8 @@ def _extend_kernel(
     kv_indptr_ptr,  # [bs + 1]
     kv_indices_ptr,  # [sum(seq_lens)]
     scale_log2,  # sm_scale * log2(e): scores go through exp2
+    window,  # sliding window (WINDOWED)
+    cap_log2,  # logit_cap * log2(e) (SOFT_CAP)
     stride_qt,
     stride_qh,
     stride_ot,
@@ -51,6 +54,8 @@ def _extend_kernel(
     BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFT_CAP: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
@@ -59,12 +64,7 @@ def _extend_kernel(
     q_len = tl.load(qo_indptr_ptr + req + 1).to(tl.int64) - q_start
     if block_m * BLOCK_M < q_len:
         kv_start = tl.load(kv_indptr_ptr + req).to(tl.int64)
-        kv_len = tl.load(kv_indptr_ptr + req + 1).to(tl.int64) - kv_start
-        prefix_len = kv_len - q_len
-        kv_head = head // kv_group
-        k_head_ptr = k_cache_ptr + kv_head * stride_kh
-        v_head_ptr = v_cache_ptr + kv_head * stride_vh
-
+        prefix_len = tl.load(kv_indptr_ptr + req + 1).to(tl.int64) - kv_start - q_len
         offs_m = block_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BLOCK_M] row within the request
         offs_d = tl.arange(0, BLOCK_D)
         mask_m = offs_m < q_len
@@ -72,33 +72,23 @@ def _extend_kernel(
         rows = q_start + offs_m  # [BLOCK_M] int64
         q_ptrs = q_ptr + rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :]
         q = tl.load(q_ptrs, mask=mask_m[:, None] & mask_d[None, :], other=0.0).to(DOT_DTYPE)
-
-        m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        # keys visible to this block: the prefix and the new tokens up to its last row; every
-        # row sees key 0, so after the first block no row's running max is -inf
+        # keys visible to this block: up to its last row's position; without a window from key
+        # 0 (which every row sees), with one from the first row's window start (the tiles before
+        # it are no row's)
         kv_end = prefix_len + tl.minimum(q_len, (block_m + 1) * BLOCK_M)
-        for start_n in range(0, kv_end, BLOCK_N):
-            offs_n = start_n + tl.arange(0, BLOCK_N)  # [BLOCK_N] position within the request
-            mask_n = offs_n < kv_end
-            slots = tl.load(kv_indices_ptr + kv_start + offs_n, mask=mask_n, other=0).to(tl.int64)
-            k_ptrs = k_head_ptr + slots[None, :] * stride_kt + offs_d[:, None]
-            k = tl.load(k_ptrs, mask=mask_d[:, None] & mask_n[None, :], other=0.0)  # [D, N]
-            qk = tl.dot(q, k.to(DOT_DTYPE), input_precision=PRECISION) * scale_log2  # [M, N]
-            visible = (offs_n[None, :] <= prefix_len + offs_m[:, None]) & mask_n[None, :]
-            qk = tl.where(visible, qk, float("-inf"))
-            m_new = tl.maximum(m_i, tl.reduce(qk, 1, MAX_COMBINE))
-            alpha = tl.exp2(m_i - m_new)
-            p = tl.exp2(qk - m_new[:, None])  # [M, N]
-            l_i = l_i * alpha + tl.reduce(p, 1, SUM_COMBINE)
-            v_ptrs = v_head_ptr + slots[:, None] * stride_vt + offs_d[None, :]
-            v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [N, D]
-            pv = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
-            acc = acc * alpha[:, None] + pv
-            m_i = m_new
-
-        out = acc / l_i[:, None]
+        kv_lo = 0
+        if WINDOWED:
+            kv_lo = tl.maximum(prefix_len + block_m * BLOCK_M + 1 - window, 0)
+        m_i, l_i, acc = attend_tiles(
+            q, prefix_len + offs_m, kv_indices_ptr, kv_start, kv_lo, kv_end,
+            k_cache_ptr, v_cache_ptr, stride_kt, stride_kh, stride_vt, stride_vh,
+            head // kv_group, offs_d, mask_d, scale_log2, window, cap_log2,
+            ROWS=BLOCK_M, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_DTYPE=DOT_DTYPE,
+            PRECISION=PRECISION, CAUSAL=True, WINDOWED=WINDOWED, SOFT_CAP=SOFT_CAP,
+        )  # fmt: skip
+        if WINDOWED:  # rows past the request's last may see no key in the window: not 0 / 0
+            l_i = tl.where(mask_m, l_i, 1.0)
+        out = acc / l_i[:, None]  # every row of the request sees at least itself
         o_ptrs = o_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
 
@@ -122,6 +112,8 @@ def extend_attention(
     kv_indices: Tensor,
     sm_scale: float,
     *,
+    sliding_window: int | None = None,
+    logit_cap: float = 0.0,
     max_extend_len: int | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
@@ -134,6 +126,7 @@ def extend_attention(
     head_dim]; qo_indptr, kv_indptr: [bs + 1] int; kv_indices: [sum(seq_lens)] int.
     max_extend_len: the longest request's new-token count; reading it from qo_indptr costs a
     host synchronisation, so callers that know it pass it. Block sizes default per device.
+    sliding_window, logit_cap: as in the reference (None and 0: off).
     """
     check_kv_args(q, k_cache, v_cache)
     if o.shape != q.shape or o.stride(2) != 1:
@@ -152,10 +145,10 @@ def extend_attention(
     grid = (batch_size, num_heads, triton.cdiv(max_extend_len, bm))
     _extend_kernel[grid](
         q, o, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale * _LOG2E,
-        q.stride(0), q.stride(1), o.stride(0), o.stride(1),
+        sliding_window or 0, logit_cap * _LOG2E, q.stride(0), q.stride(1), o.stride(0), o.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         num_heads // k_cache.shape[1],
         HEAD_DIM=head_dim, BLOCK_D=block_dim(head_dim), BLOCK_M=bm, BLOCK_N=bn,
-        DOT_DTYPE=dot_dtype, PRECISION=precision,
-        num_warps=num_warps or def_warps, num_stages=num_stages,
+        DOT_DTYPE=dot_dtype, PRECISION=precision, WINDOWED=sliding_window is not None,
+        SOFT_CAP=logit_cap > 0, num_warps=num_warps or def_warps, num_stages=num_stages,
     )  # fmt: skip

@@ -71,8 +71,17 @@ def check_kv_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor)
 
 
 @triton.jit
+def soft_cap_log2(qk, cap_log2):
+    """Logit soft-capping in the log2 domain: scores s * log2(e) -> c * tanh(s / c) * log2(e),
+    for cap_log2 = c * log2(e). tanh(x) = 1 - 2 / (exp2(2 x log2(e)) + 1): saturates to +-1
+    without overflow (exp2 of a large x is inf, of a very negative one 0)."""
+    return cap_log2 * (1.0 - 2.0 / (tl.exp2(qk * (2.0 * 1.4426950408889634 / cap_log2)) + 1.0))
+
+
+@triton.jit
 def attend_tiles(
     q,  # [ROWS, BLOCK_D] queries of one KV head, in DOT_DTYPE
+    q_pos,  # [ROWS] each query's position (CAUSAL only; anything otherwise)
     indices_ptr,  # slots of the key positions
     start,  # offset of position 0 in indices_ptr
     lo,  # first and one past the last position of this program's range
@@ -86,16 +95,23 @@ def attend_tiles(
     kv_head,
     offs_d,  # [BLOCK_D]
     mask_d,  # [BLOCK_D]
-    scale_log2,
+    scale_log2,  # sm_scale * log2(e)
+    window,  # the sliding window (WINDOWED only)
+    cap_log2,  # logit_cap * log2(e) (SOFT_CAP only)
     ROWS: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     PRECISION: tl.constexpr,
+    CAUSAL: tl.constexpr,  # query r sees positions <= q_pos[r] only
+    WINDOWED: tl.constexpr,  # (with CAUSAL) ... and > q_pos[r] - window
+    SOFT_CAP: tl.constexpr,  # scores soft-capped at cap_log2
 ):
     """Online softmax of q over the keys at positions lo..hi-1, BLOCK_N K/V tiles at a time,
     each tile read once for all ROWS queries (tl.dot). Returns the running max m_i [ROWS]
-    (log2 domain), the sum l_i [ROWS] and the unnormalised output acc [ROWS, BLOCK_D]."""
+    (log2 domain), the sum l_i [ROWS] and the unnormalised output acc [ROWS, BLOCK_D]. Without
+    WINDOWED every row must see a key of the first tile; with it a row that has seen no key
+    yet keeps m_i = -inf, l_i = 0 (and l_i = 0 at the end if it saw none)."""
     m_i = tl.full([ROWS], float("-inf"), tl.float32)
     l_i = tl.zeros([ROWS], tl.float32)
     acc = tl.zeros([ROWS, BLOCK_D], tl.float32)
@@ -106,10 +122,20 @@ def attend_tiles(
         k_ptrs = k_cache_ptr + slots[None, :] * stride_kt + kv_head * stride_kh + offs_d[:, None]
         k = tl.load(k_ptrs, mask=mask_d[:, None] & mask_n[None, :], other=0.0)  # [D, N]
         qk = tl.dot(q, k.to(DOT_DTYPE), input_precision=PRECISION) * scale_log2  # [ROWS, N]
-        qk = tl.where(mask_n[None, :], qk, float("-inf"))
+        if SOFT_CAP:
+            qk = soft_cap_log2(qk, cap_log2)
+        visible = mask_n[None, :]  # [1 or ROWS, BLOCK_N]
+        if CAUSAL:
+            visible = visible & (offs_n[None, :] <= q_pos[:, None])
+            if WINDOWED:
+                visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
+        qk = tl.where(visible, qk, float("-inf"))
         m_new = tl.maximum(m_i, tl.reduce(qk, 1, MAX_COMBINE))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(qk - m_new[:, None])  # [ROWS, BLOCK_N]
+        m_safe = m_new
+        if WINDOWED:  # a row with no key so far: exp2(-inf - 0) = 0, not exp2(-inf + inf)
+            m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp2(m_i - m_safe)
+        p = tl.exp2(qk - m_safe[:, None])  # [ROWS, BLOCK_N]
         l_i = l_i * alpha + tl.reduce(p, 1, SUM_COMBINE)
         v_ptrs = v_cache_ptr + slots[:, None] * stride_vt + kv_head * stride_vh + offs_d[None, :]
         v = tl.load(v_ptrs, mask=mask_n[:, None] & mask_d[None, :], other=0.0)  # [N, D]
