@@ -22,6 +22,7 @@ from radixrt.runtime.forward.attention import (  # noqa: E402
     TorchAttentionBackend,
     create_attention_backend,
 )
+from radixrt.runtime.forward.attention.base import LayerAttention  # noqa: E402
 from radixrt.runtime.forward.attention.triton_backend import TritonAttentionBackend  # noqa: E402
 from radixrt.runtime.forward.forward_batch import ForwardBatch, PrefixGroup  # noqa: E402
 from radixrt.runtime.forward.kv_cache import KVCache  # noqa: E402
@@ -31,19 +32,34 @@ PROMPT = "The capital of France is"
 NEW_TOKENS = 8
 
 
+FULL = LayerAttention(1)
+# sliding windows shorter than some requests' KV and longer than all of it, logit caps
+LAYERS = [FULL, LayerAttention(1, sliding_window=4), LayerAttention(1, 0.2, 3, logit_cap=2.0),
+          LayerAttention(1, sliding_window=100, logit_cap=1.0)]  # fmt: skip
+
+
+def layer_id(layer: LayerAttention) -> str:
+    return f"w{layer.sliding_window}-c{layer.logit_cap:g}"
+
+
 def run_backend(
-    backend: AttentionBackend, batch: ForwardBatch, kv_cache: KVCache, qkv: list[torch.Tensor]
-) -> torch.Tensor:
+    backend: AttentionBackend, batch: ForwardBatch, kv_cache: KVCache, qkv: list[torch.Tensor],
+    layer: LayerAttention = FULL,
+) -> torch.Tensor:  # fmt: skip
     backend.init_forward(batch)
-    return backend.forward(*qkv, layer_id=1, kv_cache=kv_cache, batch=batch)
+    return backend.forward(*qkv, layer=layer, kv_cache=kv_cache, batch=batch)
 
 
+@pytest.mark.parametrize("layer", LAYERS, ids=layer_id)
 @pytest.mark.parametrize(
     "prefix_lens,extend_lens",
     [([5, 0, 12, 3], [1, 9, 4, 1]),  # decode and prefill mixed: the extend kernel for all
+     ([0, 6], [7, 5]),  # prefill only
      ([7, 30, 2], [1, 1, 1])],  # decode only: the split-KV decode kernel
 )  # fmt: skip
-def test_backend_matches_torch_backend(prefix_lens: list[int], extend_lens: list[int]) -> None:
+def test_backend_matches_torch_backend(
+    prefix_lens: list[int], extend_lens: list[int], layer: LayerAttention
+) -> None:
     gen = torch.Generator().manual_seed(len(prefix_lens))
     num_slots, kv_heads, heads, head_dim = 120, 3, 9, 64
     perm = torch.randperm(num_slots, generator=gen)
@@ -60,19 +76,22 @@ def test_backend_matches_torch_backend(prefix_lens: list[int], extend_lens: list
         kv_cache.buffer[:, :, :num_slots] = prefix
     n = batch.num_tokens
     qkv = [
-        torch.randn(n, h, head_dim, generator=gen).to(DEVICE) for h in (heads, kv_heads, kv_heads)
+        3 * torch.randn(n, h, head_dim, generator=gen).to(DEVICE)  # large scores: a cap bites
+        for h in (heads, kv_heads, kv_heads)
     ]
-    expected = run_backend(TorchAttentionBackend(), batch, caches[0], qkv)
+    expected = run_backend(TorchAttentionBackend(), batch, caches[0], qkv, layer)
     backend = create_attention_backend("triton")
     assert isinstance(backend, TritonAttentionBackend)
-    got = run_backend(backend, batch, caches[1], qkv)
+    got = run_backend(backend, batch, caches[1], qkv, layer)
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(caches[1].buffer, caches[0].buffer, atol=0, rtol=0)
 
 
-def test_cascade_backend_matches_torch_backend() -> None:
+@pytest.mark.parametrize("layer", LAYERS, ids=layer_id)
+def test_cascade_backend_matches_torch_backend(layer: LayerAttention) -> None:
     """A decode batch with a prefix group (three requests behind 40 shared slots, one alone):
-    the triton backend's cascade kernel equals the torch backend with and without the group."""
+    the triton backend's cascade kernel (the decode kernel under a window shorter than some
+    request's KV) equals the torch backend with and without the group."""
     gen = torch.Generator().manual_seed(3)
     num_slots, kv_heads, heads, head_dim = 160, 3, 9, 64
     perm = torch.randperm(num_slots, generator=gen).tolist()
@@ -96,7 +115,7 @@ def test_cascade_backend_matches_torch_backend() -> None:
         batch = ForwardBatch.build(
             [[0]] * 4, prefix_lens, tables, device=DEVICE, prefix_groups=groups
         )
-        outs.append(run_backend(backend, batch, kv_cache, qkv))
+        outs.append(run_backend(backend, batch, kv_cache, qkv, layer))
     torch.testing.assert_close(outs[1], outs[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(outs[2], outs[0], atol=1e-4, rtol=1e-4)
 

@@ -18,6 +18,7 @@ from radixrt.kernels.decode_attention import (
 )
 from radixrt.kernels.extend_attention import extend_attention
 from radixrt.kernels.store_kv import store_kv
+from radixrt.runtime.forward.attention.base import LayerAttention
 from radixrt.runtime.forward.attention.decode_layout import DecodeLayout
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.forward.kv_cache import KVCache
@@ -30,7 +31,8 @@ class _StepPlan:
     decode: bool  # every request decodes one token: the split-KV decode kernel
     max_extend_len: int  # longest request's new tokens (the extend kernel's grid)
     max_seq_len: int  # longest request's KV (the split heuristic)
-    cascade: DecodeLayout | None  # decode-only with prefix groups: the cascade kernel
+    cascade: DecodeLayout | None  # decode-only with prefix groups: the cascade kernel (on the
+    # layers whose window, if any, hides none of the batch's KV)
 
 
 @dataclass(frozen=True)
@@ -45,10 +47,11 @@ class TritonAttentionBackend:
     """Decode-only batches run the split-KV decode kernel, or the cascade kernel when the batch
     has prefix groups (each group's shared prefix read once); batches with any extend request
     (prefill chunks, or decode and prefill mixed) run the extend kernel on every request, a
-    decode request being an extend of one token. Scale is head_dim ** -0.5 unless given."""
+    decode request being an extend of one token. Every kernel takes the layer's sliding window
+    and logit cap; a layer whose window is shorter than some request's KV decodes with the
+    decode kernel (its last `window` positions), never the cascade kernel (see DecodeLayout)."""
 
-    def __init__(self, sm_scale: float | None = None) -> None:
-        self.sm_scale = sm_scale
+    def __init__(self) -> None:
         self._plan: _StepPlan | None = None
         self._graph_mode: _GraphMode | None = None
         self._workspace: Tensor | None = None  # eager decode partials, grown on demand
@@ -79,7 +82,7 @@ class TritonAttentionBackend:
         q: Tensor,
         k: Tensor,
         v: Tensor,
-        layer_id: int,
+        layer: LayerAttention,
         kv_cache: KVCache,
         batch: ForwardBatch,
     ) -> Tensor:
@@ -87,36 +90,41 @@ class TritonAttentionBackend:
         plan = self._plan
         if plan is None:
             raise RuntimeError("TritonAttentionBackend.forward before init_forward")
-        k_cache, v_cache = kv_cache.k[layer_id], kv_cache.v[layer_id]
+        k_cache, v_cache = kv_cache.k[layer.layer_id], kv_cache.v[layer.layer_id]
         store_kv(k_cache, v_cache, k, v, batch.out_slots)
-        scale = self.sm_scale if self.sm_scale is not None else q.shape[-1] ** -0.5
+        scale, window, cap = layer.softmax_scale(q.shape[-1]), layer.sliding_window, layer.logit_cap
         q = q.contiguous()
         o = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
-        if plan.cascade is not None:
+        if plan.cascade is not None and plan.cascade.uses_groups(window):
             layout = plan.cascade
             cascade_decode_attention(
                 q, o, k_cache, v_cache, *layout.flat_groups(), layout.own_indptr,
-                layout.own_indices, scale, max_group_size=layout.max_group_size,
+                layout.own_indices, scale, logit_cap=cap, max_group_size=layout.max_group_size,
                 max_kv_len=layout.max_own_len,
             )  # fmt: skip
         elif plan.decode:
-            splits, workspace = self._decode_settings(q, kv_cache.num_kv_heads, plan)
+            splits, workspace = self._decode_settings(q, kv_cache.num_kv_heads, plan, window)
             decode_attention(
                 q, o, k_cache, v_cache, batch.kv_indptr, batch.kv_indices, scale,
-                num_kv_splits=splits, workspace=workspace,
+                sliding_window=window, logit_cap=cap, num_kv_splits=splits, workspace=workspace,
             )  # fmt: skip
         else:
             extend_attention(
                 q, o, k_cache, v_cache, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
-                scale, max_extend_len=plan.max_extend_len,
+                scale, sliding_window=window, logit_cap=cap, max_extend_len=plan.max_extend_len,
             )  # fmt: skip
         return o
 
-    def _decode_settings(self, q: Tensor, num_kv_heads: int, plan: _StepPlan) -> tuple[int, Tensor]:
+    def _decode_settings(
+        self, q: Tensor, num_kv_heads: int, plan: _StepPlan, window: int | None
+    ) -> tuple[int, Tensor]:
+        """(num_kv_splits, workspace): the CUDA graph's, or the heuristic's for the longest KV
+        a query sees (its window's at most)."""
         if self._graph_mode is not None:
             return self._graph_mode.num_kv_splits, self._graph_mode.workspace
         bs, num_heads, head_dim = q.shape
-        splits = default_num_kv_splits(bs, num_kv_heads, q.device, plan.max_seq_len)
+        keys = plan.max_seq_len if window is None else min(plan.max_seq_len, window)
+        splits = default_num_kv_splits(bs, num_kv_heads, q.device, keys)
         numel = decode_workspace_numel(bs, num_heads, head_dim, splits)
         ws = self._workspace
         if ws is None or ws.numel() < numel or ws.device != q.device:
