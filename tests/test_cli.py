@@ -1,6 +1,6 @@
 """`radixrt serve` refuses a bad configuration with one line naming the flag, before it starts
 any process: a model that is not there, a device that is not there, a context past the model's
-positions or its sliding window, any invalid flag value."""
+positions, an architecture no family implements, any invalid flag value."""
 
 from __future__ import annotations
 
@@ -58,23 +58,26 @@ def test_a_folder_without_config_json_is_refused(capsys: pytest.CaptureFixture[s
     assert "the folder has no config.json" in refusal(capsys, "--model", str(tmp_path))
 
 
-def test_a_sliding_window_model_runs_only_within_its_window(
-        capsys: pytest.CaptureFixture[str], windowed: str) -> None:
-    """Attention here is full: exact for a Mistral-style window only while the context fits in
-    it. The model's own 256 positions are refused, 128 accepted."""
-    err = refusal(capsys, "--model", windowed)
-    assert "sliding window of 128 tokens" in err and "use --context-length=128 or less" in err
-    check_config(EngineConfig(model=windowed, context_length=128, load_format="dummy"))
-
-
-def test_the_engine_applies_the_same_context_checks(windowed: str) -> None:
-    from radixrt import Engine
-
-    with pytest.raises(ValueError, match="sliding window of 128"):
-        Engine(model=windowed, load_format="dummy")
+def test_a_sliding_window_model_serves_its_whole_context(windowed: str) -> None:
+    """Windows are exact at any length: a Mistral-style window no longer bounds the context."""
+    check_config(EngineConfig(model=windowed, load_format="dummy"))
     from radixrt.runtime.models.loader import inspect_model
 
-    assert context_length_for(EngineConfig(context_length=100), inspect_model(windowed)) == 100
+    config = inspect_model(windowed)
+    assert config.windows == (128, 128) and config.sliding_window == 128
+    assert context_length_for(EngineConfig(), config) == 256
+    assert context_length_for(EngineConfig(context_length=100), config) == 100
+
+
+def test_an_unsupported_architecture_is_refused_with_the_list(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text(json.dumps({**TINY_MISTRAL,
+                                                      "architectures": ["FalconForCausalLM"]}))
+    err = refusal(capsys, "--model", str(tmp_path))
+    assert "architecture 'FalconForCausalLM' is not supported" in err
+    for name in ("LlamaForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM", "Phi3ForCausalLM",
+                 "Olmo2ForCausalLM", "GraniteForCausalLM", "SmolLM3ForCausalLM"):
+        assert name in err
 
 
 def test_messages_name_flags_not_fields() -> None:

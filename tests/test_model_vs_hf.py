@@ -361,8 +361,8 @@ def llama_cpp_freq_factors(head_dim: int, rope: dict[str, Any]) -> list[float]:
 def test_gguf_llama3_frequency_factors_match_hf(tiny_checkpoints: dict[str, Any]) -> None:
     """A Llama-3.1 GGUF stores its RoPE scaling as per-frequency factors (rope_freqs): run with
     them, the tiny llama3 model gives HF's logits past its 64-token original context."""
-    from radixrt.runtime.models.layers import RotaryEmbedding
     from radixrt.runtime.models.model_config import gguf_rope_scaling
+    from radixrt.runtime.models.rope import RotaryEmbedding
 
     folder, hf = tiny_checkpoints["llama3"]
     loaded = load_model(str(folder))
@@ -393,8 +393,14 @@ def test_gguf_rope_scaling_metadata() -> None:
     assert gguf_rope_scaling({}, None, 64) is None
     assert gguf_rope_scaling({"llama.rope.scaling.type": "linear",
                               "llama.rope.scaling.factor": 1.0}, None, 64) is None
-    with pytest.raises(ValueError, match="'yarn' is not supported.*would run wrongly"):
-        gguf_rope_scaling({"llama.rope.scaling.type": "yarn",
+    yarn = {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}
+    with pytest.raises(ValueError, match="YaRN scaling lacks rope.scaling.original_context"):
+        gguf_rope_scaling(yarn, None, 64)
+    assert gguf_rope_scaling({**yarn, "llama.rope.scaling.original_context_length": 4096},
+                             None, 64) == {"rope_type": "yarn", "factor": 4.0,
+                                           "original_max_position_embeddings": 4096}
+    with pytest.raises(ValueError, match="'dynamic' is not supported.*would run wrongly"):
+        gguf_rope_scaling({"llama.rope.scaling.type": "dynamic",
                            "llama.rope.scaling.factor": 4.0}, None, 64)
     with pytest.raises(ValueError, match="rope_freqs has 3 factors; head_dim 64 needs 32"):
         gguf_rope_scaling({}, [1.0, 2.0, 3.0], 64)

@@ -23,7 +23,7 @@ from radixrt.runtime.config import LM_HEAD_BLOCK_ROWS
 from radixrt.runtime.distributed.group import TPGroup, bind_listener
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.forward.kv_cache import KVCache
-from radixrt.runtime.models.llama import LlamaForCausalLM
+from radixrt.runtime.models.decoder import CausalLM
 from radixrt.runtime.models.loader import _build, iter_dummy_weights
 from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.parallel import (
@@ -314,7 +314,7 @@ def full_weights(name: str) -> list[tuple[str, Tensor]]:
     return list(perturbed(iter_dummy_weights(MODEL_CONFIGS[name], CPU)))
 
 
-def prefill_and_decode(model: LlamaForCausalLM, config: ModelConfig) -> Tensor:
+def prefill_and_decode(model: CausalLM, config: ModelConfig) -> Tensor:
     """Logits of a prefill of two prompts (every position) and three decode steps of both,
     [len(prompts) + 2 * 3, vocab], through a KV cache of this rank's shape."""
     kv = KVCache.from_config(model.shard.kv_shape(config), NUM_SLOTS, torch.float32, "cpu")
@@ -331,7 +331,7 @@ def prefill_and_decode(model: LlamaForCausalLM, config: ModelConfig) -> Tensor:
     return torch.cat(logits)
 
 
-def build(name: str, tp: TPGroup) -> LlamaForCausalLM:
+def build(name: str, tp: TPGroup) -> CausalLM:
     return _build(MODEL_CONFIGS[name], torch.float32, CPU, "torch", full_weights(name), tp)
 
 

@@ -1,7 +1,9 @@
-"""Llama-family model code (Llama, SmolLM2, Mistral, Qwen2, Qwen3) and weight loaders."""
+"""Model code (one decoder, a registry of families) and weight loaders."""
 
-from radixrt.runtime.models.llama import LlamaForCausalLM
+from radixrt.runtime.models.decoder import CausalLM
 from radixrt.runtime.models.loader import LoadedModel, default_model_path, load_model
 from radixrt.runtime.models.model_config import ModelConfig
+from radixrt.runtime.models.registry import supported_architectures
 
-__all__ = ["LlamaForCausalLM", "LoadedModel", "ModelConfig", "default_model_path", "load_model"]
+__all__ = ["CausalLM", "LoadedModel", "ModelConfig", "default_model_path", "load_model",
+           "supported_architectures"]

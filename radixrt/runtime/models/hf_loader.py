@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from radixrt.runtime.models.model_config import ModelConfig
+from radixrt.runtime.models.registry import model_config
 from radixrt.runtime.models.tensor_source import SafetensorsSlice
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
@@ -19,7 +20,7 @@ def hf_config(folder: str) -> ModelConfig:
     if not path.is_file():
         raise FileNotFoundError(f"{folder} has no config.json")
     with open(path) as f:
-        return ModelConfig.from_hf_dict(json.load(f))
+        return model_config(json.load(f))
 
 
 def iter_safetensors_weights(folder: str) -> Iterator[tuple[str, SafetensorsSlice]]:

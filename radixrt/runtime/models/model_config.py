@@ -1,4 +1,25 @@
-"""ModelConfig: the shape of a Llama-family model, from a HF config.json or GGUF metadata."""
+"""ModelConfig: the shape and the traits of a decoder-only model, whatever its family.
+
+The families (models/families/, looked up in models/registry.py) read a checkpoint's config.json
+into this one record; the decoder (models/decoder.py) builds itself from it. A trait has the
+value that changes nothing (Llama's) by default, so a family sets only what differs:
+
+    norm_offset        RMSNorm scales by (offset + w): 1 for Gemma, 0 otherwise
+    norm_layout        "pre" (Llama), "sandwich" (Gemma 2/3: norms before and after attention
+                       and MLP), "post" (OLMo-2: after each, none before)
+    hidden_act         the gated MLP's activation (silu; gelu_pytorch_tanh for GeGLU)
+    embedding_scale    embeddings times this (Gemma: sqrt(hidden); Granite's multiplier)
+    residual_scale     each block's output times this before the residual add (Granite)
+    attention_scale    the softmax scale (None: head_dim ** -0.5)
+    attn_logit_softcap / final_logit_softcap   c * tanh(x / c) on scores / logits (Gemma 2)
+    logits_divisor     logits divided by this (Granite's logits_scaling)
+    qk_norm            RMSNorm of q and k per head before RoPE (Qwen3, Gemma 3);
+    qk_norm_all_heads  over all heads at once (OLMo-2)
+    partial_rotary_factor   the fraction of each head RoPE rotates (Phi-4-mini)
+    layer_windows      per layer: None (full attention) or its sliding window
+    layer_rope         per layer: "global", "local" (Gemma 3's sliding layers: their own theta
+                       and scaling) or "none" (SmolLM3's NoPE layers)
+"""
 
 from __future__ import annotations
 
@@ -6,22 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-# HF architectures (config.json "architectures") that LlamaForCausalLM implements.
-SUPPORTED_ARCHITECTURES = (
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-)
-_ARCH_BY_MODEL_TYPE = {
-    "llama": "LlamaForCausalLM",
-    "mistral": "MistralForCausalLM",
-    "qwen2": "Qwen2ForCausalLM",
-    "qwen3": "Qwen3ForCausalLM",
-}
-# "freq_factors": a GGUF's rope_freqs tensor (how llama.cpp stores Llama-3.1 scaling): each
-# inverse frequency divided by its factor.
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "freq_factors")
+from radixrt.runtime.models.rope import ROPE_TYPES, rope_type_of
+
+NORM_LAYOUTS = ("pre", "sandwich", "post")
+ROPE_LAYER_KINDS = ("global", "local", "none")
 
 
 @dataclass(frozen=True)
@@ -35,114 +44,83 @@ class ModelConfig:
     num_kv_heads: int
     head_dim: int
     rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = None  # None, or {"rope_type": "llama3" | "linear", ...}
+    rope_scaling: dict[str, Any] | None = None  # None, or {"rope_type": ..., ...}
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # bias on q/k/v projections (Qwen2)
-    qk_norm: bool = False  # per-head RMSNorm of q and k before rope (Qwen3)
+    qk_norm: bool = False
+    qk_norm_all_heads: bool = False
     max_position_embeddings: int = 4096
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
-    sliding_window: int | None = None  # recorded only; attention is always full (see report)
+    sliding_window: int | None = None  # the largest window of any layer (None: none has one)
+    hidden_act: str = "silu"
+    norm_offset: float = 0.0
+    norm_layout: str = "pre"
+    embedding_scale: float = 1.0
+    residual_scale: float = 1.0
+    attention_scale: float | None = None
+    attn_logit_softcap: float = 0.0
+    final_logit_softcap: float = 0.0
+    logits_divisor: float = 1.0
+    partial_rotary_factor: float = 1.0
+    layer_windows: tuple[int | None, ...] = ()  # () = every layer sliding_window
+    layer_rope: tuple[str, ...] = ()  # () = every layer "global"
+    local_rope_theta: float | None = None
+    local_rope_scaling: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ValueError(
-                f"architecture {self.architecture!r} is not supported; "
-                f"use one of {SUPPORTED_ARCHITECTURES}"
-            )
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
                 f"num_heads={self.num_heads} is not a multiple of num_kv_heads={self.num_kv_heads}"
             )
-        if self.head_dim % 2:
-            raise ValueError(f"head_dim={self.head_dim} must be even for rotary embeddings")
-        rope_type = (self.rope_scaling or {}).get("rope_type", "default")
-        if rope_type not in SUPPORTED_ROPE_TYPES:
-            raise ValueError(
-                f"rope_type {rope_type!r} is not supported; use one of {SUPPORTED_ROPE_TYPES}"
-            )
+        if self.rotary_dim % 2:
+            raise ValueError(f"the rotary dimension {self.rotary_dim} (head_dim={self.head_dim} "
+                             f"x {self.partial_rotary_factor}) must be even")
+        for scaling in (self.rope_scaling, self.local_rope_scaling):
+            if rope_type_of(scaling) not in ROPE_TYPES:
+                raise ValueError(f"rope_type {rope_type_of(scaling)!r} is not supported; use "
+                                 f"one of {ROPE_TYPES}")
+        if self.norm_layout not in NORM_LAYOUTS:
+            raise ValueError(f"norm_layout={self.norm_layout!r}: use one of {NORM_LAYOUTS}")
+        for name, values in (("layer_windows", self.layer_windows),
+                             ("layer_rope", self.layer_rope)):
+            if values and len(values) != self.num_layers:
+                raise ValueError(f"{name} has {len(values)} entries for {self.num_layers} layers")
+        if any(kind not in ROPE_LAYER_KINDS for kind in self.layer_rope):
+            raise ValueError(f"layer_rope kinds are {ROPE_LAYER_KINDS}: got {self.layer_rope}")
+        if any(w is not None and w < 1 for w in self.windows):
+            raise ValueError(f"sliding windows must be >= 1: {self.windows}")
 
     @property
     def eos_token_id(self) -> int | None:
         return self.eos_token_ids[0] if self.eos_token_ids else None
 
-    @classmethod
-    def from_hf_dict(cls, cfg: Mapping[str, Any]) -> ModelConfig:
-        """From a parsed config.json (transformers 4.x `rope_scaling` or 5.x `rope_parameters`)."""
-        archs = cfg.get("architectures") or []
-        arch = archs[0] if archs else _ARCH_BY_MODEL_TYPE.get(cfg.get("model_type", ""), "")
-        num_heads = int(cfg["num_attention_heads"])
-        hidden = int(cfg["hidden_size"])
-        rope_params = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-        rope_theta = float(rope_params.pop("rope_theta", cfg.get("rope_theta", 10000.0)))
-        if "type" in rope_params and "rope_type" not in rope_params:
-            rope_params["rope_type"] = rope_params.pop("type")
-        rope_scaling = rope_params if rope_params.get("rope_type", "default") != "default" else None
-        eos = cfg.get("eos_token_id")
-        eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-        window = cfg.get("sliding_window") if cfg.get("use_sliding_window", True) else None
-        return cls(
-            architecture=arch,
-            vocab_size=int(cfg["vocab_size"]),
-            hidden_size=hidden,
-            intermediate_size=int(cfg["intermediate_size"]),
-            num_layers=int(cfg["num_hidden_layers"]),
-            num_heads=num_heads,
-            num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
-            head_dim=int(cfg.get("head_dim") or hidden // num_heads),
-            rope_theta=rope_theta,
-            rope_scaling=rope_scaling,
-            rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-            tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-            attention_bias=bool(cfg.get("attention_bias", arch == "Qwen2ForCausalLM")),
-            qk_norm=arch == "Qwen3ForCausalLM",
-            max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
-            bos_token_id=cfg.get("bos_token_id"),
-            eos_token_ids=eos_ids,
-            sliding_window=window,
-        )
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
 
-    @classmethod
-    def from_gguf_metadata(
-        cls, meta: Mapping[str, Any], vocab_size: int, tied: bool,
-        freq_factors: Sequence[float] | None = None,
-    ) -> ModelConfig:
-        """From the scalar metadata of a llama-architecture GGUF file (and its rope_freqs
-        tensor, if it has one)."""
-        arch = meta.get("general.architecture", "llama")
-        if arch != "llama":
-            raise ValueError(f"GGUF architecture {arch!r} is not supported (only 'llama')")
-        num_heads = int(meta["llama.attention.head_count"])
-        hidden = int(meta["llama.embedding_length"])
-        head_dim = int(meta.get("llama.rope.dimension_count", hidden // num_heads))
-        eos = meta.get("tokenizer.ggml.eos_token_id")
-        return cls(
-            architecture="LlamaForCausalLM",
-            vocab_size=vocab_size,
-            hidden_size=hidden,
-            intermediate_size=int(meta["llama.feed_forward_length"]),
-            num_layers=int(meta["llama.block_count"]),
-            num_heads=num_heads,
-            num_kv_heads=int(meta.get("llama.attention.head_count_kv", num_heads)),
-            head_dim=head_dim,
-            rope_theta=float(meta.get("llama.rope.freq_base", 10000.0)),
-            rope_scaling=gguf_rope_scaling(meta, freq_factors, head_dim),
-            rms_norm_eps=float(meta["llama.attention.layer_norm_rms_epsilon"]),
-            tie_word_embeddings=tied,
-            max_position_embeddings=int(meta.get("llama.context_length", 4096)),
-            bos_token_id=meta.get("tokenizer.ggml.bos_token_id"),
-            eos_token_ids=() if eos is None else (int(eos),),
-        )
+    @property
+    def windows(self) -> tuple[int | None, ...]:
+        """Every layer's sliding window (None: full attention)."""
+        return self.layer_windows or (self.sliding_window,) * self.num_layers
+
+    @property
+    def rope_kinds(self) -> tuple[str, ...]:
+        return self.layer_rope or ("global",) * self.num_layers
+
+    @property
+    def has_full_attention_layer(self) -> bool:
+        return any(w is None for w in self.windows)
 
 
 def gguf_rope_scaling(meta: Mapping[str, Any], freq_factors: Sequence[float] | None,
-                      head_dim: int) -> dict[str, Any] | None:
+                      head_dim: int, prefix: str = "llama") -> dict[str, Any] | None:
     """A GGUF's RoPE scaling as rope_scaling: linear from its metadata, Llama-3.1's as the
-    per-frequency factors of its rope_freqs tensor. Any other kind (YaRN, ...) is refused: the
-    model would run, wrongly, past its original context."""
-    kind = str(meta.get("llama.rope.scaling.type", "none"))
-    factor = float(meta.get("llama.rope.scaling.factor", 1.0) or 1.0)
+    per-frequency factors of its rope_freqs tensor, YaRN with its original context. Any other
+    kind is refused: the model would run, wrongly, past its original context."""
+    kind = str(meta.get(f"{prefix}.rope.scaling.type", "none"))
+    factor = float(meta.get(f"{prefix}.rope.scaling.factor", 1.0) or 1.0)
     if freq_factors is not None:
         if len(freq_factors) != head_dim // 2:
             raise ValueError(f"the GGUF's rope_freqs has {len(freq_factors)} factors; "
@@ -155,5 +133,11 @@ def gguf_rope_scaling(meta: Mapping[str, Any], freq_factors: Sequence[float] | N
         return None
     if kind == "linear":
         return {"rope_type": "linear", "factor": factor}
-    raise ValueError(f"the GGUF's RoPE scaling {kind!r} is not supported (linear and "
+    if kind == "yarn":
+        original = meta.get(f"{prefix}.rope.scaling.original_context_length")
+        if original is None:
+            raise ValueError("the GGUF's YaRN scaling lacks rope.scaling.original_context_length")
+        return {"rope_type": "yarn", "factor": factor,
+                "original_max_position_embeddings": int(original)}
+    raise ValueError(f"the GGUF's RoPE scaling {kind!r} is not supported (linear, YaRN and "
                      "Llama-3.1 frequency factors are): this model would run wrongly")

@@ -129,6 +129,9 @@ def working_tp_sizes(config: ModelConfig, up_to: int) -> tuple[list[int], list[i
 
 
 def check_tp_size(config: ModelConfig, tp_size: int) -> None:
+    if tp_size > 1 and config.qk_norm_all_heads:
+        raise ValueError(f"{config.architecture} normalizes q and k over all heads at once, "
+                         "which a rank holding some of the heads cannot do: use tp_size=1")
     exact, padded = working_tp_sizes(config, max(tp_size, 1))
     if tp_size not in exact + padded:
         exact, padded = working_tp_sizes(config, 64)

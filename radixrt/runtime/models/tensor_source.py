@@ -49,3 +49,23 @@ class SafetensorsSlice:
     def read(self, dim: int, start: int, stop: int) -> Tensor:
         index = tuple([slice(None)] * dim + [slice(start, stop)])
         return self._lazy[index]
+
+
+class RowRange:
+    """Rows [start, stop) of another weight, as a TensorSource: one part of a fused checkpoint
+    tensor (Phi-3's qkv_proj, gate_up_proj) read as if it were a tensor of its own."""
+
+    def __init__(self, source: Weight, start: int, stop: int) -> None:
+        rows = shape_of(source)[0]
+        if not 0 <= start < stop <= rows:
+            raise ValueError(f"rows [{start}, {stop}) are not inside a tensor of {rows} rows")
+        self.source = source
+        self.start = start
+        self.stop = stop
+        self.shape = (stop - start, *shape_of(source)[1:])
+
+    def read(self, dim: int, start: int, stop: int) -> Tensor:
+        if dim == 0:
+            return read_range(self.source, 0, self.start + start, self.start + stop)
+        whole = read_range(self.source, 0, self.start, self.stop)
+        return whole.narrow(dim, start, stop - start)

@@ -31,12 +31,16 @@ def kv_bytes_per_token(config: KVShape, dtype_bytes: int) -> int:
 
 
 def parameter_count(config: ModelConfig) -> int:
-    """The weights a Llama-family model holds (what models/llama.py builds)."""
+    """The weights the decoder holds (what models/decoder.py builds for this config)."""
     h, q, kv = config.hidden_size, config.num_heads * config.head_dim, \
         config.num_kv_heads * config.head_dim
     attention = h * q + 2 * h * kv + q * h + (q + 2 * kv if config.attention_bias else 0)
     mlp = 3 * h * config.intermediate_size
-    norms = 2 * h + (2 * config.head_dim if config.qk_norm else 0)
+    norms = {"pre": 2, "sandwich": 4, "post": 2}[config.norm_layout] * h
+    if config.qk_norm_all_heads:
+        norms += q + kv
+    elif config.qk_norm:
+        norms += 2 * config.head_dim
     embed = config.vocab_size * h
     head = 0 if config.tie_word_embeddings else config.vocab_size * h
     return embed + config.num_layers * (attention + mlp + norms) + h + head

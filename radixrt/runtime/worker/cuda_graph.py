@@ -21,7 +21,7 @@ from radixrt.runtime.config import CASCADE_GRAPH_MIN_SAVED_READS
 from radixrt.runtime.forward.attention.triton_backend import TritonAttentionBackend
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.forward.kv_cache import KVCache
-from radixrt.runtime.models.llama import LlamaForCausalLM
+from radixrt.runtime.models.decoder import CausalLM
 
 SMALL_BATCH_SIZES = (1, 2, 4, 8)  # buckets below BATCH_SIZE_STEP
 BATCH_SIZE_STEP = 16  # buckets from here on are multiples of this (plus max_bs itself)
@@ -37,7 +37,7 @@ def graph_batch_sizes(max_bs: int) -> list[int]:
     return sorted(sizes)
 
 
-def supports_cuda_graphs(model: LlamaForCausalLM, device: torch.device) -> bool:
+def supports_cuda_graphs(model: CausalLM, device: torch.device) -> bool:
     """Graphs need compiled Triton kernels on a CUDA device (not the interpreter)."""
     backend = model.attn_backend
     triton_backend = isinstance(backend, TritonAttentionBackend)
@@ -47,7 +47,7 @@ def supports_cuda_graphs(model: LlamaForCausalLM, device: torch.device) -> bool:
 class CudaGraphRunner:
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        model: CausalLM,
         kv_cache: KVCache,
         max_bs: int,
         kv_capacity: int | None = None,

@@ -37,19 +37,14 @@ def resolve_device(name: str) -> torch.device:
 
 
 def context_length_for(config: EngineConfig, model: ModelConfig) -> int:
-    """The context length the runtime serves: config.context_length, else the model's. Refused
-    past the model's positions, and past a sliding window (attention here is full: exact only
-    within the window)."""
+    """The context length the runtime serves: config.context_length, else the model's; refused
+    past the model's positions. Sliding-window layers are exact at any length (the attention
+    backends mask by window), so a window does not bound it."""
     length = config.context_length or model.max_position_embeddings
     if length > model.max_position_embeddings:
         raise ValueError(f"context_length={length} exceeds the model's "
                          f"{model.max_position_embeddings} positions: use "
                          f"context_length={model.max_position_embeddings} or less")
-    window = model.sliding_window
-    if window is not None and length > window:
-        raise ValueError(f"the model attends over a sliding window of {window} tokens, which "
-                         f"radixrt does not implement (full attention is exact only within the "
-                         f"window): use context_length={window} or less")
     return length
 
 

@@ -1,5 +1,8 @@
-"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral, Qwen2, Qwen3) over a paged KV cache, whole
-or as one tensor-parallel rank's shard (models/shard_plan.py says which heads and rows)."""
+"""The decoder every family runs: attention over the paged KV cache, a gated MLP, RMSNorms,
+rotary embeddings, whole or as one tensor-parallel rank's shard (models/shard_plan.py says which
+heads and rows). What differs between families is read from ModelConfig's traits
+(models/model_config.py lists them); the weight names are Hugging Face's, after the family's
+renames (models/registry.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ from torch import Tensor, nn
 
 from radixrt.runtime.config import LM_HEAD_BLOCK_ROWS
 from radixrt.runtime.distributed.group import TPGroup
-from radixrt.runtime.models.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rotary
+from radixrt.runtime.forward.attention.base import LayerAttention
+from radixrt.runtime.models.layers import GatedMLP, RMSNorm, soft_cap
 from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.parallel import (
     ColumnParallelLinear,
@@ -20,6 +24,7 @@ from radixrt.runtime.models.parallel import (
     VocabRows,
     parallel_logits,
 )
+from radixrt.runtime.models.rope import RotaryEmbedding, apply_rotary
 from radixrt.runtime.models.shard_plan import ShardPlan, head_rows
 from radixrt.runtime.models.tensor_source import Weight, read_all, shape_of
 
@@ -36,16 +41,25 @@ _FUSED_SHARDS = {
     "gate_proj": ("gate_up_proj", 0),
     "up_proj": ("gate_up_proj", 1),
 }
+_FUSED_COUNTS = {"qkv_proj": 3, "gate_up_proj": 2}
+# norms of each layout: (before attention, after attention, before MLP, after MLP); None = none
+LAYER_NORMS = {
+    "pre": ("input_layernorm", None, "post_attention_layernorm", None),
+    "sandwich": ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                 "post_feedforward_layernorm"),
+    "post": (None, "post_attention_layernorm", None, "post_feedforward_layernorm"),
+}
 
 
-class LlamaAttention(nn.Module):
+class Attention(nn.Module):
     """Attention over this rank's query and KV heads (all of them at tp_size 1)."""
 
     def __init__(self, config: ModelConfig, layer_id: int, backend: AttentionBackend,
                  shard: ShardPlan, tp: TPGroup) -> None:
         super().__init__()
-        self.layer_id = layer_id
         self.backend = backend
+        self.spec = LayerAttention(layer_id, config.attention_scale, config.windows[layer_id],
+                                   config.attn_logit_softcap)
         self.num_heads = shard.num_heads
         self.num_kv_heads = shard.num_kv_heads
         self.head_dim = config.head_dim
@@ -55,43 +69,65 @@ class LlamaAttention(nn.Module):
         self.qkv_proj = ColumnParallelLinear(config.hidden_size, [q_rows, kv_rows, kv_rows],
                                              config.attention_bias)
         self.o_proj = RowParallelLinear(q_rows, config.hidden_size, tp)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
+        if config.qk_norm_all_heads:  # over the concatenated heads (OLMo-2; tp_size 1 only)
+            self.q_norm = RMSNorm(len(q_rows), config.rms_norm_eps, config.norm_offset)
+            self.k_norm = RMSNorm(len(kv_rows), config.rms_norm_eps, config.norm_offset)
+        elif config.qk_norm:  # per head (Qwen3, Gemma 3)
+            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.norm_offset)
+            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.norm_offset)
+        self.all_heads_norm = config.qk_norm_all_heads
 
-    def forward(
-        self, x: Tensor, cos: Tensor, sin: Tensor, kv_cache: KVCache, batch: ForwardBatch
-    ) -> Tensor:
-        # x: [num_tokens, hidden]
+    def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None, kv_cache: KVCache,
+                batch: ForwardBatch) -> Tensor:
+        # x: [num_tokens, hidden]; rope: cos, sin [num_tokens, 1, rotary_dim // 2] or None
         n = x.shape[0]
         q, k, v = self.qkv_proj(x).split(self.shard_sizes, dim=-1)
+        if self.all_heads_norm and self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(n, self.num_heads, self.head_dim)  # [num_tokens, num_heads, head_dim]
         k = k.view(n, self.num_kv_heads, self.head_dim)  # [num_tokens, num_kv_heads, head_dim]
         v = v.view(n, self.num_kv_heads, self.head_dim)  # [num_tokens, num_kv_heads, head_dim]
-        if self.q_norm is not None and self.k_norm is not None:
+        if not self.all_heads_norm and self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-        o = self.backend.forward(q, k, v, self.layer_id, kv_cache, batch)
+        if rope is not None:
+            q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
+        o = self.backend.forward(q, k, v, self.spec, kv_cache, batch)
         return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
 
 
-class LlamaDecoderLayer(nn.Module):
+class DecoderLayer(nn.Module):
+    """Attention then MLP, each a residual branch; its norms as the config's layout places
+    them, each branch scaled by residual_scale (Granite) before it is added."""
+
     def __init__(self, config: ModelConfig, layer_id: int, backend: AttentionBackend,
                  shard: ShardPlan, tp: TPGroup) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.self_attn = LlamaAttention(config, layer_id, backend, shard, tp)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.mlp = GatedMLP(config.hidden_size, shard.intermediate.indices(), tp)
+        self.self_attn = Attention(config, layer_id, backend, shard, tp)
+        self.mlp = GatedMLP(config.hidden_size, shard.intermediate.indices(), tp,
+                            config.hidden_act)
+        self.norm_names = LAYER_NORMS[config.norm_layout]
+        for name in self.norm_names:
+            if name is not None:
+                self.add_module(name, RMSNorm(config.hidden_size, config.rms_norm_eps,
+                                              config.norm_offset))
+        self.residual_scale = config.residual_scale
 
-    def forward(
-        self, h: Tensor, cos: Tensor, sin: Tensor, kv_cache: KVCache, batch: ForwardBatch
-    ) -> Tensor:
+    def _norm(self, index: int, x: Tensor) -> Tensor:
+        name = self.norm_names[index]
+        return x if name is None else getattr(self, name)(x)
+
+    def forward(self, h: Tensor, rope: tuple[Tensor, Tensor] | None, kv_cache: KVCache,
+                batch: ForwardBatch) -> Tensor:
         # h: [num_tokens, hidden] residual stream
-        h = h + self.self_attn(self.input_layernorm(h), cos, sin, kv_cache, batch)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        attn = self._norm(1, self.self_attn(self._norm(0, h), rope, kv_cache, batch))
+        h = h + attn * self.residual_scale if self.residual_scale != 1.0 else h + attn
+        mlp = self._norm(3, self.mlp(self._norm(2, h)))
+        return h + mlp * self.residual_scale if self.residual_scale != 1.0 else h + mlp
 
 
-class LlamaForCausalLM(nn.Module):
+class CausalLM(nn.Module):
     """forward() returns final hidden states of all new tokens; compute_logits() projects the rows
     the caller picks (usually each request's last token). Under tensor parallelism (shard, tp)
     it is one rank's shard, and both return the same full tensors on every rank."""
@@ -105,30 +141,48 @@ class LlamaForCausalLM(nn.Module):
         self.tp = tp or TPGroup.single()
         self.embed_tokens = VocabParallelEmbedding(self.shard.vocab, config.hidden_size, self.tp)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, attn_backend, self.shard, self.tp)
+            DecoderLayer(config, i, attn_backend, self.shard, self.tp)
             for i in range(config.num_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary = RotaryEmbedding(config.head_dim, config.rope_theta, config.rope_scaling)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
+        self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling,
+                                      config.max_position_embeddings)
+        self.local_rotary: RotaryEmbedding | None = None
+        if "local" in config.rope_kinds:
+            self.local_rotary = RotaryEmbedding(
+                config.rotary_dim, config.local_rope_theta or config.rope_theta,
+                config.local_rope_scaling, config.max_position_embeddings)
         self.lm_head: VocabRows | None = None
         if not config.tie_word_embeddings:
             self.lm_head = VocabRows(self.shard.vocab, config.hidden_size)
+
+    def rotaries(self) -> list[RotaryEmbedding]:
+        return [r for r in (self.rotary, self.local_rotary) if r is not None]
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> Tensor:
         """Runs attn_backend.init_forward(batch) itself. Returns [num_tokens, hidden]."""
         self.attn_backend.init_forward(batch)
         h = self.embed_tokens(batch.input_ids)  # [num_tokens, hidden]
-        cos, sin = self.rotary.cos_sin(batch.positions, h.dtype)  # [num_tokens, 1, head_dim // 2]
-        for layer in self.layers:
-            h = layer(h, cos, sin, kv_cache, batch)
+        if self.config.embedding_scale != 1.0:  # in the model's dtype, as transformers rounds it
+            h = h * torch.tensor(self.config.embedding_scale, dtype=h.dtype)
+        ropes: dict[str, tuple[Tensor, Tensor] | None] = {"none": None}
+        ropes["global"] = self.rotary.cos_sin(batch.positions, h.dtype)
+        if self.local_rotary is not None:
+            ropes["local"] = self.local_rotary.cos_sin(batch.positions, h.dtype)
+        for layer, kind in zip(self.layers, self.config.rope_kinds):
+            h = layer(h, ropes[kind], kv_cache, batch)
         return self.norm(h)
 
     @torch.no_grad()
     def compute_logits(self, hidden: Tensor) -> Tensor:
-        """hidden [n, hidden] -> logits [n, vocab] float32."""
+        """hidden [n, hidden] -> logits [n, vocab] float32 (divided by logits_divisor, then
+        soft-capped, where the config says so)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return parallel_logits(hidden, weight, self.shard.vocab, self.tp, LM_HEAD_BLOCK_ROWS)
+        logits = parallel_logits(hidden, weight, self.shard.vocab, self.tp, LM_HEAD_BLOCK_ROWS)
+        if self.config.logits_divisor != 1.0:
+            logits = logits / self.config.logits_divisor
+        return soft_cap(logits, self.config.final_logit_softcap)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
@@ -161,12 +215,11 @@ class LlamaForCausalLM(nn.Module):
             loaded.add(name if shard is None else f"{name}#{shard}")
         expected = set()
         for name in params:
-            if ".qkv_proj." in name:
-                expected.update(f"{name}#{i}" for i in range(3))
-            elif ".gate_up_proj." in name:
-                expected.update(f"{name}#{i}" for i in range(2))
-            else:
+            fused = next((f for f in _FUSED_COUNTS if f".{f}." in name), None)
+            if fused is None:
                 expected.add(name)
+            else:
+                expected.update(f"{name}#{i}" for i in range(_FUSED_COUNTS[fused]))
         missing = sorted(expected - loaded)
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:4]}")

@@ -1,0 +1,60 @@
+"""The model registry: an HF `architectures` name (or `model_type`), or a GGUF
+`general.architecture`, to its family (models/families/). Adding an architecture is one family
+file, a line here and a test (tests/test_model_families.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from radixrt.runtime.models.families.family import ModelFamily
+from radixrt.runtime.models.families.gemma import GEMMA
+from radixrt.runtime.models.families.granite import GRANITE
+from radixrt.runtime.models.families.llama import LLAMA
+from radixrt.runtime.models.families.olmo2 import OLMO2
+from radixrt.runtime.models.families.phi3 import PHI3
+from radixrt.runtime.models.families.smollm3 import SMOLLM3
+from radixrt.runtime.models.model_config import ModelConfig
+from radixrt.runtime.models.tensor_source import Weight
+
+FAMILIES: tuple[ModelFamily, ...] = (LLAMA, GEMMA, PHI3, OLMO2, GRANITE, SMOLLM3)
+
+
+def supported_architectures() -> tuple[str, ...]:
+    return tuple(arch for family in FAMILIES for arch in family.architectures)
+
+
+def family_of(architecture: str) -> ModelFamily:
+    """The family of an HF architecture name; refused with the list of those supported."""
+    for family in FAMILIES:
+        if architecture in family.architectures:
+            return family
+    raise ValueError(f"architecture {architecture!r} is not supported; supported: "
+                     f"{', '.join(supported_architectures())}")
+
+
+def architecture_of(cfg: Mapping[str, Any]) -> str:
+    """config.json's first "architectures" entry, else the one its "model_type" names."""
+    archs = cfg.get("architectures") or []
+    if archs:
+        return str(archs[0])
+    model_type = str(cfg.get("model_type", ""))
+    for family in FAMILIES:
+        if model_type in family.model_types:
+            return family.architectures[family.model_types.index(model_type)]
+    raise ValueError(f"config.json names no architecture and its model_type {model_type!r} is "
+                     f"not supported; supported: {', '.join(supported_architectures())}")
+
+
+def model_config(cfg: Mapping[str, Any]) -> ModelConfig:
+    """ModelConfig of a parsed config.json, read by its family."""
+    architecture = architecture_of(cfg)
+    return family_of(architecture).read_config(cfg, architecture)
+
+
+def checkpoint_weights(weights: Iterator[tuple[str, Weight]],
+                       config: ModelConfig) -> Iterator[tuple[str, Weight]]:
+    """A checkpoint's tensors under the decoder's names (the family's renames applied)."""
+    rename = family_of(config.architecture).rename
+    for name, weight in weights:
+        yield from rename(name, weight, config)

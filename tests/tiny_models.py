@@ -1,0 +1,104 @@
+"""Tiny random-weight checkpoints of every supported family, built with transformers' own
+classes from a config written here (nothing is downloaded), with the default model's tokenizer
+saved beside them so that an Engine or `radixrt serve` can run them on text.
+
+Each has 4 layers of width 64 and the tokenizer's 49152-token vocabulary; a family's traits are
+turned on (soft-capping, windows of WINDOW tokens, RoPE kinds), and every weight, norms and
+biases included, is drawn non-trivially, so that a trait read wrongly shows in the logits."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+WINDOW = 8  # shorter than every test prompt
+TINY = dict(hidden_size=64, intermediate_size=112, num_hidden_layers=4, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=512, rms_norm_eps=1e-5)
+ORIGINAL_CONTEXT = 32  # YaRN / LongRoPE models: prompts run past it
+LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0,
+            "long_factor": [1.0 + 0.25 * i for i in range(6)],
+            "short_factor": [1.0 + 0.05 * i for i in range(6)]}
+YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+        "original_max_position_embeddings": ORIGINAL_CONTEXT}
+
+
+def _configs() -> dict[str, tuple[Any, Any, dict[str, Any]]]:
+    """name -> (config class, model class, the config's family-specific arguments)."""
+    import transformers as tf
+
+    return {
+        "mistral-window": (tf.MistralConfig, tf.MistralForCausalLM,
+                           dict(sliding_window=WINDOW)),
+        "qwen2-window": (tf.Qwen2Config, tf.Qwen2ForCausalLM,
+                         dict(use_sliding_window=True, sliding_window=WINDOW,
+                              max_window_layers=2)),
+        "llama-yarn": (tf.LlamaConfig, tf.LlamaForCausalLM, dict(rope_parameters=YARN)),
+        "gemma": (tf.GemmaConfig, tf.GemmaForCausalLM, dict(head_dim=24)),
+        "gemma2": (tf.Gemma2Config, tf.Gemma2ForCausalLM,
+                   dict(head_dim=24, sliding_window=WINDOW, query_pre_attn_scalar=20,
+                        attn_logit_softcapping=5.0, final_logit_softcapping=3.0)),
+        "gemma3": (tf.Gemma3TextConfig, tf.Gemma3ForCausalLM,
+                   dict(head_dim=24, sliding_window=WINDOW, query_pre_attn_scalar=20,
+                        layer_types=["sliding_attention", "sliding_attention",
+                                     "full_attention", "sliding_attention"],
+                        rope_parameters={
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+                            "full_attention": {"rope_type": "linear", "factor": 2.0,
+                                               "rope_theta": 100000.0}})),
+        "phi3-window": (tf.Phi3Config, tf.Phi3ForCausalLM, dict(sliding_window=WINDOW)),
+        "phi4-mini-longrope": (tf.Phi3Config, tf.Phi3ForCausalLM,
+                               dict(rope_parameters={**LONGROPE, "partial_rotary_factor": 0.75},
+                                    original_max_position_embeddings=ORIGINAL_CONTEXT)),
+        "olmo2": (tf.Olmo2Config, tf.Olmo2ForCausalLM, {}),
+        "granite": (tf.GraniteConfig, tf.GraniteForCausalLM,
+                    dict(embedding_multiplier=6.0, residual_multiplier=0.4,
+                         attention_multiplier=0.1, logits_scaling=2.5)),
+        "smollm3": (tf.SmolLM3Config, tf.SmolLM3ForCausalLM, dict(no_rope_layer_interval=2)),
+    }
+
+
+def tiny_names() -> list[str]:
+    return ["mistral-window", "qwen2-window", "llama-yarn", "gemma", "gemma2", "gemma3",
+            "phi3-window", "phi4-mini-longrope", "olmo2", "granite", "smollm3"]
+
+
+def build_tiny(name: str, folder: Path, tokenizer: Any, seed: int = 0) -> Any:
+    """Save the tiny `name` checkpoint (config.json, safetensors, tokenizer) in folder and
+    return the transformers model (float32, eval mode) that holds the same weights."""
+    config_cls, model_cls, extra = _configs()[name]
+    special = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
+    config = config_cls(**TINY, **special, **extra)
+    torch.manual_seed(seed)
+    model = model_cls(config).eval()
+    offset_norms = name.startswith("gemma")  # RMSNorm by (1 + w): w near 0
+    with torch.no_grad():
+        for pname, param in model.named_parameters():
+            if pname.endswith("norm.weight"):
+                param.copy_((0.0 if offset_norms else 1.0) + 0.2 * torch.randn_like(param))
+            else:
+                param.normal_(0.0, 0.3 if pname.endswith(".bias") else 0.15)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return model
+
+
+def hf_logprobs(model: Any, ids: list[int]) -> torch.Tensor:
+    """[len(ids), vocab] float32 log-probabilities of transformers' forward pass."""
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0]
+    return torch.log_softmax(logits.float(), dim=-1)
+
+
+def cached_scorer(model: Any) -> Callable[[list[int]], torch.Tensor]:
+    cache: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def score(ids: list[int]) -> torch.Tensor:
+        if tuple(ids) not in cache:
+            cache[tuple(ids)] = hf_logprobs(model, ids)
+        return cache[tuple(ids)]
+
+    return score
