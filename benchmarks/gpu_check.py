@@ -3,14 +3,15 @@
     python benchmarks/gpu_check.py          # on a CUDA machine; about 3-5 minutes on an H200
     python benchmarks/gpu_check.py --dry    # tiny shapes, Triton's interpreter, CPU (the tests)
 
-1. runs tests/test_triton_kernels.py, tests/test_cascade_kernels.py and
-   tests/test_triton_model.py natively (pytest);
+1. runs tests/test_triton_kernels.py, tests/test_cascade_kernels.py,
+   tests/test_window_kernels.py and tests/test_triton_model.py natively (pytest);
 2. measures device-to-device copy bandwidth (the yardstick of "achieved bandwidth");
 3. times decode attention (batch 1-256 x context 512-8k) and extend attention against PyTorch
    SDPA over gathered K/V, on Llama-3-8B attention shapes (32 heads, 8 KV heads, head_dim 128,
    bfloat16, page-16 slot tables scattered through the pool), and cascade decode attention
    (32-64 requests sharing a 2k-4k-token prefix, short own KV) against decode attention over
-   each request's concatenated KV;
+   each request's concatenated KV; then decode and extend under a sliding window (and a logit
+   cap) against the same kernels over the whole context (gpu_check_window.py);
 4. times the decode step (forward + logits) of a dummy-weight Llama-3-8B-shaped model, eager and
    with CUDA graphs: tokens/s and model bandwidth utilisation (weights + KV bytes read per step /
    step time / copy bandwidth).
@@ -30,29 +31,21 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_check_sizes import DRY_SIZES, GPU_SIZES, Sizes
+from gpu_check_timing import (
+    Report,
+    bench,
+    compare,
+    fmt_bandwidth,
+    fmt_time,
+    paged_pool,
+    rel_err,
+)
+from gpu_check_window import window_bench
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-@dataclass
-class Report:
-    rows: list[tuple[str, str, str]] = field(default_factory=list)  # (section, case, result)
-    failed: bool = False
-
-    def add(self, section: str, case: str, result: str, ok: bool = True) -> None:
-        self.rows.append((section, case, result if ok else f"FAILED: {result}"))
-        self.failed |= not ok
-        print(f"  {section:<8} {case:<28} {self.rows[-1][2]}", flush=True)
-
-    def print_table(self, title: str) -> None:
-        print(f"\n=== gpu_check summary: {title} ===")
-        print(f"{'section':<8} {'case':<28} result")
-        for section, case, result in self.rows:
-            print(f"{section:<8} {case:<28} {result}")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -63,59 +56,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-# --- timing ------------------------------------------------------------------------------------
-def bench(
-    fn: Callable[[], Any], device: Any, flush_l2: bool = True, target_s: float = 0.1
-) -> float:
-    """Median seconds per call. On CUDA: events, L2 flushed before each call when asked."""
-    import torch
-
-    fn()  # warm up (and compile)
-    if device.type != "cuda":
-        start = time.perf_counter()
-        fn()
-        return time.perf_counter() - start
-    torch.cuda.synchronize()
-    scrub = torch.empty(256 << 20, dtype=torch.int8, device=device) if flush_l2 else None
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    iters = max(5, min(100, int(target_s / max(time.perf_counter() - start, 1e-6))))
-    times = []
-    for _ in range(iters):
-        if scrub is not None:
-            scrub.zero_()
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(begin.elapsed_time(end) / 1e3)
-    return sorted(times)[len(times) // 2]
-
-
-def fmt_time(seconds: float) -> str:
-    return f"{seconds * 1e6:8.1f} us" if seconds < 1e-3 else f"{seconds * 1e3:8.2f} ms"
-
-
-def fmt_bandwidth(bytes_per_s: float) -> str:
-    if bytes_per_s >= 1e12:
-        return f"{bytes_per_s / 1e12:5.2f} TB/s"
-    return f"{bytes_per_s / 1e9:5.1f} GB/s"
-
-
-def rel_err(out: Any, ref: Any) -> float:
-    out, ref = out.float(), ref.float()
-    if not bool(out.isfinite().all()):
-        return math.inf
-    return float((out - ref).abs().max() / ref.abs().max().clamp_min(1e-6))
-
-
 # --- sections ----------------------------------------------------------------------------------
 def run_kernel_tests(sizes: Sizes, report: Report, timeout_s: float) -> None:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
            "tests/test_triton_kernels.py", "tests/test_cascade_kernels.py",
-           "tests/test_triton_model.py"]  # fmt: skip
+           "tests/test_window_kernels.py", "tests/test_triton_model.py"]  # fmt: skip
     if sizes.test_filter:
         cmd += ["-k", sizes.test_filter]
     start = time.perf_counter()
@@ -141,30 +86,6 @@ def copy_bandwidth(sizes: Sizes, device: Any, report: Report) -> float:
     bandwidth = 2 * sizes.copy_bytes / seconds  # read + write
     report.add("copy", f"copy {sizes.copy_bytes >> 20} MiB", fmt_bandwidth(bandwidth))
     return bandwidth
-
-
-def paged_pool(tokens: int, sizes: Sizes, dtype: Any, device: Any) -> tuple[Any, Any, Any]:
-    """K, V caches [slots + 1, kv_heads, head_dim] twice as large as needed, and a permutation of
-    page-16 runs of slots to hand out (scattered, each page's slots consecutive)."""
-    import torch
-
-    pages = 2 * math.ceil(tokens / 16) + 1
-    shape = (pages * 16 + 1, sizes.kv_heads, sizes.head_dim)
-    k_cache = torch.randn(shape, dtype=dtype, device=device)
-    v_cache = torch.randn(shape, dtype=dtype, device=device)
-    order = torch.randperm(pages, device=device)[: math.ceil(tokens / 16)]
-    slots = (order.unsqueeze(1) * 16 + torch.arange(16, device=device)).reshape(-1)[:tokens]
-    return k_cache, v_cache, slots
-
-
-def compare(
-    triton_step: Callable[[], None], sdpa_step: Callable[[], Any], out: Any, device: Any
-) -> tuple[float, float, float]:
-    """(relative error of out after triton_step vs SDPA, Triton seconds, SDPA seconds)."""
-    out.fill_(float("nan"))
-    triton_step()
-    err = rel_err(out, sdpa_step())
-    return err, bench(triton_step, device), bench(sdpa_step, device)
 
 
 def decode_case(sizes: Sizes, bs: int, ctx: int, pool: tuple[Any, Any, Any], bandwidth: float,
@@ -417,6 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     section("decode", 30, lambda: decode_bench(sizes, device, dtype, bandwidth, report))
     section("cascade", 15, lambda: cascade_bench(sizes, device, dtype, report))
     section("extend", 15, lambda: extend_bench(sizes, device, dtype, report))
+    section("window", 15, lambda: window_bench(sizes, device, dtype, report))
     section("model", 45, lambda: model_bench(sizes, device, dtype, bandwidth, report))
     if device.type != "cuda":
         report.add("model", "CUDA graphs", "not run: no CUDA in the dry run")
