@@ -1,4 +1,5 @@
-"""Load llama-architecture GGUF files: metadata, dequantized HF-named tensors, tokenizer.
+"""Load GGUF files (every architecture in models/gguf_archs.py): metadata, dequantized
+HF-named tensors with llama.cpp's conversion transforms undone, tokenizer.
 
 The header is parsed here directly (gguf.GGUFReader builds a numpy view per tokenizer string and
 takes seconds on a 49k-token vocabulary); the common tensor types are dequantized with vectorized
@@ -22,7 +23,10 @@ import torch
 from torch import Tensor
 
 from radixrt.runtime.config import CACHE_DIR_ENV, DEFAULT_CACHE_DIR
+from radixrt.runtime.models.gguf_archs import GLOBAL_NAMES, GGUFArchitecture, gguf_architecture
+from radixrt.runtime.models.gguf_config import gguf_hf_config
 from radixrt.runtime.models.model_config import ModelConfig
+from radixrt.runtime.models.registry import model_config
 
 _SCALAR_FORMATS = {
     gguf.GGUFValueType.UINT8: "<B",
@@ -38,23 +42,16 @@ _SCALAR_FORMATS = {
     gguf.GGUFValueType.FLOAT64: "<d",
 }
 _QT = gguf.GGMLQuantizationType
-# GGUF per-layer tensor suffix -> HF module path inside model.layers.N
-_LAYER_NAMES = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_GLOBAL_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
+# numeric metadata arrays up to this long are decoded (per-layer values, sliding patterns);
+# longer ones (a vocabulary's scores and types) and string arrays keep only their length
+MAX_DECODED_ARRAY = 1024
+
+
+@dataclass(frozen=True)
+class SkippedArray:
+    """A metadata array not decoded: only its length is kept."""
+
+    count: int
 
 
 @dataclass(frozen=True)
@@ -118,13 +115,16 @@ class GGUFFile:
 
 class GGUFWeight:
     """One GGUF tensor as a TensorSource (models/tensor_source.py): a range of rows is read and
-    dequantized alone; Q/K rows, which llama.cpp's converter permuted within each head, are
-    un-permuted head by head (a shard's rows are whole heads)."""
+    dequantized alone. What llama.cpp's converter did to the HF tensor is undone on reading:
+    Q/K rows it permuted within each head are un-permuted head by head (a shard's rows are
+    whole heads), and the offset it added to Gemma's norm weights is subtracted."""
 
-    def __init__(self, gf: GGUFFile, name: str, rope_heads: int | None) -> None:
+    def __init__(self, gf: GGUFFile, name: str, rope_heads: int | None = None,
+                 offset: float = 0.0) -> None:
         self.gf = gf
         self.name = name
         self.rope_heads = rope_heads  # heads whose rows to un-permute, or None
+        self.offset = offset  # subtracted from every value
         self.shape = gf.tensors[name].shape
 
     def read(self, dim: int, start: int, stop: int) -> Tensor:
@@ -135,14 +135,15 @@ class GGUFWeight:
             full = self.gf.tensor(self.name)
             if self.rope_heads:
                 full = unpermute_rope_rows(full, self.rope_heads)
-            return full.narrow(dim, start, stop - start)
-        if self.rope_heads:
+            part = full.narrow(dim, start, stop - start)
+        elif self.rope_heads:
             part = unpermute_rope_rows(part, (stop - start) // head_rows)
-        return part
+        return part - self.offset if self.offset else part
 
 
 class _HeaderReader:
-    """Sequential little-endian reader of the GGUF header; arrays are skipped, not decoded."""
+    """Sequential little-endian reader of the GGUF header; long and string arrays are skipped,
+    not decoded."""
 
     def __init__(self, f: Any) -> None:
         self.f = f
@@ -165,21 +166,31 @@ class _HeaderReader:
         if vtype == gguf.GGUFValueType.STRING:
             return self.string()
         if vtype == gguf.GGUFValueType.ARRAY:
-            item_type, count = self.u32(), self.u64()
-            if item_type == gguf.GGUFValueType.STRING:
-                for _ in range(count):  # a vocabulary: only its length is kept
-                    length = self.u64()
-                    self.pos += length
-                    self.f.seek(self.pos)
-            elif item_type == gguf.GGUFValueType.ARRAY:
-                for _ in range(count):
-                    self.value(gguf.GGUFValueType.ARRAY)
-            else:
-                self.pos += count * struct.calcsize(_SCALAR_FORMATS[item_type])
-                self.f.seek(self.pos)
-            return ("array", count)
+            return self.array(self.u32(), self.u64())
         fmt = _SCALAR_FORMATS[gguf.GGUFValueType(vtype)]
-        return struct.unpack(fmt, self._read(struct.calcsize(fmt)))[0]
+        value = struct.unpack(fmt, self._read(struct.calcsize(fmt)))[0]
+        if vtype == gguf.GGUFValueType.FLOAT32:  # the shortest decimal, as config.json has it
+            return float(str(np.float32(value)))  # (1e-05, not 9.999999747378752e-06)
+        return value
+
+    def array(self, item_type: int, count: int) -> tuple[Any, ...] | SkippedArray:
+        """A short numeric array as a tuple; anything else skipped (a vocabulary, its scores)."""
+        if item_type == gguf.GGUFValueType.STRING:
+            for _ in range(count):
+                length = self.u64()
+                self.pos += length
+                self.f.seek(self.pos)
+        elif item_type == gguf.GGUFValueType.ARRAY:
+            for _ in range(count):
+                self.array(self.u32(), self.u64())
+        else:
+            fmt = _SCALAR_FORMATS[gguf.GGUFValueType(item_type)]
+            size = count * struct.calcsize(fmt)
+            if count <= MAX_DECODED_ARRAY:
+                return struct.unpack(f"<{count}{fmt[1:]}", self._read(size))
+            self.pos += size
+            self.f.seek(self.pos)
+        return SkippedArray(count)
 
 
 def dequantize(raw: np.ndarray, qtype: int, shape: tuple[int, ...]) -> Tensor:
@@ -214,43 +225,54 @@ def dequantize(raw: np.ndarray, qtype: int, shape: tuple[int, ...]) -> Tensor:
 def unpermute_rope_rows(w: Tensor, n_heads: int) -> Tensor:
     """Undo llama.cpp's conversion permute of Q/K rows (interleaved rope pairs -> rotate-half).
 
-    The converter maps rows laid out [head, half, pair_index] to [head, pair_index, half].
+    llama.cpp runs the LlamaModel architectures (llama, granite, smollm3) with interleaved
+    (GPT-J style) RoPE, which rotates rows 2i and 2i + 1 of a head together; HF rotates rows i
+    and i + head_dim / 2 (rotate-half), as our rotary does. So the converter reorders each
+    head's rows from [half, pair_index] to [pair_index, half]; this puts them back.
     """
     rest = w.shape[1:]
     half_dim = w.shape[0] // n_heads // 2
     return w.reshape(n_heads, half_dim, 2, *rest).transpose(1, 2).reshape(w.shape)
 
 
-def hf_name(gguf_name: str) -> str | None:
-    """HF tensor name of a GGUF tensor name (None for tensors the model does not use)."""
+def hf_name(gguf_name: str, arch: GGUFArchitecture) -> str | None:
+    """HF tensor name of a GGUF tensor name in this architecture (None: not a model weight)."""
     base, _, suffix = gguf_name.rpartition(".")
     if base.startswith("blk."):
         _, layer, part = base.split(".", 2)
-        module = _LAYER_NAMES.get(part)
+        module = arch.layer_names.get(part)
         return None if module is None else f"model.layers.{layer}.{module}.{suffix}"
-    module = _GLOBAL_NAMES.get(base)
+    module = GLOBAL_NAMES.get(base)
     return None if module is None else f"{module}.{suffix}"
 
 
 def gguf_config(gf: GGUFFile) -> ModelConfig:
-    vocab_size = gf.tensors["token_embd.weight"].shape[0]
-    tied = "output.weight" not in gf.tensors
-    factors = gf.tensor("rope_freqs.weight").tolist() if "rope_freqs.weight" in gf.tensors else None
-    return ModelConfig.from_gguf_metadata(gf.metadata, vocab_size, tied, factors)
+    """The file's ModelConfig, read by its family (the RoPE factor tensors included)."""
+    arch = gguf_architecture(gf.metadata)
+    shapes = {name: info.shape for name, info in gf.tensors.items()}
+    factors = {name: gf.tensor(name).flatten().tolist()
+               for name in arch.config_tensors if name in gf.tensors}
+    return model_config(gguf_hf_config(gf.metadata, shapes, factors))
 
 
 def iter_gguf_weights(gf: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, GGUFWeight]]:
-    """(HF name, lazy float32 tensor) pairs, with the Q/K row permutation undone on reading."""
+    """(HF name, lazy float32 tensor) pairs, with the converter's transforms undone on reading.
+    A tensor this architecture does not have is refused (the model would run without it)."""
+    arch = gguf_architecture(gf.metadata)
     for name in gf.tensors:
-        target = hf_name(name)
+        target = hf_name(name, arch)
         if target is None:
-            continue
+            if name in arch.config_tensors:
+                continue
+            raise ValueError(f"the {arch.name} GGUF has a tensor {name!r} that radixrt's "
+                             f"{arch.hf_architecture} does not use: not supported")
         heads = None
-        if ".q_proj." in target:
+        if arch.permuted_qk and ".q_proj." in target:
             heads = config.num_heads
-        elif ".k_proj." in target:
+        elif arch.permuted_qk and ".k_proj." in target:
             heads = config.num_kv_heads
-        yield target, GGUFWeight(gf, name, heads)
+        offset = arch.norm_offset if target.endswith("norm.weight") else 0.0
+        yield target, GGUFWeight(gf, name, heads, offset)
 
 
 def load_gguf_tokenizer(path: str) -> Any:
@@ -266,7 +288,7 @@ def load_gguf_tokenizer(path: str) -> Any:
             return AutoTokenizer.from_pretrained(str(cached))
         except Exception:  # noqa: BLE001 - a damaged cache entry is rebuilt below
             shutil.rmtree(cached, ignore_errors=True)
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+    tokenizer = _convert_gguf_tokenizer(folder, fname)
     tmp: str | None = None
     try:
         cached.parent.mkdir(parents=True, exist_ok=True)
@@ -277,3 +299,20 @@ def load_gguf_tokenizer(path: str) -> Any:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     return tokenizer
+
+
+def _convert_gguf_tokenizer(folder: str, fname: str) -> Any:
+    """AutoTokenizer first reads the file as a transformers model config, which it can for only
+    some architectures (not gemma, granite, olmo2 or smollm3 today). The tokenizer itself is
+    built from the tokenizer.ggml.* keys whatever the architecture, so where AutoTokenizer
+    refuses the file the generic fast tokenizer reads them."""
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    try:
+        return AutoTokenizer.from_pretrained(folder, gguf_file=fname)
+    except ValueError as auto_error:
+        try:
+            return PreTrainedTokenizerFast.from_pretrained(folder, gguf_file=fname)
+        except Exception as error:  # noqa: BLE001 - both ways failed: say so, with both
+            raise ValueError(f"cannot build the tokenizer of {fname}: {auto_error}; "
+                             f"{error}") from error
