@@ -13,10 +13,10 @@ Conventions shared with the Triton kernels (keep these signatures):
 - logit_cap c (0: off): each score s = q.k * sm_scale becomes c * tanh(s / c) before the softmax.
 - The output tensor o is written in place.
 
-With neither option, attention runs through PyTorch's SDPA (fused flash kernels). A window alone
-adds a mask and reads only the keys some query of the request can see; a cap takes an explicit
-float32 scores path. Long extends under either run a chunk of queries at a time, so the scores
-stay within QUERY_CHUNK_SCORES elements.
+Without either option attention runs through PyTorch's SDPA (fused kernels). A window reads only
+the keys some query can see (a decode gathers the last W positions; an extend a mask over them);
+a cap takes an explicit float32 scores path. An extend under either runs a chunk of queries at a
+time, its scores within about QUERY_CHUNK_SCORES elements.
 """
 
 from __future__ import annotations
