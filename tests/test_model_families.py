@@ -1,4 +1,5 @@
-"""Every supported family against transformers on the same weights, through the Engine.
+"""Every supported family, dense and mixture-of-experts, against transformers on the same
+weights, through the Engine.
 
 For each tiny checkpoint of tests/tiny_models.py (a family's traits on: sliding windows shorter
 than every prompt, soft-capping, sandwich and post norms, multipliers, NoPE layers, YaRN and
@@ -15,7 +16,7 @@ from typing import Any
 
 import pytest
 import torch
-from tiny_models import build_tiny, cached_scorer, tiny_names
+from tiny_models import build_tiny, cached_scorer, tiny_moe_names, tiny_names
 
 from radixrt import Engine, SamplingParams
 from radixrt.runtime.models import load_model
@@ -36,6 +37,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
 }
 PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=True)
 TOLERANCE = 1e-3
+ALL = tiny_names() + tiny_moe_names()
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +50,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory,
         def __missing__(self, name: str) -> tuple[Path, Any]:
             folder = tmp_path_factory.mktemp(f"tiny_{name}")
             built[name] = (folder, build_tiny(name, folder, tokenizer,
-                                              seed=tiny_names().index(name)))
+                                              seed=ALL.index(name)))
             return built[name]
 
     yield Lazy()
@@ -87,7 +89,7 @@ def assert_idle(engine: Engine) -> None:
 
 
 @pytest.mark.parametrize("config", list(CONFIGS))
-@pytest.mark.parametrize("name", tiny_names())
+@pytest.mark.parametrize("name", ALL)
 def test_family_matches_transformers(name: str, config: str, loaded: Callable[[str], Any],
                                      scorers: Callable[[str], Any]) -> None:
     model = loaded(name)
@@ -115,7 +117,7 @@ def test_family_matches_transformers(name: str, config: str, loaded: Callable[[s
         assert (stats["swaps"] > 0) == (options["preemption"] == "swap")
 
 
-@pytest.mark.parametrize("name", ["gemma2", "gemma3", "mistral-window"])
+@pytest.mark.parametrize("name", ["gemma2", "gemma3", "mistral-window", "gpt-oss"])
 def test_windowed_prefill_in_pieces_equals_whole(name: str, loaded: Callable[[str], Any],
                                                  scorers: Callable[[str], Any]) -> None:
     """A 200-token sequence (25 windows) prefilled in chunks of 7 after a cached prefix, and

@@ -361,16 +361,13 @@ def llama_cpp_freq_factors(head_dim: int, rope: dict[str, Any]) -> list[float]:
 def test_gguf_llama3_frequency_factors_match_hf(tiny_checkpoints: dict[str, Any]) -> None:
     """A Llama-3.1 GGUF stores its RoPE scaling as per-frequency factors (rope_freqs): run with
     them, the tiny llama3 model gives HF's logits past its 64-token original context."""
-    from radixrt.runtime.models.model_config import gguf_rope_scaling
     from radixrt.runtime.models.rope import RotaryEmbedding
 
     folder, hf = tiny_checkpoints["llama3"]
     loaded = load_model(str(folder))
     cfg = loaded.config
-    meta = {"llama.rope.scaling.type": "none"}
     factors = llama_cpp_freq_factors(cfg.head_dim, LLAMA3_ROPE)
-    scaling = gguf_rope_scaling(meta, factors, cfg.head_dim)
-    assert scaling is not None and scaling["rope_type"] == "freq_factors"
+    scaling = {"rope_type": "freq_factors", "factors": tuple(factors)}  # as gguf_config reads it
     rotary = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, scaling)
     torch.testing.assert_close(rotary.inv_freq, loaded.model.rotary.inv_freq)  # = HF's llama3
     loaded.model.rotary = rotary
@@ -383,26 +380,3 @@ def test_gguf_llama3_frequency_factors_match_hf(tiny_checkpoints: dict[str, Any]
     torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
     plain = RotaryEmbedding(cfg.head_dim, cfg.rope_theta, None)  # what was run before
     assert not torch.allclose(plain.inv_freq, rotary.inv_freq)
-
-
-def test_gguf_rope_scaling_metadata() -> None:
-    from radixrt.runtime.models.model_config import gguf_rope_scaling
-
-    linear = {"llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 4.0}
-    assert gguf_rope_scaling(linear, None, 64) == {"rope_type": "linear", "factor": 4.0}
-    assert gguf_rope_scaling({}, None, 64) is None
-    assert gguf_rope_scaling({"llama.rope.scaling.type": "linear",
-                              "llama.rope.scaling.factor": 1.0}, None, 64) is None
-    yarn = {"llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}
-    with pytest.raises(ValueError, match="YaRN scaling lacks rope.scaling.original_context"):
-        gguf_rope_scaling(yarn, None, 64)
-    assert gguf_rope_scaling({**yarn, "llama.rope.scaling.original_context_length": 4096},
-                             None, 64) == {"rope_type": "yarn", "factor": 4.0,
-                                           "original_max_position_embeddings": 4096}
-    with pytest.raises(ValueError, match="'dynamic' is not supported.*would run wrongly"):
-        gguf_rope_scaling({"llama.rope.scaling.type": "dynamic",
-                           "llama.rope.scaling.factor": 4.0}, None, 64)
-    with pytest.raises(ValueError, match="rope_freqs has 3 factors; head_dim 64 needs 32"):
-        gguf_rope_scaling({}, [1.0, 2.0, 3.0], 64)
-    with pytest.raises(ValueError, match="combines rope_freqs with linear"):
-        gguf_rope_scaling(linear, [1.0] * 32, 64)

@@ -57,12 +57,38 @@ def _configs() -> dict[str, tuple[Any, Any, dict[str, Any]]]:
                     dict(embedding_multiplier=6.0, residual_multiplier=0.4,
                          attention_multiplier=0.1, logits_scaling=2.5)),
         "smollm3": (tf.SmolLM3Config, tf.SmolLM3ForCausalLM, dict(no_rope_layer_interval=2)),
+        # mixtures of experts (intermediate_size is each expert's unless the family splits it)
+        "mixtral": (tf.MixtralConfig, tf.MixtralForCausalLM,
+                    dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
+                         intermediate_size=48)),
+        "qwen2-moe": (tf.Qwen2MoeConfig, tf.Qwen2MoeForCausalLM,
+                      dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                           shared_expert_intermediate_size=48, norm_topk_prob=False,
+                           mlp_only_layers=[1])),
+        "qwen3-moe": (tf.Qwen3MoeConfig, tf.Qwen3MoeForCausalLM,
+                      dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                           norm_topk_prob=True, head_dim=24)),
+        "olmoe": (tf.OlmoeConfig, tf.OlmoeForCausalLM,
+                  dict(num_experts=4, num_experts_per_tok=1, intermediate_size=48)),
+        "gpt-oss": (tf.GptOssConfig, tf.GptOssForCausalLM,
+                    dict(num_local_experts=4, num_experts_per_tok=2, head_dim=16,
+                         sliding_window=WINDOW, intermediate_size=48,
+                         layer_types=["sliding_attention", "full_attention"] * 2,
+                         rope_parameters={**YARN, "rope_theta": 150000.0,
+                                          "beta_fast": 32.0, "beta_slow": 1.0,
+                                          "truncate": False})),
     }
 
 
 def tiny_names() -> list[str]:
+    """The dense families' checkpoints."""
     return ["mistral-window", "qwen2-window", "llama-yarn", "gemma", "gemma2", "gemma3",
             "phi3-window", "phi4-mini-longrope", "olmo2", "granite", "smollm3"]
+
+
+def tiny_moe_names() -> list[str]:
+    """The mixture-of-experts families' checkpoints."""
+    return ["mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "gpt-oss"]
 
 
 def build_tiny(name: str, folder: Path, tokenizer: Any, seed: int = 0) -> Any:
@@ -71,7 +97,7 @@ def build_tiny(name: str, folder: Path, tokenizer: Any, seed: int = 0) -> Any:
     config_cls, model_cls, extra = _configs()[name]
     special = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
                    eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
-    config = config_cls(**TINY, **special, **extra)
+    config = config_cls(**{**TINY, **special, **extra})
     torch.manual_seed(seed)
     model = model_cls(config).eval()
     offset_norms = name.startswith("gemma")  # RMSNorm by (1 + w): w near 0
@@ -79,6 +105,8 @@ def build_tiny(name: str, folder: Path, tokenizer: Any, seed: int = 0) -> Any:
         for pname, param in model.named_parameters():
             if pname.endswith("norm.weight"):
                 param.copy_((0.0 if offset_norms else 1.0) + 0.2 * torch.randn_like(param))
+            elif pname.endswith("sinks"):
+                param.normal_(0.0, 1.0)
             else:
                 param.normal_(0.0, 0.3 if pname.endswith(".bias") else 0.15)
     model.save_pretrained(folder)

@@ -7,6 +7,7 @@ renames (models/registry.py)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,12 +18,14 @@ from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.forward.attention.base import LayerAttention
 from radixrt.runtime.models.layers import GatedMLP, RMSNorm, soft_cap
 from radixrt.runtime.models.model_config import ModelConfig
+from radixrt.runtime.models.moe import MoEBlock, expert_target
 from radixrt.runtime.models.parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
     VocabParallelEmbedding,
     VocabRows,
     parallel_logits,
+    take,
 )
 from radixrt.runtime.models.rope import RotaryEmbedding, apply_rotary
 from radixrt.runtime.models.shard_plan import ShardPlan, head_rows
@@ -68,7 +71,12 @@ class Attention(nn.Module):
         self.shard_sizes = (len(q_rows), len(kv_rows), len(kv_rows))
         self.qkv_proj = ColumnParallelLinear(config.hidden_size, [q_rows, kv_rows, kv_rows],
                                              config.attention_bias)
-        self.o_proj = RowParallelLinear(q_rows, config.hidden_size, tp)
+        self.o_proj = RowParallelLinear(q_rows, config.hidden_size, tp,
+                                        bias=config.o_proj_bias)
+        self.q_heads = list(shard.q_heads)
+        self.sinks: nn.Parameter | None = None
+        if config.attention_sinks:  # [num_heads] of this rank, a logit per head (gpt-oss)
+            self.sinks = nn.Parameter(torch.empty(self.num_heads))
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if config.qk_norm_all_heads:  # over the concatenated heads (OLMo-2; tp_size 1 only)
@@ -93,8 +101,20 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         if rope is not None:
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
-        o = self.backend.forward(q, k, v, self.spec, kv_cache, batch)
+        spec = self.spec if self.sinks is None else replace(self.spec, sinks=self.sinks)
+        o = self.backend.forward(q, k, v, spec, kv_cache, batch)
         return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
+
+    @torch.no_grad()
+    def load(self, shard: object, full: Weight, name: str) -> None:
+        """The attention sinks: this rank's heads' entries (0 for a padding head)."""
+        if name != "sinks" or self.sinks is None:
+            raise KeyError(f"attention has no parameter {name!r} of its own")
+        piece = take(full, self.q_heads, 0)
+        if tuple(piece.shape) != tuple(self.sinks.shape):
+            raise ValueError(f"sinks of shape {tuple(piece.shape)}; expected "
+                             f"{tuple(self.sinks.shape)}")
+        self.sinks.data.copy_(piece)
 
 
 class DecoderLayer(nn.Module):
@@ -105,8 +125,14 @@ class DecoderLayer(nn.Module):
                  shard: ShardPlan, tp: TPGroup) -> None:
         super().__init__()
         self.self_attn = Attention(config, layer_id, backend, shard, tp)
-        self.mlp = GatedMLP(config.hidden_size, shard.intermediate.indices(), tp,
-                            config.hidden_act)
+        self.mlp: GatedMLP | MoEBlock
+        if config.moe_kinds[layer_id]:
+            self.mlp = MoEBlock(config, shard.rows_of(config.moe_intermediate_size).indices(),
+                                shard.rows_of(config.shared_expert_intermediate_size).indices(),
+                                tp)
+        else:
+            self.mlp = GatedMLP(config.hidden_size, shard.intermediate.indices(), tp,
+                                config.hidden_act)
         self.norm_names = LAYER_NORMS[config.norm_layout]
         for name in self.norm_names:
             if name is not None:
@@ -192,7 +218,7 @@ class CausalLM(nn.Module):
         Unknown names raise, except rotary buffers and a tied head."""
         params = dict(self.named_parameters())
         modules = dict(self.named_modules())
-        loaded: set[str] = set()
+        loaded: dict[str, set[object]] = {}
         for hf_name, tensor in weights:
             target = self._target(hf_name)
             if target is None:
@@ -204,33 +230,40 @@ class CausalLM(nn.Module):
             module = modules[owner]
             try:
                 if hasattr(module, "load"):  # a parallel layer: it takes its rows / columns
-                    module.load(shard or 0, tensor, attr)
-                else:  # replicated (norms)
+                    module.load(0 if shard is None else shard, tensor, attr)
+                else:  # replicated (norms, routers)
                     if tuple(params[name].shape) != shape_of(tensor):
                         raise ValueError(f"shape {shape_of(tensor)} != "
                                          f"{tuple(params[name].shape)}")
                     params[name].data.copy_(read_all(tensor))
             except ValueError as exc:
                 raise ValueError(f"{hf_name}: {exc}") from None
-            loaded.add(name if shard is None else f"{name}#{shard}")
-        expected = set()
-        for name in params:
-            fused = next((f for f in _FUSED_COUNTS if f".{f}." in name), None)
-            if fused is None:
-                expected.add(name)
-            else:
-                expected.update(f"{name}#{i}" for i in range(_FUSED_COUNTS[fused]))
-        missing = sorted(expected - loaded)
+            loaded.setdefault(name, set()).add(0 if shard is None else shard)
+        missing = sorted(name for name in params if not self._covered(name, modules,
+                                                                      loaded.get(name, set())))
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:4]}")
 
-    def _target(self, hf_name: str) -> tuple[str, int | None] | None:
-        """Our parameter name (and fused shard index) for an HF tensor name; None = skip it."""
+    @staticmethod
+    def _covered(name: str, modules: dict[str, nn.Module], shards: set[object]) -> bool:
+        owner, _, attr = name.rpartition(".")
+        covered = getattr(modules[owner], "covered", None)
+        if covered is not None:  # the experts: stacked, or every expert's parts
+            return bool(covered(attr, shards))
+        fused = next((f for f in _FUSED_COUNTS if f".{f}." in name), None)
+        return shards >= set(range(_FUSED_COUNTS[fused] if fused else 1))
+
+    def _target(self, hf_name: str) -> tuple[str, object] | None:
+        """Our parameter name (and fused shard, or expert part) for an HF tensor name; None =
+        skip it."""
         if "rotary_emb" in hf_name:
             return None
         if hf_name == "lm_head.weight":
             return None if self.lm_head is None else ("lm_head.weight", None)
         name = hf_name.removeprefix("model.")
+        expert = expert_target(name)
+        if expert is not None:
+            return expert
         for hf_proj, (fused, shard) in _FUSED_SHARDS.items():
             if f".{hf_proj}." in name:
                 return name.replace(hf_proj, fused), shard

@@ -19,11 +19,20 @@ value that changes nothing (Llama's) by default, so a family sets only what diff
     layer_windows      per layer: None (full attention) or its sliding window
     layer_rope         per layer: "global", "local" (Gemma 3's sliding layers: their own theta
                        and scaling) or "none" (SmolLM3's NoPE layers)
+    o_proj_bias        a bias on the attention output projection (gpt-oss)
+    attention_sinks    a learned per-head logit in every softmax's denominator (gpt-oss)
+
+Mixture of experts (models/moe.py; num_experts 0 = dense):
+    num_experts, num_experts_per_tok, moe_intermediate_size (each expert's)
+    moe_layers         per layer: True where the MLP is the MoE block (() = every layer)
+    routing            "softmax_topk" (renormalised when norm_topk_prob) or "topk_softmax"
+    router_bias, expert_bias      biases on the router and on the experts' projections
+    expert_activation  "silu" (SwiGLU) or "swiglu_oai" (gpt-oss: clamped, alpha, limit)
+    shared_expert_intermediate_size   a shared expert with a sigmoid gate (Qwen2-MoE)
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,6 +77,20 @@ class ModelConfig:
     layer_rope: tuple[str, ...] = ()  # () = every layer "global"
     local_rope_theta: float | None = None
     local_rope_scaling: dict[str, Any] | None = None
+    o_proj_bias: bool = False
+    attention_sinks: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    moe_layers: tuple[bool, ...] = ()
+    routing: str = "softmax_topk"
+    norm_topk_prob: bool = False
+    router_bias: bool = False
+    expert_bias: bool = False
+    expert_activation: str = "silu"
+    swiglu_alpha: float = 1.702
+    swiglu_limit: float = 7.0
+    shared_expert_intermediate_size: int = 0
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -89,6 +112,12 @@ class ModelConfig:
                 raise ValueError(f"{name} has {len(values)} entries for {self.num_layers} layers")
         if any(kind not in ROPE_LAYER_KINDS for kind in self.layer_rope):
             raise ValueError(f"layer_rope kinds are {ROPE_LAYER_KINDS}: got {self.layer_rope}")
+        if self.moe_layers and len(self.moe_layers) != self.num_layers:
+            raise ValueError(f"moe_layers has {len(self.moe_layers)} entries for "
+                             f"{self.num_layers} layers")
+        if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} must be within "
+                             f"1..num_experts={self.num_experts}")
         if any(w is not None and w < 1 for w in self.windows):
             raise ValueError(f"sliding windows must be >= 1: {self.windows}")
 
@@ -110,34 +139,12 @@ class ModelConfig:
         return self.layer_rope or ("global",) * self.num_layers
 
     @property
+    def moe_kinds(self) -> tuple[bool, ...]:
+        """Per layer: whether its MLP is the mixture-of-experts block."""
+        if not self.num_experts:
+            return (False,) * self.num_layers
+        return self.moe_layers or (True,) * self.num_layers
+
+    @property
     def has_full_attention_layer(self) -> bool:
         return any(w is None for w in self.windows)
-
-
-def gguf_rope_scaling(meta: Mapping[str, Any], freq_factors: Sequence[float] | None,
-                      head_dim: int, prefix: str = "llama") -> dict[str, Any] | None:
-    """A GGUF's RoPE scaling as rope_scaling: linear from its metadata, Llama-3.1's as the
-    per-frequency factors of its rope_freqs tensor, YaRN with its original context. Any other
-    kind is refused: the model would run, wrongly, past its original context."""
-    kind = str(meta.get(f"{prefix}.rope.scaling.type", "none"))
-    factor = float(meta.get(f"{prefix}.rope.scaling.factor", 1.0) or 1.0)
-    if freq_factors is not None:
-        if len(freq_factors) != head_dim // 2:
-            raise ValueError(f"the GGUF's rope_freqs has {len(freq_factors)} factors; "
-                             f"head_dim {head_dim} needs {head_dim // 2}")
-        if kind not in ("none", "linear") or factor != 1.0:
-            raise ValueError(f"the GGUF combines rope_freqs with {kind} scaling (factor "
-                             f"{factor}): not supported")
-        return {"rope_type": "freq_factors", "factors": tuple(float(f) for f in freq_factors)}
-    if kind == "none" or factor == 1.0:
-        return None
-    if kind == "linear":
-        return {"rope_type": "linear", "factor": factor}
-    if kind == "yarn":
-        original = meta.get(f"{prefix}.rope.scaling.original_context_length")
-        if original is None:
-            raise ValueError("the GGUF's YaRN scaling lacks rope.scaling.original_context_length")
-        return {"rope_type": "yarn", "factor": factor,
-                "original_max_position_embeddings": int(original)}
-    raise ValueError(f"the GGUF's RoPE scaling {kind!r} is not supported (linear, YaRN and "
-                     "Llama-3.1 frequency factors are): this model would run wrongly")

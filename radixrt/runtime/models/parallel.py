@@ -72,20 +72,26 @@ class ColumnParallelLinear(BlockedLinear):
 
 
 class RowParallelLinear(BlockedLinear):
-    """Input columns `cols` of a full weight; the ranks' partial outputs are summed."""
+    """Input columns `cols` of a full weight; the ranks' partial outputs are summed, then the
+    bias (replicated; gpt-oss's o_proj) is added once."""
 
     def __init__(self, cols: Sequence[int | None], out_features: int, tp: TPGroup,
-                 block_rows: int = LINEAR_BLOCK_ROWS) -> None:
-        super().__init__(len(cols), out_features, bias=False, block_rows=block_rows)
+                 block_rows: int = LINEAR_BLOCK_ROWS, bias: bool = False) -> None:
+        super().__init__(len(cols), out_features, bias=bias, block_rows=block_rows)
         self.cols = list(cols)
         self.tp = tp
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [num_tokens, local in_features] -> [num_tokens, out_features], summed over ranks
-        return self.tp.all_reduce(super().forward(x))
+        out = self.tp.all_reduce(small_batch_linear(x, self.weight, None, self.block_rows))
+        return out if self.bias is None else out + self.bias
 
     @torch.no_grad()
     def load(self, shard: int, full: Weight, name: str = "weight") -> None:
+        if name == "bias":
+            _check_shape(self.bias.data, read_all(full))
+            self.bias.data.copy_(read_all(full))
+            return
         piece = take(full, self.cols, 1)
         _check_shape(self.weight.data, piece)
         self.weight.data.copy_(piece)

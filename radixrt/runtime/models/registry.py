@@ -9,15 +9,20 @@ from typing import Any
 
 from radixrt.runtime.models.families.family import ModelFamily
 from radixrt.runtime.models.families.gemma import GEMMA
+from radixrt.runtime.models.families.gpt_oss import GPT_OSS
 from radixrt.runtime.models.families.granite import GRANITE
 from radixrt.runtime.models.families.llama import LLAMA
+from radixrt.runtime.models.families.mixtral import MIXTRAL
 from radixrt.runtime.models.families.olmo2 import OLMO2
+from radixrt.runtime.models.families.olmoe import OLMOE
 from radixrt.runtime.models.families.phi3 import PHI3
+from radixrt.runtime.models.families.qwen_moe import QWEN_MOE
 from radixrt.runtime.models.families.smollm3 import SMOLLM3
 from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.tensor_source import Weight
 
-FAMILIES: tuple[ModelFamily, ...] = (LLAMA, GEMMA, PHI3, OLMO2, GRANITE, SMOLLM3)
+FAMILIES: tuple[ModelFamily, ...] = (LLAMA, GEMMA, PHI3, OLMO2, GRANITE, SMOLLM3, MIXTRAL,
+                                      QWEN_MOE, OLMOE, GPT_OSS)
 
 
 def supported_architectures() -> tuple[str, ...]:

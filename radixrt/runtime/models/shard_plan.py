@@ -81,6 +81,11 @@ class ShardPlan:
     def padded_vocab(self) -> int:
         return self.vocab.size * self.tp_size
 
+    def rows_of(self, size: int) -> Slice:
+        """This rank's rows of a dimension split like the MLP's (each expert's intermediate
+        dimension, a shared expert's)."""
+        return Slice.of(size, self.tp_size, self.rank)
+
     def kv_shape(self, config: ModelConfig) -> KVShapeOfRank:
         """The shape of this rank's KV pool (forward.kv_cache.KVShape)."""
         return KVShapeOfRank(config.num_layers, self.num_kv_heads, config.head_dim)
