@@ -1,7 +1,8 @@
 """Every family served as an operator runs it: `radixrt serve --model <folder>` on a tiny
 checkpoint of each (tests/tiny_models.py) starts, and the official openai client gets the
-completion the Engine gives for the same prompt; Gemma 2 and Gemma 3 at tp_size 2 equal
-tp_size 1 (their windows, soft-caps, q/k norms and local RoPE split across two gloo ranks)."""
+completion the Engine gives for the same prompt; Gemma 2, Gemma 3, Qwen2-MoE and gpt-oss at
+tp_size 2 equal tp_size 1 (windows, soft-caps, q/k norms, local RoPE, every expert's
+intermediate rows, the shared expert, biases and sinks split across two gloo ranks)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 import openai
 import pytest
 from test_server import API_KEY, Server
-from tiny_models import build_tiny, tiny_names
+from tiny_models import build_tiny, tiny_moe_names, tiny_names
 
 from radixrt import Engine, SamplingParams
 
@@ -24,7 +25,8 @@ GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=T
 TOLERANCE = 1e-4
 # one checkpoint per family file, windows and the rarer RoPE kinds included
 SERVED = ["mistral-window", "gemma", "gemma2", "gemma3", "phi4-mini-longrope", "olmo2",
-          "granite", "smollm3"]
+          "granite", "smollm3", "mixtral", "qwen2-moe", "olmoe", "gpt-oss"]
+ALL = tiny_names() + tiny_moe_names()
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +34,7 @@ def folders(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any) -> dict[st
     out = {}
     for name in SERVED:
         folder = tmp_path_factory.mktemp(f"served_{name}")
-        build_tiny(name, folder, tokenizer, seed=tiny_names().index(name))
+        build_tiny(name, folder, tokenizer, seed=ALL.index(name))
         out[name] = folder
     return out
 
@@ -65,13 +67,13 @@ def test_serve_each_family_answers_through_openai(name: str, folders: dict[str, 
         srv.stop()
 
 
-@pytest.fixture(scope="module", params=["gemma2", "gemma3"])
+@pytest.fixture(scope="module", params=["gemma2", "gemma3", "qwen2-moe", "gpt-oss"])
 def tp_pair(request: pytest.FixtureRequest, folders: dict[str, Path]) -> Iterator[Any]:
     folder = folders[request.param]
     yield engine_answer(folder), engine_answer(folder, tp_size=2)
 
 
-def test_gemma_tp2_equals_tp1(tp_pair: Any) -> None:
+def test_tp2_equals_tp1(tp_pair: Any) -> None:
     single, split = tp_pair
     assert split.token_ids == single.token_ids
     for a, b in zip(single.logprobs, split.logprobs):
