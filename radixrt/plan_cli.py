@@ -87,6 +87,9 @@ def report(args: argparse.Namespace, architecture: str, memory: int, context: in
     lines = [
         f"model {args.model} ({architecture}): {f['parameters'] / 1e9:.2f} B parameters, "
         f"{f['weight_bytes'] / gib:.2f} GiB of weights in {args.dtype}",
+        *([f"mixture of experts: {f['expert_parameters'] / 1e9:.2f} B parameters in experts, "
+           f"{f['active_parameters'] / 1e9:.2f} B active per token"]
+          if f["expert_parameters"] else []),
         f"KV cache: {f['kv_bytes_per_token']} bytes per token "
         f"({f['kv_bytes_per_token'] / 1024:.0f} KiB)",
         f"pool: {args.mem_fraction} of the {(memory - f['weight_bytes']) / gib:.2f} GiB left "

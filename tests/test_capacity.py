@@ -106,3 +106,42 @@ def test_the_engine_states_its_capacity(make_engine: Any) -> None:
     assert capacity["bytes"] == 4096 * per_token
     assert capacity["max_concurrency_at_context_length"] == 4096 // engine.context_length
     assert capacity["max_concurrency_at_typical_length"] == 4096 // 1024
+
+
+@pytest.mark.parametrize("name", ["gemma2", "gemma3", "olmo2", "phi3-window", "granite",
+                                  "mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "gpt-oss"])
+def test_every_familys_plan_counts_its_weights(name: str, tmp_path: Path) -> None:
+    """config.json alone gives the parameters the family's model holds (dummy weights drawn
+    for the same config), and for a mixture of experts the active ones: all but the experts a
+    token does not use."""
+    from tiny_models import build_config
+
+    from radixrt.runtime.models.loader import load_model
+
+    build_config(name, vocab_size=96).save_pretrained(tmp_path)
+    config = inspect_model(str(tmp_path))
+    held = sum(p.numel() for p in load_model(str(tmp_path), load_format="dummy").model.parameters())
+    assert parameter_count(config) == held
+    unused = sum(config.moe_kinds) * (config.num_experts - config.num_experts_per_tok)
+    figures = plan(config, 1 << 30, 4, 1, 0.5, 256, Workload(100, 50, 100))
+    per_expert = figures["expert_parameters"] // max(sum(config.moe_kinds) * config.num_experts, 1)
+    assert figures["active_parameters"] == held - unused * per_expert
+    assert (figures["expert_parameters"] > 0) == (config.num_experts > 0)
+
+
+QWEN3_30B_A3B = {  # Qwen3-30B-A3B's config.json (the fields the plan reads)
+    "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 6144,
+    "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4,
+    "head_dim": 128, "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+    "norm_topk_prob": True, "vocab_size": 151936, "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": False,
+}
+
+
+def test_qwen3_30b_a3b_plan_states_its_experts(tmp_path: Path, capsys: Any) -> None:
+    """The published 30.5 B parameters, 3.3 B active, from the config alone."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN3_30B_A3B))
+    assert main(["plan", "--model", str(tmp_path), "--memory", "80GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "30.53 B parameters" in out
+    assert "mixture of experts: 28.99 B parameters in experts, 3.35 B active per token" in out

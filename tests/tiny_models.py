@@ -91,15 +91,19 @@ def tiny_moe_names() -> list[str]:
     return ["mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "gpt-oss"]
 
 
+def build_config(name: str, vocab_size: int, bos: int = 1, eos: int = 2) -> Any:
+    """The transformers config of the tiny `name` model."""
+    config_cls, _, extra = _configs()[name]
+    special = dict(vocab_size=vocab_size, bos_token_id=bos, eos_token_id=eos, pad_token_id=eos)
+    return config_cls(**{**TINY, **special, **extra})
+
+
 def build_tiny(name: str, folder: Path, tokenizer: Any, seed: int = 0) -> Any:
     """Save the tiny `name` checkpoint (config.json, safetensors, tokenizer) in folder and
     return the transformers model (float32, eval mode) that holds the same weights."""
-    config_cls, model_cls, extra = _configs()[name]
-    special = dict(vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                   eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
-    config = config_cls(**{**TINY, **special, **extra})
+    config = build_config(name, len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id)
     torch.manual_seed(seed)
-    model = model_cls(config).eval()
+    model = _configs()[name][1](config).eval()
     offset_norms = name.startswith("gemma")  # RMSNorm by (1 + w): w near 0
     with torch.no_grad():
         for pname, param in model.named_parameters():

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,15 +146,45 @@ def iter_dummy_weights(config: ModelConfig, device: torch.device) -> Iterable[tu
             if config.attention_bias:
                 yield pre + f"self_attn.{proj}.bias", torch.zeros(rows, device=device)
         yield pre + "self_attn.o_proj.weight", normal(h, q)
+        if config.o_proj_bias:
+            yield pre + "self_attn.o_proj.bias", torch.zeros(h, device=device)
+        if config.attention_sinks:
+            yield pre + "self_attn.sinks", torch.zeros(config.num_heads, device=device)
         if config.qk_norm or config.qk_norm_all_heads:
             yield pre + "self_attn.q_norm.weight", norm(q if config.qk_norm_all_heads else hd)
             yield pre + "self_attn.k_norm.weight", norm(kv if config.qk_norm_all_heads else hd)
-        yield pre + "mlp.gate_proj.weight", normal(inter, h)
-        yield pre + "mlp.up_proj.weight", normal(inter, h)
-        yield pre + "mlp.down_proj.weight", normal(h, inter)
+        if config.moe_kinds[i]:
+            yield from _dummy_moe(config, pre + "mlp.", normal, device)
+        else:
+            yield from _dummy_mlp(pre + "mlp.", h, inter, normal)
     yield "model.norm.weight", norm(h)
     if not config.tie_word_embeddings:
         yield "lm_head.weight", normal(config.vocab_size, h)
+
+
+def _dummy_mlp(pre: str, h: int, inter: int,
+               normal: Callable[..., Tensor]) -> Iterable[tuple[str, Tensor]]:
+    yield pre + "gate_proj.weight", normal(inter, h)
+    yield pre + "up_proj.weight", normal(inter, h)
+    yield pre + "down_proj.weight", normal(h, inter)
+
+
+def _dummy_moe(config: ModelConfig, pre: str, normal: Callable[..., Tensor],
+               device: torch.device) -> Iterable[tuple[str, Tensor]]:
+    """A MoE block's router, per-expert projections (biases stacked, zero) and shared expert."""
+    h, inter, experts = config.hidden_size, config.moe_intermediate_size, config.num_experts
+    yield pre + "gate.weight", normal(experts, h)
+    if config.router_bias:
+        yield pre + "gate.bias", torch.zeros(experts, device=device)
+    for e in range(experts):
+        yield from _dummy_mlp(f"{pre}experts.{e}.", h, inter, normal)
+    if config.expert_bias:
+        yield pre + "experts.gate_up_proj_bias", torch.zeros(experts, 2 * inter, device=device)
+        yield pre + "experts.down_proj_bias", torch.zeros(experts, h, device=device)
+    if config.shared_expert_intermediate_size:
+        yield from _dummy_mlp(pre + "shared_expert.", h, config.shared_expert_intermediate_size,
+                              normal)
+        yield pre + "shared_expert_gate.weight", normal(1, h)
 
 
 def resolve_model_path(model: str) -> tuple[str, str | None]:

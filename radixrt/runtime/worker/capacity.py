@@ -30,20 +30,46 @@ def kv_bytes_per_token(config: KVShape, dtype_bytes: int) -> int:
     return 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype_bytes
 
 
-def parameter_count(config: ModelConfig) -> int:
-    """The weights the decoder holds (what models/decoder.py builds for this config)."""
-    h, q, kv = config.hidden_size, config.num_heads * config.head_dim, \
-        config.num_kv_heads * config.head_dim
-    attention = h * q + 2 * h * kv + q * h + (q + 2 * kv if config.attention_bias else 0)
-    mlp = 3 * h * config.intermediate_size
+def _attention_parameters(config: ModelConfig) -> int:
+    h, q, kv = (config.hidden_size, config.num_heads * config.head_dim,
+                config.num_kv_heads * config.head_dim)
+    count = h * q + 2 * h * kv + q * h + (q + 2 * kv if config.attention_bias else 0)
+    count += (h if config.o_proj_bias else 0) + (config.num_heads if config.attention_sinks else 0)
     norms = {"pre": 2, "sandwich": 4, "post": 2}[config.norm_layout] * h
     if config.qk_norm_all_heads:
         norms += q + kv
     elif config.qk_norm:
         norms += 2 * config.head_dim
+    return count + norms
+
+
+def expert_parameters(config: ModelConfig) -> int:
+    """One expert's weights (gate, up, down and their biases)."""
+    h, inter = config.hidden_size, config.moe_intermediate_size
+    return 3 * h * inter + ((2 * inter + h) if config.expert_bias else 0)
+
+
+def _moe_parameters(config: ModelConfig) -> int:
+    """A MoE block without its experts: the router and the shared expert with its gate."""
+    h, shared = config.hidden_size, config.shared_expert_intermediate_size
+    router = config.num_experts * h + (config.num_experts if config.router_bias else 0)
+    return router + (3 * h * shared + h if shared else 0)
+
+
+def parameter_count(config: ModelConfig, active: bool = False) -> int:
+    """The weights the decoder holds (what models/decoder.py builds for this config); active:
+    those one token runs through (a MoE layer's top_k experts, not all of them)."""
+    h = config.hidden_size
+    per_layer = []
+    for moe in config.moe_kinds:
+        mlp = 3 * h * config.intermediate_size
+        if moe:
+            used = config.num_experts_per_tok if active else config.num_experts
+            mlp = _moe_parameters(config) + used * expert_parameters(config)
+        per_layer.append(_attention_parameters(config) + mlp)
     embed = config.vocab_size * h
     head = 0 if config.tie_word_embeddings else config.vocab_size * h
-    return embed + config.num_layers * (attention + mlp + norms) + h + head
+    return embed + sum(per_layer) + h + head
 
 
 def pool_tokens(free_bytes: int, mem_fraction: float, bytes_per_token: int) -> int:
@@ -132,6 +158,9 @@ def plan(config: ModelConfig, memory_bytes: int, dtype_bytes: int, page_size: in
     shared = work.shared_prefix_tokens
     return {
         "parameters": parameter_count(config),
+        "active_parameters": parameter_count(config, active=True),
+        "expert_parameters": (sum(config.moe_kinds) * config.num_experts
+                              * expert_parameters(config)),
         "weight_bytes": weights,
         "kv_bytes_per_token": per_token,
         "pool_pages": pages,
