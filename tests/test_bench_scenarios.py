@@ -1,4 +1,5 @@
-"""benchmarks/chunked_prefill.py, benchmarks/decode_bandwidth.py and serving.py's replica runs:
+"""benchmarks/chunked_prefill.py, benchmarks/decode_bandwidth.py, benchmarks/moe.py and
+serving.py's replica runs:
 their arithmetic on made-up inputs, and each one's --quick run end to end (the table's numbers
 make sense, the plot is drawn when matplotlib is there)."""
 
@@ -117,6 +118,18 @@ def test_decode_bandwidth_quick(tmp_path: Path) -> None:
         assert float(r[6]) > 0, r  # the limit
     assert re.search(r"date: \d{4}-\d\d-\d\d .*CPU count \d+", out)
     check_png(tmp_path / "decode_bandwidth.png")
+
+
+@pytest.mark.slow  # builds two random checkpoints and runs both systems on each
+def test_moe_quick(tmp_path: Path) -> None:
+    out = run_quick("moe.py", tmp_path)
+    rows = [line.split() for line in out.splitlines() if line.startswith(("moe ", "dense "))]
+    assert len(rows) == 8, out  # (moe, dense) x batches 1, 4 x (radixrt, HF)
+    assert all(float(r[-2]) > 0 and float(r[-1]) > 0 for r in rows), rows
+    ratios = re.findall(r"MoE step / dense step \(same active parameters\) = ([\d.]+)", out)
+    assert len(ratios) == 4 and all(float(r) > 0 for r in ratios), out  # timing: the benchmark
+    assert len(re.findall(r"radixrt / HF = [\d.]+x", out)) == 4
+    check_png(tmp_path / "moe.png")
 
 
 def netns_or_router_missing() -> str | None:
