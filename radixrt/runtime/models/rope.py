@@ -82,11 +82,17 @@ def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
+def _extension(scaling: Mapping[str, Any], max_positions: int) -> tuple[int, float, Any]:
+    """(original context, extension factor, the given attention factor or None) of a YaRN or
+    LongRoPE scaling: the factor defaults to the model's positions over the original ones."""
+    original = int(scaling.get("original_max_position_embeddings") or max_positions)
+    factor = float(scaling.get("factor") or max_positions / original)
+    return original, factor, scaling.get("attention_factor")
+
+
 def _yarn(rotary_dim: int, theta: float, scaling: Mapping[str, Any],
           max_positions: int) -> tuple[Tensor, float]:
-    original = float(scaling.get("original_max_position_embeddings") or max_positions)
-    factor = float(scaling.get("factor") or max_positions / original)
-    attention_factor = scaling.get("attention_factor")
+    original, factor, attention_factor = _extension(scaling, max_positions)
     if attention_factor is None:
         mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
         if mscale and mscale_all:
@@ -115,9 +121,7 @@ def _yarn(rotary_dim: int, theta: float, scaling: Mapping[str, Any],
 
 def _longrope(rotary_dim: int, theta: float, scaling: Mapping[str, Any],
               max_positions: int) -> tuple[Tensor, float]:
-    original = int(scaling.get("original_max_position_embeddings") or max_positions)
-    factor = float(scaling.get("factor") or max_positions / original)
-    attention_factor = scaling.get("attention_factor")
+    original, factor, attention_factor = _extension(scaling, max_positions)
     if attention_factor is None:
         attention_factor = (1.0 if factor <= 1.0
                             else math.sqrt(1 + math.log(factor) / math.log(original)))
