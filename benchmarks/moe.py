@@ -14,10 +14,14 @@ transformers' generate() is timed at --output-len new tokens and at 1 (the prefi
 difference is its decode time. Medians of --runs.
 
 What it reports: tokens/s of each (model, batch, system), radixrt / HF per model and batch, and
-the MoE step's cost against the dense step's (MoE ms per step / dense ms per step): the active
-parameters are equal, so a ratio near 1 means the MoE block costs what its active parameters
-explain (grouping the step's tokens by expert, one product per chosen expert); a ratio far above
-it means time spent beyond them. docs/plots/moe.png draws both.
+the MoE step's cost against the dense step's (MoE ms per step / dense ms per step) beside what
+the weights explain. A decode step is bound by the weights it reads: the dense step reads all of
+its MLP, of the size of top_k experts; the MoE step reads the experts its tokens chose, which at
+batch 1 is top_k of them (the same bytes) and at batch b is the union of b tokens' choices,
+expected E (1 - (1 - k/E)^b) for uniform routing. "explained" is the ratio of those bytes
+(weights of the whole model, in float32); a measured ratio near it means the MoE block costs
+what the parameters it runs explain (the step's tokens grouped by expert, one product per chosen
+expert), and one above it, time spent beyond them. docs/plots/moe.png draws both.
 
     python benchmarks/moe.py             # batches 1 and 8, a few minutes on 2 cores
     python benchmarks/moe.py --quick     # tiny sizes (a smoke test)
@@ -149,6 +153,18 @@ def hf_row(name: str, model: Any, batch: int, args: argparse.Namespace) -> Row:
     return Row(name, batch, "HF transformers", batch * steps / seconds, 1000 * seconds / steps)
 
 
+def explained_ratio(args: argparse.Namespace, batch: int) -> float:
+    """Bytes the MoE step reads over the dense step's: the same but for the experts touched."""
+    experts, k = args.experts, args.top_k
+    heads = max(args.hidden // 64, 1)
+    attention = args.hidden * 64 * (2 * heads + 2 * max(heads // 2, 1))
+    expert = 3 * args.hidden * args.expert_inter
+    rest = args.layers * attention + 2 * args.vocab * args.hidden  # embedding row + LM head
+    touched = experts * (1 - (1 - k / experts) ** batch)
+    moe = rest + args.layers * (touched * expert + experts * args.hidden)  # + the router
+    return moe / (rest + args.layers * k * expert)
+
+
 def report(rows: list[Row], args: argparse.Namespace) -> list[str]:
     def find(model: str, batch: int, system: str) -> Row:
         return next(r for r in rows if (r.model, r.batch, r.system) == (model, batch, system))
@@ -168,7 +184,8 @@ def report(rows: list[Row], args: argparse.Namespace) -> list[str]:
             ratio = find("moe", batch, system).ms_per_step / find("dense", batch,
                                                                      system).ms_per_step
             lines.append(f"batch {batch} {system}: MoE step / dense step (same active "
-                         f"parameters) = {ratio:.2f}")
+                         f"parameters) = {ratio:.2f} (the weights read explain "
+                         f"{explained_ratio(args, batch):.2f})")
     return lines
 
 
@@ -184,6 +201,7 @@ def draw(rows: list[Row], args: argparse.Namespace) -> str | None:
                  / next(r.ms_per_step for r in rows if (r.model, r.batch, r.system)
                         == ("dense", b, system)) for b in args.batches]
         for system in ("radixrt", "HF transformers")}
+    ratios["explained by the weights read"] = [explained_ratio(args, b) for b in args.batches]
     path = plot_path("moe", args.plot_dir)
     first = bar_panels(path, "Decode: a mixture of experts and its dense twin (same active "
                        "parameters), this CPU", groups, [("decode tokens/s", series)])
