@@ -114,3 +114,19 @@ def test_the_shell_examples_use_real_flags() -> None:
                 flags = command_flags(command)
                 for flag in re.findall(r"(--[a-z][a-z0-9-]+)", line.split("#", 1)[0]):
                     assert flag in flags, line
+
+
+def test_the_models_table_is_the_registry() -> None:
+    """Every architecture the registry serves has a row, every row's architecture is served,
+    and the family files and tests the table names exist."""
+    from radixrt.runtime.models.registry import supported_architectures
+
+    section = README[README.index("\n## Models\n"): README.index("\n## Operating the server")]
+    rows = [line for line in section.splitlines() if line.startswith("| `")]
+    named = {arch for row in rows for arch in re.findall(r"`(\w+For\w+)`", row.split("|")[1])}
+    assert named == set(supported_architectures())
+    for row in rows:
+        cells = row.split("|")
+        assert (ROOT / "radixrt/runtime/models/families" / cells[2].strip(" `")).is_file(), row
+        for test in re.findall(r"`(test_\w+\.py)", cells[-2]):
+            assert (ROOT / "tests" / test).is_file(), (row, test)
