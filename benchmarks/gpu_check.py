@@ -4,17 +4,17 @@
     python benchmarks/gpu_check.py --dry    # tiny shapes, Triton's interpreter, CPU (the tests)
 
 1. runs tests/test_triton_kernels.py, tests/test_cascade_kernels.py,
-   tests/test_window_kernels.py, tests/test_fused_moe.py and tests/test_triton_model.py
-   natively (pytest);
+   tests/test_window_kernels.py, tests/test_sink_kernels.py, tests/test_fused_moe.py and
+   tests/test_triton_model.py natively (pytest);
 2. measures device-to-device copy bandwidth (the yardstick of "achieved bandwidth");
 3. times decode attention (batch 1-256 x context 512-8k) and extend attention against PyTorch
    SDPA over gathered K/V, on Llama-3-8B attention shapes (32 heads, 8 KV heads, head_dim 128,
    bfloat16, page-16 slot tables scattered through the pool), and cascade decode attention
    (32-64 requests sharing a 2k-4k-token prefix, short own KV) against decode attention over
    each request's concatenated KV; then decode and extend under a sliding window (and a logit
-   cap) against the same kernels over the whole context (gpu_check_window.py); the fused
-   mixture-of-experts kernel against its PyTorch reference on Qwen3-30B-A3B and gpt-oss-20b
-   layer shapes (gpu_check_moe.py);
+   cap, and attention sinks) against the same kernels over the whole context
+   (gpu_check_window.py); the fused mixture-of-experts kernel against its PyTorch reference on
+   Qwen3-30B-A3B and gpt-oss-20b layer shapes (gpu_check_moe.py);
 4. times the decode step (forward + logits) of a dummy-weight Llama-3-8B-shaped model, eager and
    with CUDA graphs: tokens/s and model bandwidth utilisation (weights + KV bytes read per step /
    step time / copy bandwidth).
@@ -64,8 +64,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run_kernel_tests(sizes: Sizes, report: Report, timeout_s: float) -> None:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
            "tests/test_triton_kernels.py", "tests/test_cascade_kernels.py",
-           "tests/test_window_kernels.py", "tests/test_fused_moe.py",
-           "tests/test_triton_model.py"]  # fmt: skip
+           "tests/test_window_kernels.py", "tests/test_sink_kernels.py",
+           "tests/test_fused_moe.py", "tests/test_triton_model.py"]  # fmt: skip
     if sizes.test_filter:
         cmd += ["-k", sizes.test_filter]
     start = time.perf_counter()

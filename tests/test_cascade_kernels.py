@@ -190,23 +190,25 @@ def test_prefix_split_heuristic() -> None:
 
 def compile_launches_for_hopper() -> None:
     """Run the launcher with its GPU settings (bfloat16 GQA-4 head_dim 128, float32 without GQA,
-    float16 GQA-8, bfloat16 soft-capped), recording instead of launching, and compile every
-    launch for sm_90. Needs TRITON_INTERPRET=0 (see test_triton_kernels)."""
+    float16 GQA-8, bfloat16 soft-capped, bfloat16 with sinks), recording instead of launching,
+    and compile every launch for sm_90. Needs TRITON_INTERPRET=0 (see test_triton_kernels)."""
     assert not triton_utils.interpreting(), "run with TRITON_INTERPRET=0"
     calls: list = []
     for name in ("_cascade_partial", "_cascade_merge"):
         setattr(cascade_mod, name, _LaunchRecorder(getattr(cascade_mod, name), calls))
     ptrs = (torch.tensor([0, 5, 9]), torch.arange(9), torch.tensor([0, 2, 3]),
             torch.tensor([3, 0, 1]), torch.arange(5), torch.arange(9, 13))  # fmt: skip
+    sinks = torch.zeros(32, dtype=torch.bfloat16)
     cases = ((32, 8, 128, torch.bfloat16, {"block_m": 64}),  # the 8B shape at full block size
              (4, 4, 64, torch.float32, {}), (16, 2, 128, torch.float16, {}),
-             (32, 8, 128, torch.bfloat16, {"logit_cap": 30.0}))  # soft-capped  # fmt: skip
+             (32, 8, 128, torch.bfloat16, {"logit_cap": 30.0}),  # soft-capped
+             (32, 8, 128, torch.bfloat16, {"sinks": sinks}))  # the merge adds them  # fmt: skip
     for heads, kv_heads, head_dim, dtype, blocks in cases:
         q = torch.zeros(4, heads, head_dim, dtype=dtype)
         kv = torch.zeros(17, kv_heads, head_dim, dtype=dtype)
         cascade_decode_attention(q, q.clone(), kv, kv, *ptrs, 0.1, num_kv_splits=2,
                                  num_prefix_splits=4, **blocks)  # fmt: skip
-    assert len(calls) == 12, len(calls)
+    assert len(calls) == 15, len(calls)
     for kernel, args, kwargs in calls:
         _compile_for_hopper(kernel, args, kwargs)
     print(f"compiled {len(calls)} launches for sm_90")
@@ -215,7 +217,7 @@ def compile_launches_for_hopper() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the native tests above compile them")
 def test_cascade_kernels_compile_for_hopper() -> None:
     """The launcher's GPU settings (64-row query blocks, bfloat16/float16 dots, float32 'ieee'
-    dots, a logit cap) compile for sm_90: catches what the interpreter lets through."""
+    dots, a logit cap, sinks) compile for sm_90: catches what the interpreter lets through."""
     pytest.importorskip("triton.backends.nvidia")
     code = "import test_cascade_kernels as t; t.compile_launches_for_hopper()"
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
@@ -224,4 +226,4 @@ def test_cascade_kernels_compile_for_hopper() -> None:
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "compiled 12 launches for sm_90" in proc.stdout
+    assert "compiled 15 launches for sm_90" in proc.stdout

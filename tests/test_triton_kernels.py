@@ -314,7 +314,13 @@ def compile_launches_for_hopper() -> None:
     extend_attention(q, q, kv, kv, ptr, ptr, idx, 0.1, max_extend_len=2, **window_cap)
     decode_attention(q, q, kv, kv, ptr, idx, 0.1, num_kv_splits=4, **window_cap)  # grouped
     decode_attention(q32, q32.clone(), kv32, kv32, ptr, idx, 0.1, num_kv_splits=1, **window_cap)
-    assert len(calls) == 13, len(calls)
+    sinks = {"sinks": torch.zeros(32, dtype=torch.bfloat16)}  # a bfloat16 model's parameter
+    extend_attention(q, q, kv, kv, ptr, ptr, idx, 0.1, max_extend_len=2, **sinks, **window_cap)
+    decode_attention(q, q, kv, kv, ptr, idx, 0.1, num_kv_splits=4, **sinks)  # stage 2 adds it
+    decode_attention(q, q, kv, kv, ptr, idx, 0.1, num_kv_splits=1, **sinks)  # grouped stage 1
+    sinks32 = torch.zeros(8)  # float32 sinks, per-head stage 1 writing o
+    decode_attention(q32, q32.clone(), kv32, kv32, ptr, idx, 0.1, num_kv_splits=1, sinks=sinks32)
+    assert len(calls) == 18, len(calls)
     for kernel, args, kwargs in calls:
         _compile_for_hopper(kernel, args, kwargs)
     print(f"compiled {len(calls)} launches for sm_90")
@@ -323,8 +329,8 @@ def compile_launches_for_hopper() -> None:
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the native tests above compile them")
 def test_kernels_compile_for_hopper() -> None:
     """The launchers' GPU settings (block sizes, bfloat16 dots, float32 'ieee' dots, sliding
-    window and logit cap variants) compile for sm_90: catches what the interpreter lets through
-    (tl.dot shapes and dtypes, loop types)."""
+    window, logit cap and sinks variants) compile for sm_90: catches what the interpreter lets
+    through (tl.dot shapes and dtypes, loop types)."""
     pytest.importorskip("triton.backends.nvidia")
     code = "import test_triton_kernels as t; t.compile_launches_for_hopper()"
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
@@ -333,4 +339,4 @@ def test_kernels_compile_for_hopper() -> None:
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "compiled 13 launches for sm_90" in proc.stdout
+    assert "compiled 18 launches for sm_90" in proc.stdout

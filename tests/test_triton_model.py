@@ -33,13 +33,17 @@ NEW_TOKENS = 8
 
 
 FULL = LayerAttention(1)
-# sliding windows shorter than some requests' KV and longer than all of it, logit caps
+SINKS = 2.0 * torch.randn(9, generator=torch.Generator().manual_seed(9)).to(DEVICE) + 2.0
+# sliding windows shorter than some requests' KV and longer than all of it, logit caps, sinks
+# [9 query heads] (gpt-oss) alone and with a window and a cap
 LAYERS = [FULL, LayerAttention(1, sliding_window=4), LayerAttention(1, 0.2, 3, logit_cap=2.0),
-          LayerAttention(1, sliding_window=100, logit_cap=1.0)]  # fmt: skip
+          LayerAttention(1, sliding_window=100, logit_cap=1.0), LayerAttention(1, sinks=SINKS),
+          LayerAttention(1, 0.2, 3, logit_cap=2.0, sinks=SINKS)]  # fmt: skip
 
 
 def layer_id(layer: LayerAttention) -> str:
-    return f"w{layer.sliding_window}-c{layer.logit_cap:g}"
+    sinks = "" if layer.sinks is None else "-sinks"
+    return f"w{layer.sliding_window}-c{layer.logit_cap:g}{sinks}"
 
 
 def run_backend(

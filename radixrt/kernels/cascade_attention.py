@@ -13,7 +13,8 @@ normalised with its log-sum-exp (log2 domain), and merged by those at the end:
    of the chunk is loaded once and attended by all of them in one [BLOCK_M, BLOCK_N] tl.dot.
    Launched after step 1, it overwrites the group members' prefix partials.
 3. merge: per (request, query head), the partials weighted by exp2(lse - max lse), by
-   decode_attention's stage 2 (which skips partials with a log-sum-exp of -inf).
+   decode_attention's stage 2 (which skips partials with a log-sum-exp of -inf). Attention
+   sinks join the denominator here, once, as in decode_attention (the partials exclude them).
 
 Both partial steps are one kernel, _cascade_partial: a "segment" (a request's own KV, or a
 group's prefix) is a slot range plus the query rows attending to it. Chunks are aligned to
@@ -42,6 +43,7 @@ from radixrt.kernels.triton_utils import (
     attend_tiles,
     block_dim,
     check_kv_args,
+    check_sinks,
     dot_dtype_and_precision,
     interpreting,
     num_compute_units,
@@ -172,6 +174,7 @@ def cascade_decode_attention(
     sm_scale: float,
     *,
     logit_cap: float = 0.0,
+    sinks: Tensor | None = None,
     num_kv_splits: int | None = None,
     num_prefix_splits: int | None = None,
     max_group_size: int | None = None,
@@ -196,9 +199,10 @@ def cascade_decode_attention(
     allocated here). block_m, block_n: the prefix kernel's query rows per block (default: the
     largest group's rows of a KV head, 16 to 64) and keys per tile. With the split counts and
     the workspace given the call allocates nothing and never synchronises: CUDA graphs
-    capture it. logit_cap: as in the reference (0: off).
+    capture it. logit_cap, sinks: as in the reference (0 and None: off).
     """
     check_kv_args(q, k_cache, v_cache)
+    check_sinks(sinks, q.shape[1])
     if o.shape != q.shape or o.stride(2) != 1:
         raise ValueError(f"o {tuple(o.shape)} must be shaped like q {tuple(q.shape)}")
     batch_size, num_heads, head_dim = q.shape
@@ -222,8 +226,8 @@ def cascade_decode_attention(
     if num_groups == 0 or group_rows.numel() == 0:  # nothing shared: plain decode
         decode_attention(
             q, o, k_cache, v_cache, kv_indptr, kv_indices, sm_scale, logit_cap=logit_cap,
-            num_kv_splits=own_splits, workspace=workspace, block_n=bn, num_warps=num_warps,
-            num_stages=num_stages,
+            sinks=sinks, num_kv_splits=own_splits, workspace=workspace, block_n=bn,
+            num_warps=num_warps, num_stages=num_stages,
         )  # fmt: skip
         return
     max_rows = (max_group_size or group_rows.numel()) * kv_group  # query rows of a KV head
@@ -266,7 +270,7 @@ def cascade_decode_attention(
     )  # fmt: skip
     # 3. merge
     _cascade_merge[(batch_size, num_heads)](
-        part_o, part_lse, o, o.stride(0), o.stride(1), num_heads,
+        part_o, part_lse, o, q if sinks is None else sinks, o.stride(0), o.stride(1), num_heads,
         HEAD_DIM=head_dim, BLOCK_D=bd, NUM_SPLITS=splits, BLOCK_S=triton.next_power_of_2(splits),
-        num_warps=num_warps,
+        HAS_SINKS=sinks is not None, num_warps=num_warps,
     )  # fmt: skip

@@ -8,7 +8,9 @@ single chunk stage 1 writes the output and stage 2 is skipped). Stage 1 comes in
 query head (vector products; best without GQA) and grouped, where one program serves all query
 heads of a KV head with tl.dot, reading each K/V tile once. Under a sliding window W the chunks
 split only the last W positions of each request (what its query at seq_len - 1 sees); a logit
-cap soft-caps each score (triton_utils.soft_cap_log2).
+cap soft-caps each score (triton_utils.soft_cap_log2). Attention sinks join the denominator once,
+at the end: in stage 2's merge (a partial's log-sum-exp excludes the sink), or in stage 1 when
+it writes the output (one split; triton_utils.add_sink).
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ from torch import Tensor
 from radixrt.kernels.triton_utils import (
     MAX_COMBINE,
     SUM_COMBINE,
+    add_sink,
     attend_tiles,
     block_dim,
     check_kv_args,
+    check_sinks,
     dot_dtype_and_precision,
     interpreting,
     num_compute_units,
@@ -59,6 +63,7 @@ def _decode_stage1(
     v_cache_ptr,  # [num_slots + 1, num_kv_heads, head_dim]
     kv_indptr_ptr,  # [bs + 1]
     kv_indices_ptr,  # [sum(seq_lens)]
+    sinks_ptr,  # [num_heads] (HAS_SINKS; read here only when NUM_SPLITS == 1)
     part_o_ptr,  # [bs, num_heads, NUM_SPLITS, head_dim] float32
     part_lse_ptr,  # [bs, num_heads, NUM_SPLITS] float32
     scale_log2,
@@ -80,6 +85,7 @@ def _decode_stage1(
     NUM_SPLITS: tl.constexpr,
     WINDOWED: tl.constexpr,
     SOFT_CAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
@@ -116,7 +122,10 @@ def _decode_stage1(
         acc = acc * alpha + tl.reduce(p[:, None] * v, 0, SUM_COMBINE)
         m_i = m_new
     nonempty = l_i > 0  # an empty chunk stores zeros and a log-sum-exp of -inf
-    out = acc / tl.where(nonempty, l_i, 1.0)
+    denominator = tl.where(nonempty, l_i, 1.0)
+    if NUM_SPLITS == 1 and HAS_SINKS:  # the sink joins the one chunk's denominator
+        denominator = add_sink(l_i, m_i, tl.load(sinks_ptr + head).to(tl.float32))
+    out = acc / denominator
     if NUM_SPLITS == 1:
         o_row = o_ptr + req.to(tl.int64) * stride_ob + head * stride_oh
         tl.store(o_row + offs_d, out.to(o_ptr.dtype.element_ty), mask=mask_d)
@@ -135,6 +144,7 @@ def _decode_grouped_stage1(
     v_cache_ptr,  # [num_slots + 1, num_kv_heads, head_dim]
     kv_indptr_ptr,  # [bs + 1]
     kv_indices_ptr,  # [sum(seq_lens)]
+    sinks_ptr,  # [num_heads] (HAS_SINKS; read here only when NUM_SPLITS == 1)
     part_o_ptr,  # [bs, num_heads, NUM_SPLITS, head_dim] float32
     part_lse_ptr,  # [bs, num_heads, NUM_SPLITS] float32
     scale_log2,
@@ -159,6 +169,7 @@ def _decode_grouped_stage1(
     PRECISION: tl.constexpr,
     WINDOWED: tl.constexpr,
     SOFT_CAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     req = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -181,7 +192,11 @@ def _decode_grouped_stage1(
         PRECISION=PRECISION, CAUSAL=False, WINDOWED=False, SOFT_CAP=SOFT_CAP,
     )  # fmt: skip
     nonempty = l_i > 0
-    out = acc / tl.where(nonempty, l_i, 1.0)[:, None]
+    denominator = tl.where(nonempty, l_i, 1.0)
+    if NUM_SPLITS == 1 and HAS_SINKS:  # the sink joins the one chunk's denominator
+        sinks = tl.load(sinks_ptr + heads, mask=mask_h, other=0.0).to(tl.float32)
+        denominator = add_sink(l_i, m_i, sinks)
+    out = acc / denominator[:, None]
     mask_hd = mask_h[:, None] & mask_d[None, :]
     if NUM_SPLITS == 1:
         o_rows = o_ptr + req.to(tl.int64) * stride_ob + heads * stride_oh  # [BLOCK_H]
@@ -199,6 +214,7 @@ def _decode_stage2(
     part_o_ptr,  # [bs, num_heads, NUM_SPLITS, head_dim] float32
     part_lse_ptr,  # [bs, num_heads, NUM_SPLITS] float32
     o_ptr,  # [bs, num_heads, head_dim]
+    sinks_ptr,  # [num_heads] (HAS_SINKS)
     stride_ob,
     stride_oh,
     num_heads,
@@ -206,6 +222,7 @@ def _decode_stage2(
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
@@ -217,12 +234,17 @@ def _decode_stage2(
     lse = tl.load(part_lse_ptr + first + offs_s, mask=mask_s, other=float("-inf"))  # [BLOCK_S]
     m = tl.reduce(lse, 0, MAX_COMBINE)
     m = tl.where(m > float("-inf"), m, 0.0)  # all chunks empty (a zero-length request): zeros
+    if HAS_SINKS:  # natural log -> log2; the sink counts in the max too: exp2(sink - m) <= 1
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
+        m = tl.maximum(m, sink)
     w = tl.exp2(lse - m)  # [BLOCK_S]; empty chunks weigh 0
     # an empty partial's output is not read (cascade_attention never writes its empty ones)
     mask_s = lse > float("-inf")
     parts_ptrs = part_o_ptr + (first + offs_s)[:, None] * HEAD_DIM + offs_d[None, :]
     parts = tl.load(parts_ptrs, mask=mask_s[:, None] & mask_d[None, :], other=0.0)
     total = tl.reduce(w, 0, SUM_COMBINE)
+    if HAS_SINKS:  # joins the denominator, adds no value
+        total += tl.exp2(sink - m)
     out = tl.reduce(w[:, None] * parts, 0, SUM_COMBINE) / tl.where(total > 0, total, 1.0)
     o_ptrs = o_ptr + req.to(tl.int64) * stride_ob + head * stride_oh + offs_d
     tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_d)
@@ -261,6 +283,7 @@ def decode_attention(
     *,
     sliding_window: int | None = None,
     logit_cap: float = 0.0,
+    sinks: Tensor | None = None,
     num_kv_splits: int | None = None,
     workspace: Tensor | None = None,
     grouped: bool | None = None,
@@ -277,10 +300,11 @@ def decode_attention(
     tensor of >= decode_workspace_numel(...) elements (default: allocated here). grouped: serve
     all query heads of a KV head in one program (default: when there is GQA). With num_kv_splits
     and workspace given the call allocates nothing and never synchronises: CUDA graphs capture it.
-    sliding_window, logit_cap: as in the reference (None and 0: off); a window also bounds the
-    keys per request that the default split count assumes.
+    sliding_window, logit_cap, sinks: as in the reference (None, 0 and None: off); a window also
+    bounds the keys per request that the default split count assumes.
     """
     check_kv_args(q, k_cache, v_cache)
+    check_sinks(sinks, q.shape[1])
     if o.shape != q.shape or o.stride(2) != 1:
         raise ValueError(f"o {tuple(o.shape)} must be shaped like q {tuple(q.shape)}")
     batch_size, num_heads, head_dim = q.shape
@@ -303,7 +327,9 @@ def decode_attention(
     bd = block_dim(head_dim)
     bn = block_n or (_INTERPRETER_BLOCK_N if interpreting() else _GPU_BLOCK_N)
     scores = (sm_scale * _LOG2E, sliding_window or 0, logit_cap * _LOG2E)
-    options = dict(WINDOWED=sliding_window is not None, SOFT_CAP=logit_cap > 0)
+    sinks_arg = q if sinks is None else sinks  # never read without sinks
+    options = dict(WINDOWED=sliding_window is not None, SOFT_CAP=logit_cap > 0,
+                   HAS_SINKS=sinks is not None)  # fmt: skip
     strides = (
         q.stride(0), q.stride(1), o.stride(0), o.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
@@ -311,7 +337,7 @@ def decode_attention(
     if grouped if grouped is not None else kv_group > 1:
         dot_dtype, precision = dot_dtype_and_precision(q.dtype)
         _decode_grouped_stage1[(batch_size, num_kv_heads, splits)](
-            q, o, k_cache, v_cache, kv_indptr, kv_indices, part_o, part_lse, *scores,
+            q, o, k_cache, v_cache, kv_indptr, kv_indices, sinks_arg, part_o, part_lse, *scores,
             *strides, num_heads, kv_group,
             HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn,
             BLOCK_H=max(16, triton.next_power_of_2(kv_group)), NUM_SPLITS=splits,
@@ -320,7 +346,7 @@ def decode_attention(
         )  # fmt: skip
     else:
         _decode_stage1[(batch_size, num_heads, splits)](
-            q, o, k_cache, v_cache, kv_indptr, kv_indices, part_o, part_lse, *scores,
+            q, o, k_cache, v_cache, kv_indptr, kv_indices, sinks_arg, part_o, part_lse, *scores,
             *strides, num_heads, kv_group,
             HEAD_DIM=head_dim, BLOCK_D=bd, BLOCK_N=bn, NUM_SPLITS=splits, **options,
             num_warps=num_warps, num_stages=num_stages,
@@ -328,7 +354,7 @@ def decode_attention(
     if splits == 1:  # stage 1 wrote the outputs
         return
     _decode_stage2[(batch_size, num_heads)](
-        part_o, part_lse, o, o.stride(0), o.stride(1), num_heads,
+        part_o, part_lse, o, sinks_arg, o.stride(0), o.stride(1), num_heads,
         HEAD_DIM=head_dim, BLOCK_D=bd, NUM_SPLITS=splits,
-        BLOCK_S=triton.next_power_of_2(splits), num_warps=num_warps,
+        BLOCK_S=triton.next_power_of_2(splits), HAS_SINKS=sinks is not None, num_warps=num_warps,
     )  # fmt: skip

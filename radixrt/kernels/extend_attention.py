@@ -5,7 +5,8 @@ Same arguments as radixrt.kernels.reference.extend_attention_ref, its PyTorch re
 tokens' K/V must already be stored (store_kv), so one loop over the request's slots covers prefix
 and new tokens alike: row j of a request with prefix P sees positions 0..P+j (under a sliding
 window W only P+j-W+1..P+j: a query block starts at its first row's window, skipping the tiles
-before it; a logit cap soft-caps each score, see triton_utils.soft_cap_log2).
+before it; a logit cap soft-caps each score, see triton_utils.soft_cap_log2; attention sinks
+join each row's final denominator, see triton_utils.add_sink).
 """
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import triton.language as tl
 from torch import Tensor
 
 from radixrt.kernels.triton_utils import (
+    add_sink,
     attend_tiles,
     block_dim,
     check_kv_args,
+    check_sinks,
     dot_dtype_and_precision,
     interpreting,
 )
@@ -36,6 +39,7 @@ def _extend_kernel(
     qo_indptr_ptr,  # [bs + 1]
     kv_indptr_ptr,  # [bs + 1]
     kv_indices_ptr,  # [sum(seq_lens)]
+    sinks_ptr,  # [num_heads] (HAS_SINKS)
     scale_log2,  # sm_scale * log2(e): scores go through exp2
     window,  # sliding window (WINDOWED)
     cap_log2,  # logit_cap * log2(e) (SOFT_CAP)
@@ -56,6 +60,7 @@ def _extend_kernel(
     PRECISION: tl.constexpr,
     WINDOWED: tl.constexpr,
     SOFT_CAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     req = tl.program_id(0)
     head = tl.program_id(1)
@@ -88,6 +93,8 @@ def _extend_kernel(
         )  # fmt: skip
         if WINDOWED:  # rows past the request's last may see no key in the window: not 0 / 0
             l_i = tl.where(mask_m, l_i, 1.0)
+        if HAS_SINKS:
+            l_i = add_sink(l_i, m_i, tl.load(sinks_ptr + head).to(tl.float32))
         out = acc / l_i[:, None]  # every row of the request sees at least itself
         o_ptrs = o_ptr + rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :]
         tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_d[None, :])
@@ -114,6 +121,7 @@ def extend_attention(
     *,
     sliding_window: int | None = None,
     logit_cap: float = 0.0,
+    sinks: Tensor | None = None,
     max_extend_len: int | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
@@ -126,9 +134,10 @@ def extend_attention(
     head_dim]; qo_indptr, kv_indptr: [bs + 1] int; kv_indices: [sum(seq_lens)] int.
     max_extend_len: the longest request's new-token count; reading it from qo_indptr costs a
     host synchronisation, so callers that know it pass it. Block sizes default per device.
-    sliding_window, logit_cap: as in the reference (None and 0: off).
+    sliding_window, logit_cap, sinks: as in the reference (None, 0 and None: off).
     """
     check_kv_args(q, k_cache, v_cache)
+    check_sinks(sinks, q.shape[1])
     if o.shape != q.shape or o.stride(2) != 1:
         raise ValueError(f"o {tuple(o.shape)} must be shaped like q {tuple(q.shape)}")
     batch_size = qo_indptr.numel() - 1
@@ -144,11 +153,13 @@ def extend_attention(
     dot_dtype, precision = dot_dtype_and_precision(q.dtype)
     grid = (batch_size, num_heads, triton.cdiv(max_extend_len, bm))
     _extend_kernel[grid](
-        q, o, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, sm_scale * _LOG2E,
+        q, o, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices,
+        q if sinks is None else sinks, sm_scale * _LOG2E,
         sliding_window or 0, logit_cap * _LOG2E, q.stride(0), q.stride(1), o.stride(0), o.stride(1),
         k_cache.stride(0), k_cache.stride(1), v_cache.stride(0), v_cache.stride(1),
         num_heads // k_cache.shape[1],
         HEAD_DIM=head_dim, BLOCK_D=block_dim(head_dim), BLOCK_M=bm, BLOCK_N=bn,
         DOT_DTYPE=dot_dtype, PRECISION=precision, WINDOWED=sliding_window is not None,
-        SOFT_CAP=logit_cap > 0, num_warps=num_warps or def_warps, num_stages=num_stages,
+        SOFT_CAP=logit_cap > 0, HAS_SINKS=sinks is not None, num_warps=num_warps or def_warps,
+        num_stages=num_stages,
     )  # fmt: skip

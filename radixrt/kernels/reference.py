@@ -11,12 +11,16 @@ Conventions shared with the Triton kernels (keep these signatures):
 - sliding_window W (None: off): a query at position p attends only to positions j with
   p - W < j <= p (W keys, itself included).
 - logit_cap c (0: off): each score s = q.k * sm_scale becomes c * tanh(s / c) before the softmax.
+- sinks (None: off): [num_heads] float, a logit per query head that joins each softmax's
+  denominator (not scaled, not capped) and adds no value (gpt-oss).
 - The output tensor o is written in place.
 
 Without either option attention runs through PyTorch's SDPA (fused kernels). A window reads only
 the keys some query can see (a decode gathers the last W positions; an extend a mask over them);
-a cap takes an explicit float32 scores path. An extend under either runs a chunk of queries at a
-time, its scores within about QUERY_CHUNK_SCORES elements.
+a cap takes an explicit float32 scores path. Sinks take attend_with_lse (reference_lse.py: the
+fused CPU kernel for float32, else the explicit path) and rescale by sigmoid(lse - sink). An
+extend under any of them runs a chunk of queries at a time, its scores within about
+QUERY_CHUNK_SCORES elements.
 """
 
 from __future__ import annotations
@@ -24,6 +28,14 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from radixrt.kernels.reference_lse import (
+    apply_sinks,
+    attend_with_lse,
+    attend_with_sinks,
+    merge_attention,
+    soft_cap_,
+)
 
 QUERY_CHUNK_SCORES = 1 << 24  # elements of one chunk's scores (64 MiB of float32), about
 MIN_QUERY_CHUNK = 64  # ... but never fewer query rows per chunk than this
@@ -52,11 +64,11 @@ def gather_kv(cache: Tensor, slots: Tensor) -> Tensor:
 
 def _attend(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float,
-    logit_cap: float = 0.0,
+    logit_cap: float = 0.0, sinks: Tensor | None = None,
 ) -> Tensor:
     """SDPA over q [batch, heads, q_len, head_dim] and k, v [batch, kv_heads, kv_len, head_dim]
     (mask: bool, broadcastable to [batch, 1, q_len, kv_len]); logit_cap > 0 soft-caps the scores
-    on an explicit float32 path instead.
+    on an explicit float32 path instead; sinks [heads] go through attend_with_sinks.
 
     GQA without copying K/V: query head h reads KV head h // group, so the group's query heads
     are folded into the query-length axis of their KV head ([b, kv_heads, group * q_len, d])."""
@@ -64,9 +76,12 @@ def _attend(
     num_kv_heads, kv_len = k.shape[1], k.shape[2]
     group = num_heads // num_kv_heads
     if causal:
-        if logit_cap == 0 and group == 1:
+        if logit_cap == 0 and group == 1 and sinks is None:
             return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale)
         mask = torch.ones(q_len, kv_len, dtype=torch.bool, device=q.device).tril()
+    if sinks is not None:
+        return attend_with_sinks(q, k, v, None if mask is None else _mask4(mask), scale,
+                                 logit_cap, sinks)  # fmt: skip
     if logit_cap > 0:
         return _attend_capped(q, k, v, mask, scale, logit_cap)
     if group == 1:
@@ -81,11 +96,6 @@ def _attend(
 def _mask4(mask: Tensor) -> Tensor:
     """A bool mask [q_len, kv_len] or [b|1, 1, q_len|1, kv_len] as 4-D [b|1, 1, q_len|1, kv_len]."""
     return mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
-
-
-def soft_cap_(scores: Tensor, logit_cap: float) -> Tensor:
-    """scores -> logit_cap * tanh(scores / logit_cap), in place (logit_cap > 0)."""
-    return scores.div_(logit_cap).tanh_().mul_(logit_cap)
 
 
 def _attend_capped(
@@ -117,6 +127,7 @@ def extend_attention_ref(
     *,
     sliding_window: int | None = None,
     logit_cap: float = 0.0,
+    sinks: Tensor | None = None,
 ) -> None:
     """Attention of new tokens (any count per request) over their request's prefix and themselves.
 
@@ -134,11 +145,11 @@ def extend_attention_ref(
         q_req = q[q_start:q_end]  # [q_len, num_heads, head_dim]
         prefix_len = slots.numel() - q_req.shape[0]
         window = window_within(sliding_window, slots.numel())
-        if window is None and logit_cap == 0:
+        if window is None and logit_cap == 0 and sinks is None:
             out = _extend_request(q_req, k_cache, v_cache, slots, prefix_len, sm_scale)
         else:
             out = _extend_request_chunked(q_req, k_cache, v_cache, slots, prefix_len, sm_scale,
-                                          window, logit_cap)  # fmt: skip
+                                          window, logit_cap, sinks)  # fmt: skip
         o[q_start:q_end] = out.to(o.dtype)
 
 
@@ -177,10 +188,10 @@ def _query_chunk_rows(num_heads: int, kv_len: int, window: int | None) -> int:
 
 def _extend_request_chunked(
     q_req: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, prefix_len: int,
-    scale: float, window: int | None, logit_cap: float,
+    scale: float, window: int | None, logit_cap: float, sinks: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
-    """_extend_request under a sliding window and/or a logit cap, a chunk of queries at a time,
-    each chunk reading only the keys its queries may see."""
+    """_extend_request under a sliding window, a logit cap and/or sinks, a chunk of queries at a
+    time, each chunk reading only the keys its queries may see."""
     q_len, num_heads, _ = q_req.shape
     device = q_req.device
     out = torch.empty_like(q_req)  # [q_len, num_heads, head_dim]
@@ -198,7 +209,7 @@ def _extend_request_chunked(
         if window is not None:
             mask &= pos_k > pos_q - window
         qi = q_req[first:last].transpose(0, 1).unsqueeze(0)  # [1, num_heads, rows, head_dim]
-        res = _attend(qi, ki, vi, mask, False, scale, logit_cap)  # [1, num_heads, rows, head_dim]
+        res = _attend(qi, ki, vi, mask, False, scale, logit_cap, sinks)  # [1, heads, rows, dim]
         out[first:last] = res.squeeze(0).transpose(0, 1)
     return out
 
@@ -235,6 +246,7 @@ def decode_attention_ref(
     *,
     sliding_window: int | None = None,
     logit_cap: float = 0.0,
+    sinks: Tensor | None = None,
 ) -> None:
     """Attention of one new token per request over its whole KV (its last sliding_window
     positions), batched in one padded attention call.
@@ -245,12 +257,13 @@ def decode_attention_ref(
     if q.shape[0] == 0:
         return
     slots, valid = decode_padded_slots(kv_indptr, kv_indices, k_cache.shape[0] - 1, sliding_window)
-    decode_attention_padded(q, o, k_cache, v_cache, slots, valid, sm_scale, logit_cap=logit_cap)
+    decode_attention_padded(q, o, k_cache, v_cache, slots, valid, sm_scale, logit_cap=logit_cap,
+                            sinks=sinks)  # fmt: skip
 
 
 def decode_attention_padded(
     q: Tensor, o: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, valid: Tensor,
-    sm_scale: float, *, logit_cap: float = 0.0,
+    sm_scale: float, *, logit_cap: float = 0.0, sinks: Tensor | None = None,
 ) -> None:
     """decode_attention_ref on slot lists already padded by decode_padded_slots (a backend pads
     them once per forward pass, not once per layer; a sliding window is applied there: only
@@ -260,51 +273,8 @@ def decode_attention_padded(
     v = gather_kv(v_cache, slots).transpose(1, 2).to(q.dtype)
     mask = valid[:, None, None, :]  # [bs, 1, 1, max_len]
     # [bs, num_heads, 1, head_dim]
-    out = _attend(q.unsqueeze(2), k, v, mask, False, sm_scale, logit_cap)
+    out = _attend(q.unsqueeze(2), k, v, mask, False, sm_scale, logit_cap, sinks)
     o.copy_(out.squeeze(2))
-
-
-def attend_with_lse(
-    q: Tensor, k: Tensor, v: Tensor, valid: Tensor | None, sm_scale: float, logit_cap: float = 0.0
-) -> tuple[Tensor, Tensor]:
-    """Softmax attention that also returns each query's log-sum-exp (natural log), in float32.
-
-    q: [b, num_kv_heads, m, head_dim] (a KV head's query heads folded into m);
-    k, v: [b, num_kv_heads, n, head_dim]; valid: [b, 1, 1, n] bool or None; every query needs at
-    least one valid key. Returns out [b, num_kv_heads, m, head_dim] and lse [b, num_kv_heads, m].
-    float32 on the CPU runs PyTorch's fused CPU flash-attention kernel (the one SDPA uses, which
-    also returns the log-sum-exp); anything else (a logit cap included) the plain formula in
-    float32.
-    """
-    fused = q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32
-    if fused and logit_cap == 0:
-        mask = None
-        if valid is not None:  # additive, in the query's dtype (as the kernel requires)
-            mask = torch.zeros(valid.shape, dtype=q.dtype).masked_fill_(~valid, float("-inf"))
-        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
-            q, k, v, 0.0, False, attn_mask=mask, scale=sm_scale)
-        return out, lse
-    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * sm_scale  # [b, h, m, n]
-    if logit_cap > 0:
-        soft_cap_(scores, logit_cap)
-    if valid is not None:
-        scores = scores.masked_fill(~valid, float("-inf"))
-    lse = torch.logsumexp(scores, dim=-1)  # [b, h, m]
-    probs = torch.exp(scores - lse.unsqueeze(-1))  # [b, h, m, n]
-    return torch.matmul(probs, v.float()), lse
-
-
-def merge_attention(
-    o_a: Tensor, lse_a: Tensor, o_b: Tensor, lse_b: Tensor
-) -> tuple[Tensor, Tensor]:
-    """Attention over keys A ∪ B from the attention over A and over B (disjoint key sets).
-
-    o_*: [..., head_dim]; lse_*: [...] natural log-sum-exps (-inf: no keys)."""
-    lse = torch.logaddexp(lse_a, lse_b)  # [...]
-    finite = lse.nan_to_num(neginf=0.0)
-    w_a = torch.exp(lse_a - finite).unsqueeze(-1)
-    w_b = torch.exp(lse_b - finite).unsqueeze(-1)
-    return o_a * w_a + o_b * w_b, lse
 
 
 def cascade_decode_attention_ref(
@@ -321,6 +291,7 @@ def cascade_decode_attention_ref(
     sm_scale: float,
     *,
     logit_cap: float = 0.0,
+    sinks: Tensor | None = None,
 ) -> None:
     """Decode attention where groups of requests share a KV prefix (cascade attention).
 
@@ -330,7 +301,8 @@ def cascade_decode_attention_ref(
     when it is in no group), is in slots kv_indices[kv_indptr[i]:kv_indptr[i+1]]; it holds at
     least the new token. The prefix is read once per group: all the group's queries attend to it
     together; each request attends to its own KV; the two are merged by their log-sum-exps.
-    The result equals decode_attention_ref over the concatenated KV (with the same logit_cap).
+    The result equals decode_attention_ref over the concatenated KV (with the same logit_cap
+    and sinks: a sink rescales the merged attention, by its merged log-sum-exp).
     There is no sliding window: a windowed layer decodes with decode_attention_ref (the
     backends use this only when the window covers every request's whole KV).
 
@@ -344,11 +316,11 @@ def cascade_decode_attention_ref(
     slots, valid = decode_padded_slots(kv_indptr, kv_indices, padding)
     if group_indptr.numel() <= 1:  # no groups: plain decode attention
         decode_attention_padded(q, o, k_cache, v_cache, slots, valid, sm_scale,
-                                logit_cap=logit_cap)
+                                logit_cap=logit_cap, sinks=sinks)  # fmt: skip
         return
     groups = pad_groups(prefix_indptr, prefix_indices, group_indptr, group_rows, padding)
     cascade_decode_attention_padded(q, o, k_cache, v_cache, groups, slots, valid, sm_scale,
-                                    logit_cap=logit_cap)
+                                    logit_cap=logit_cap, sinks=sinks)
 
 
 def pad_groups(prefix_indptr: Tensor, prefix_indices: Tensor, group_indptr: Tensor,
@@ -367,7 +339,7 @@ def pad_groups(prefix_indptr: Tensor, prefix_indices: Tensor, group_indptr: Tens
 def cascade_decode_attention_padded(
     q: Tensor, o: Tensor, k_cache: Tensor, v_cache: Tensor,
     groups: tuple[Tensor, Tensor, Tensor, Tensor], slots: Tensor, valid: Tensor, sm_scale: float,
-    *, logit_cap: float = 0.0,
+    *, logit_cap: float = 0.0, sinks: Tensor | None = None,
 ) -> None:
     """cascade_decode_attention_ref on metadata a backend prepares once per forward pass: the
     groups padded by pad_groups, and the requests' own slot lists padded by decode_padded_slots
@@ -376,15 +348,26 @@ def cascade_decode_attention_padded(
     bs, num_heads, head_dim = q.shape
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
-    members, member_valid, prefix, prefix_valid = groups
-    num_groups, width = members.shape
     qg = q.reshape(bs, num_kv_heads, group, head_dim)  # [bs, kv_heads, group, head_dim]
     k = gather_kv(k_cache, slots).transpose(1, 2)  # [bs, kv_heads, max_len, head_dim]
     v = gather_kv(v_cache, slots).transpose(1, 2)  # [bs, kv_heads, max_len, head_dim]
     out, lse = attend_with_lse(qg, k, v, valid[:, None, None, :], sm_scale, logit_cap)
-    if not bool(member_valid.any()):  # no group with a prefix
-        o.copy_(out.reshape(bs, num_heads, head_dim))
-        return
+    if bool(groups[1].any()):  # some group has a prefix
+        _merge_prefixes(qg, out, lse, k_cache, v_cache, groups, sm_scale, logit_cap)
+    if sinks is not None:  # over the merged attention: [bs, kv_heads, group, head_dim]
+        out = apply_sinks(out, lse, sinks.view(num_kv_heads, group))
+    o.copy_(out.reshape(bs, num_heads, head_dim))
+
+
+def _merge_prefixes(
+    qg: Tensor, out: Tensor, lse: Tensor, k_cache: Tensor, v_cache: Tensor,
+    groups: tuple[Tensor, Tensor, Tensor, Tensor], sm_scale: float, logit_cap: float,
+) -> None:  # fmt: skip
+    """Every group's queries over its prefix, merged into its members' rows of out
+    [bs, kv_heads, group, head_dim] and lse [bs, kv_heads, group] (in place)."""
+    _, num_kv_heads, group, head_dim = qg.shape
+    members, member_valid, prefix, prefix_valid = groups
+    num_groups, width = members.shape
     # each group's members' query heads of a KV head attend together: [G, kv_heads, W * group, d]
     q_p = qg[members].permute(0, 2, 1, 3, 4).reshape(num_groups, num_kv_heads, width * group,
                                                       head_dim)
@@ -397,4 +380,3 @@ def cascade_decode_attention_padded(
     rows = members[member_valid]  # [sum of group sizes]
     out[rows], lse[rows] = merge_attention(out[rows], lse[rows], out_p[member_valid],
                                            lse_p[member_valid])
-    o.copy_(out.reshape(bs, num_heads, head_dim))

@@ -70,6 +70,28 @@ def check_kv_args(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor)
         raise ValueError("q and the KV caches need a contiguous last (head_dim) axis")
 
 
+def check_sinks(sinks: torch.Tensor | None, num_heads: int) -> None:
+    """Attention sinks, when given, are one float per query head, contiguous: [num_heads]."""
+    if sinks is None:
+        return
+    if tuple(sinks.shape) != (num_heads,) or sinks.stride(0) != 1:
+        raise ValueError(f"sinks {tuple(sinks.shape)} must be a contiguous [{num_heads}]")
+    if not sinks.is_floating_point():
+        raise TypeError(f"sinks must be a float tensor, not {sinks.dtype}")
+
+
+@triton.jit
+def add_sink(l_i, m_i, sink):
+    """The softmax denominator with an attention sink: l_i, the sum of exp2(score - m_i) over
+    the keys seen (scores and their running max m_i in the log2 domain), plus
+    exp2(sink * log2(e) - m_i) for a sink logit as the model stores it (natural log, neither
+    scaled nor capped). The accumulator divided by it is sum_j exp(x_j) v_j / (exp(sink) +
+    sum_i exp(x_i)). A row that saw no key (m_i = -inf, l_i = 0, acc = 0) gets inf, so 0 out
+    (the sink takes all); so does a sink more than ~88 nats above every score, whose exact
+    output is below 2^-127 of the values (under float32's smallest normal)."""
+    return l_i + tl.exp2(sink * 1.4426950408889634 - m_i)
+
+
 @triton.jit
 def soft_cap_log2(qk, cap_log2):
     """Logit soft-capping in the log2 domain: scores s * log2(e) -> c * tanh(s / c) * log2(e),

@@ -1,9 +1,9 @@
 """AttentionBackend: the interface the model's attention layers call, and LayerAttention: what
-one layer asks of it (scale, sliding window, logit soft-capping)."""
+one layer asks of it (scale, sliding window, logit soft-capping, attention sinks)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from torch import Tensor
@@ -23,18 +23,29 @@ class LayerAttention:
         j with p - W < j <= p (W keys, itself included; transformers' convention). A request's
         KV position j is the j-th entry of its slot list.
     logit_cap: 0 = off; c > 0 = each score s (after scaling) becomes c * tanh(s / c) (Gemma 2).
+    sinks: None = off; a [num_heads] float tensor (this rank's query heads, any float dtype, on
+        the device of q) = a learned logit s_h per query head that joins every softmax's
+        denominator and contributes no value (gpt-oss): p_j = exp(x_j) / (exp(s_h) +
+        sum_i exp(x_i)) over the visible keys' scores x (after scaling, window and cap; the sink
+        itself is neither scaled nor capped). The model passes its parameter, so the tensor is
+        read at every call (no copy here). It takes no part in == and hash (a tensor has no
+        boolean equality): two settings that differ only in their sinks compare equal, and
+        the repr leaves it out.
     """
 
     layer_id: int
     scale: float | None = None
     sliding_window: int | None = None
     logit_cap: float = 0.0
+    sinks: Tensor | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window={self.sliding_window} must be >= 1 or None")
         if self.logit_cap < 0:
             raise ValueError(f"logit_cap={self.logit_cap} must be >= 0")
+        if self.sinks is not None and self.sinks.dim() != 1:
+            raise ValueError(f"sinks of shape {tuple(self.sinks.shape)}: expected [num_heads]")
 
     def softmax_scale(self, head_dim: int) -> float:
         return self.scale if self.scale is not None else head_dim**-0.5

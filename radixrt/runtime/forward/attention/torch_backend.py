@@ -38,7 +38,8 @@ class TorchAttentionBackend:
     """Decode requests (one new token after a prefix) run together in one padded attention call;
     decode requests that share a prefix (the batch's prefix_groups) read it once, together, and
     merge it with their own KV by log-sum-exp (cascade attention); extend requests run one SDPA
-    call each. A layer's sliding window and logit cap go to the reference kernels; a decode
+    call each. A layer's sliding window, logit cap and sinks go to the reference kernels (the
+    cascade reference applies a sink to the merged attention, exactly); a decode
     layer whose window is shorter than some request's KV reads each request's last `window`
     positions and no shared prefix (see DecodeLayout).
 
@@ -84,7 +85,7 @@ class TorchAttentionBackend:
             extend_attention_ref(
                 q_sub, o_sub, k_cache, v_cache, sub.qo_indptr, sub.kv_indptr, sub.kv_indices,
                 layer.softmax_scale(q.shape[-1]), sliding_window=layer.sliding_window,
-                logit_cap=layer.logit_cap,
+                logit_cap=layer.logit_cap, sinks=layer.sinks,
             )  # fmt: skip
             if sub.rows is not None:
                 o[sub.rows] = o_sub
@@ -102,11 +103,11 @@ class TorchAttentionBackend:
         if plan.uses_groups(layer.sliding_window):
             cascade_decode_attention_padded(
                 q_dec, o_dec, k_cache, v_cache, plan.padded_groups(padding), slots, valid, scale,
-                logit_cap=layer.logit_cap,
+                logit_cap=layer.logit_cap, sinks=layer.sinks,
             )  # fmt: skip
         else:
             decode_attention_padded(q_dec, o_dec, k_cache, v_cache, slots, valid, scale,
-                                    logit_cap=layer.logit_cap)  # fmt: skip
+                                    logit_cap=layer.logit_cap, sinks=layer.sinks)  # fmt: skip
         if plan.rows is not None:
             o[plan.rows] = o_dec
         self.kv_positions_read += plan.positions_read(layer.sliding_window)

@@ -47,9 +47,10 @@ class TritonAttentionBackend:
     """Decode-only batches run the split-KV decode kernel, or the cascade kernel when the batch
     has prefix groups (each group's shared prefix read once); batches with any extend request
     (prefill chunks, or decode and prefill mixed) run the extend kernel on every request, a
-    decode request being an extend of one token. Every kernel takes the layer's sliding window
-    and logit cap; a layer whose window is shorter than some request's KV decodes with the
-    decode kernel (its last `window` positions), never the cascade kernel (see DecodeLayout)."""
+    decode request being an extend of one token. Every kernel takes the layer's sliding window,
+    logit cap and sinks (the cascade kernel adds a sink in its final merge, exactly); a layer
+    whose window is shorter than some request's KV decodes with the decode kernel (its last
+    `window` positions), never the cascade kernel (see DecodeLayout)."""
 
     def __init__(self) -> None:
         self._plan: _StepPlan | None = None
@@ -93,25 +94,29 @@ class TritonAttentionBackend:
         k_cache, v_cache = kv_cache.k[layer.layer_id], kv_cache.v[layer.layer_id]
         store_kv(k_cache, v_cache, k, v, batch.out_slots)
         scale, window, cap = layer.softmax_scale(q.shape[-1]), layer.sliding_window, layer.logit_cap
+        sinks = layer.sinks
         q = q.contiguous()
         o = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
         if plan.cascade is not None and plan.cascade.uses_groups(window):
             layout = plan.cascade
             cascade_decode_attention(
                 q, o, k_cache, v_cache, *layout.flat_groups(), layout.own_indptr,
-                layout.own_indices, scale, logit_cap=cap, max_group_size=layout.max_group_size,
+                layout.own_indices, scale, logit_cap=cap, sinks=sinks,
+                max_group_size=layout.max_group_size,
                 max_kv_len=layout.max_own_len,
             )  # fmt: skip
         elif plan.decode:
             splits, workspace = self._decode_settings(q, kv_cache.num_kv_heads, plan, window)
             decode_attention(
                 q, o, k_cache, v_cache, batch.kv_indptr, batch.kv_indices, scale,
-                sliding_window=window, logit_cap=cap, num_kv_splits=splits, workspace=workspace,
+                sliding_window=window, logit_cap=cap, sinks=sinks, num_kv_splits=splits,
+                workspace=workspace,
             )  # fmt: skip
         else:
             extend_attention(
                 q, o, k_cache, v_cache, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
-                scale, sliding_window=window, logit_cap=cap, max_extend_len=plan.max_extend_len,
+                scale, sliding_window=window, logit_cap=cap, sinks=sinks,
+                max_extend_len=plan.max_extend_len,
             )  # fmt: skip
         return o
 
