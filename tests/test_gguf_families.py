@@ -1,17 +1,16 @@
-"""GGUF files of every family llama.cpp's converter writes, against the same weights as an HF
-folder and against transformers (CPU, float32).
+"""GGUF files of every family llama.cpp's converter writes, dense and mixture-of-experts, against
+the same weights as an HF folder and against transformers (CPU, float32).
 
-Each tiny model is built with transformers' own class, given non-trivial weights (norms and
-biases too), saved as safetensors, and written as a GGUF the way convert_hf_to_gguf.py writes it:
-its metadata keys, llama.cpp's tensor names (gguf-py's own TensorNameMap), the Q/K row
-permutation of LlamaModel subclasses, Gemma's norms stored as w + 1, Phi-3's fused tensors and
-LongRoPE factor tensors, plus a minimal byte-level tokenizer. The GGUF, the folder and HF must
-give the same logits.
+Each tiny model is built with transformers' own class, given non-trivial weights (norms, biases,
+routers and sinks too), saved as safetensors, and written as a GGUF the way convert_hf_to_gguf.py
+writes it (tests/gguf_convert.py: its metadata keys, tensor names and transforms, the experts
+stacked, fused gate / up or MXFP4 where the converter may write them so). The GGUF, the folder
+and HF must give the same logits; at tp_size 2 each rank's shard from the GGUF equals the
+folder's.
 """
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -21,12 +20,14 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from gguf_convert import EOT_TOKEN, round_experts_to_mxfp4, write_gguf
 from torch import Tensor
 
+from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.forward.kv_cache import KVCache
 from radixrt.runtime.models import LoadedModel, load_model
-from radixrt.runtime.models.gguf_archs import GGUF_ARCHITECTURES
+from radixrt.runtime.models.gguf_archs import GGUF_ARCHITECTURES, MOE_VARIANTS
 
 SEQ_LEN = 40
 ATOL = 1e-4
@@ -40,7 +41,12 @@ GEMMA3_ROPE = {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_th
                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}
 PHI3_ROPE = {"rope_type": "longrope", "rope_theta": 10000.0,
              "long_factor": [1.0, 1.5, 2.5, 4.0], "short_factor": [1.0, 1.1, 1.2, 1.3]}
-EOT_TOKEN = 3  # written for Gemma, as llama.cpp's converter does (<end_of_turn>)
+GPT_OSS = dict(num_local_experts=4, num_experts_per_tok=2, head_dim=16, sliding_window=8,
+               intermediate_size=48, max_position_embeddings=128,
+               layer_types=["sliding_attention", "full_attention"],
+               rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                                "original_max_position_embeddings": 32, "beta_fast": 32.0,
+                                "beta_slow": 1.0, "truncate": False})
 
 
 def _hf(config_cls: str, model_cls: str, **overrides: Any) -> Callable[[], Any]:
@@ -78,144 +84,33 @@ FAMILIES: dict[str, tuple[str, Callable[[], Any]]] = {
                                residual_multiplier=0.5, attention_multiplier=0.3,
                                logits_scaling=2.0)),
     "smollm3": ("smollm3", _hf("SmolLM3Config", "SmolLM3ForCausalLM", num_hidden_layers=4)),
+    # mixtures of experts
+    "mixtral": ("llama", _hf("MixtralConfig", "MixtralForCausalLM", num_local_experts=4,
+                             num_experts_per_tok=2, intermediate_size=48, sliding_window=None)),
+    "qwen2moe": ("qwen2moe", _hf("Qwen2MoeConfig", "Qwen2MoeForCausalLM", num_experts=8,
+                                 num_experts_per_tok=2, moe_intermediate_size=32,
+                                 shared_expert_intermediate_size=48, norm_topk_prob=False)),
+    "qwen3moe": ("qwen3moe", _hf("Qwen3MoeConfig", "Qwen3MoeForCausalLM", num_experts=8,
+                                 num_experts_per_tok=2, moe_intermediate_size=32,
+                                 norm_topk_prob=True, head_dim=24)),
+    "olmoe": ("olmoe", _hf("OlmoeConfig", "OlmoeForCausalLM", num_experts=4,
+                           num_experts_per_tok=1, intermediate_size=48)),
+    "gpt-oss": ("gpt-oss", _hf("GptOssConfig", "GptOssForCausalLM", **GPT_OSS)),
 }
-
-
-# --- a GGUF written as llama.cpp's converter writes it ----------------------------------------
-def converter_permute(w: Tensor, n_head: int) -> Tensor:
-    """LlamaModel.permute: rotate-half pairs of each head -> llama.cpp's interleaved pairs."""
-    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2) \
-        .reshape(w.shape)
-
-
-def converter_tensors(model: Any, arch: str) -> list[tuple[str, Tensor]]:
-    """The model's tensors under llama.cpp's names, transformed as the converter does."""
-    cfg = model.config
-    name_map = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], cfg.num_hidden_layers)
-    out = []
-    for name, tensor in model.state_dict().items():
-        if arch.startswith("gemma") and name == "lm_head.weight":
-            continue  # GemmaModel's filter: the head is the embedding
-        if name == "lm_head.weight" and cfg.tie_word_embeddings:
-            continue
-        tensor = tensor.detach().float().clone()
-        if arch in ("llama", "granite", "smollm3"):  # LlamaModel subclasses: undo_permute
-            if name.endswith(("q_proj.weight", "q_proj.bias")):
-                tensor = converter_permute(tensor, cfg.num_attention_heads)
-            elif name.endswith(("k_proj.weight", "k_proj.bias")):
-                tensor = converter_permute(tensor, cfg.num_key_value_heads)
-        if arch.startswith("gemma") and name.endswith("norm.weight"):
-            tensor = tensor + 1
-        new_name = name_map.get_name(name, try_suffixes=(".weight", ".bias"))
-        assert new_name is not None, name
-        out.append((new_name, tensor))
-    return out
-
-
-def _rope_params(cfg: Any) -> dict[str, Any]:
-    params = dict(cfg.rope_parameters or {})
-    return dict(params.get("full_attention", params))
-
-
-def write_metadata(w: gguf.GGUFWriter, cfg: Any, arch: str) -> None:
-    """set_gguf_parameters of the converter's model class for this architecture."""
-    rope = _rope_params(cfg)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    head_dim = getattr(cfg, "head_dim", None) if arch != "granite" else None
-    if head_dim:
-        w.add_key_length(head_dim)
-        w.add_value_length(head_dim)
-    if arch in ("gemma", "gemma2"):  # GemmaModel / Gemma2Model write no RoPE base
-        if arch == "gemma2":
-            w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
-            w.add_final_logit_softcapping(cfg.final_logit_softcapping)
-            w.add_sliding_window(cfg.sliding_window)
-        return
-    w.add_rope_freq_base(rope["rope_theta"])
-    if rope.get("rope_type") == "linear":
-        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(rope["factor"])
-    if arch in ("llama", "granite", "smollm3"):
-        w.add_vocab_size(cfg.vocab_size)
-        w.add_rope_dimension_count(head_dim or cfg.hidden_size // cfg.num_attention_heads)
-    if arch == "gemma3":
-        w.add_sliding_window(cfg.sliding_window)
-    if arch == "granite":
-        w.add_attention_scale(cfg.attention_multiplier)
-        w.add_embedding_scale(cfg.embedding_multiplier)
-        w.add_residual_scale(cfg.residual_multiplier)
-        w.add_logit_scale(cfg.logits_scaling)
-    if arch == "phi3":
-        w.add_rope_scaling_orig_ctx_len(cfg.original_max_position_embeddings)
-        w.add_rope_dimension_count(int(cfg.partial_rotary_factor * cfg.hidden_size)
-                                   // cfg.num_attention_heads)
-        w.add_sliding_window(cfg.sliding_window or 0)
-
-
-def extra_tensors(cfg: Any, arch: str) -> list[tuple[str, Tensor]]:
-    """generate_extra_tensors: Llama 3.1's rope_freqs, Phi-3's LongRoPE factors (and the
-    attention factor it writes beside them)."""
-    rope = _rope_params(cfg)
-    if rope.get("rope_type") == "llama3":
-        dim = cfg.head_dim
-        base, factor = rope["rope_theta"], rope["factor"]
-        low, high = rope["low_freq_factor"], rope["high_freq_factor"]
-        old = rope["original_max_position_embeddings"]
-        factors = []
-        for i in range(0, dim, 2):
-            wavelen = 2 * math.pi * base ** (i / dim)
-            if wavelen < old / high:
-                factors.append(1.0)
-            elif wavelen > old / low:
-                factors.append(factor)
-            else:
-                smooth = (old / wavelen - low) / (high - low)
-                factors.append(1 / ((1 - smooth) / factor + smooth))
-        return [("rope_freqs.weight", torch.tensor(factors))]
-    if arch == "phi3":
-        return [("rope_factors_long.weight", torch.tensor(rope["long_factor"])),
-                ("rope_factors_short.weight", torch.tensor(rope["short_factor"]))]
-    return []
-
-
-def write_tokenizer(w: gguf.GGUFWriter, arch: str) -> None:
-    """A byte-level BPE vocabulary of 96 tokens: printable ASCII, a space, two spaces."""
-    tokens = [chr(c) for c in range(33, 127)] + ["\u0120", "\u0120\u0120"]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.NORMAL] * len(tokens))
-    w.add_token_merges(["\u0120 \u0120"])
-    w.add_bos_token_id(0)
-    w.add_eos_token_id(1)
-    if arch.startswith("gemma"):
-        w.add_eot_token_id(EOT_TOKEN)
-
-
-def write_gguf(path: Path, model: Any, arch: str,
-               edit: Callable[[gguf.GGUFWriter], None] | None = None) -> None:
-    w = gguf.GGUFWriter(str(path), arch)
-    write_metadata(w, model.config, arch)
-    if arch == "phi3":
-        cfg = model.config
-        scale = cfg.max_position_embeddings / cfg.original_max_position_embeddings
-        orig = cfg.original_max_position_embeddings
-        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)))
-    write_tokenizer(w, arch)
-    if edit is not None:
-        edit(w)
-    for name, tensor in converter_tensors(model, arch) + extra_tensors(model.config, arch):
-        w.add_tensor(name, tensor.numpy().astype(np.float32))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+FAMILIES["qwen2moe-squeezed"] = FAMILIES["qwen2moe"]
+FAMILIES["olmoe-fused"] = FAMILIES["olmoe"]
+FAMILIES["gpt-oss-fused"] = FAMILIES["gpt-oss"]
+FAMILIES["gpt-oss-mxfp4"] = ("gpt-oss", _hf("GptOssConfig", "GptOssForCausalLM",
+                                            **{**GPT_OSS, "intermediate_size": 64}))
+# name -> how the converter ran: tensors squeezed (an earlier converter); --fuse-gate-up-exps;
+# MXFP4 experts (as real gpt-oss files hold them: their rows must be whole blocks of 32, so
+# inter 64; the HF model gets the dequantized values)
+CONVERSIONS: dict[str, dict[str, bool]] = {
+    "qwen2moe-squeezed": {"squeeze": True},
+    "olmoe-fused": {"fuse_gate_up": True},
+    "gpt-oss-fused": {"fuse_gate_up": True},
+    "gpt-oss-mxfp4": {"mxfp4_experts": True},
+}
 
 
 # --- the tests ------------------------------------------------------------------------------
@@ -226,7 +121,7 @@ def _tokenizer_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def tiny_model(name: str, seed: int = 0) -> Any:
     """The family's tiny HF model with non-trivial weights: norms near 1, biases and the rest
-    random."""
+    random (MXFP4 experts rounded to their MXFP4 values)."""
     torch.manual_seed(seed)
     model = FAMILIES[name][1]().eval()
     with torch.no_grad():
@@ -235,7 +130,15 @@ def tiny_model(name: str, seed: int = 0) -> Any:
                 param.copy_(1.0 + 0.2 * torch.randn_like(param))
             else:
                 param.normal_(0.0, 0.3 if pname.endswith(".bias") else 0.15)
+    if CONVERSIONS.get(name, {}).get("mxfp4_experts"):
+        round_experts_to_mxfp4(model)
     return model
+
+
+def hf_architecture(arch: str, experts: bool) -> str:
+    """The HF architecture a GGUF architecture reads back as (Mixtral: llama with experts)."""
+    table = MOE_VARIANTS if experts and arch in MOE_VARIANTS else GGUF_ARCHITECTURES
+    return table[arch].hf_architecture
 
 
 def run_logits(loaded: LoadedModel, ids: Tensor, chunks: list[tuple[int, int]]) -> Tensor:
@@ -262,14 +165,14 @@ def test_gguf_matches_folder_and_hf(name: str, tmp_path: Path) -> None:
     model = tiny_model(name)
     folder = tmp_path / "hf"
     model.save_pretrained(folder)
-    write_gguf(tmp_path / f"{name}.gguf", model, arch)
+    write_gguf(tmp_path / f"{name}.gguf", model, arch, **CONVERSIONS.get(name, {}))
     from_gguf = load_model(str(tmp_path / f"{name}.gguf"))
     from_folder = load_model(str(folder))
 
     ours, theirs = dataclasses.asdict(from_gguf.config), dataclasses.asdict(from_folder.config)
     for key in _SPELLED_DIFFERENTLY:
         ours.pop(key), theirs.pop(key)
-    assert ours.pop("architecture") == GGUF_ARCHITECTURES[arch].hf_architecture
+    assert ours.pop("architecture") == hf_architecture(arch, ours["num_experts"] > 0)
     theirs.pop("architecture")  # MistralForCausalLM: llama.cpp writes Mistral as llama
     assert ours == theirs
     assert from_gguf.config.eos_token_ids == ((1, EOT_TOKEN) if arch.startswith("gemma") else (1,))
@@ -333,12 +236,40 @@ def test_feature_keys_a_family_does_not_honour_are_refused(tmp_path: Path) -> No
     assert "olmo2.attention.sliding_window=4096" in message
     message = _refused(tmp_path, "granite", lambda w: w.add_expert_count(8))
     assert "mixture-of-experts" in message
+    message = _refused(tmp_path, "olmoe", lambda w: w.add_expert_shared_count(1))
+    assert "olmoe.expert_shared_count=1" in message
+    message = _refused(tmp_path, "mixtral", lambda w: w.add_expert_weights_scale(2.5))
+    assert "llama.expert_weights_scale=2.5 (scaled routing weights)" in message
+
+
+def test_routing_keys_llama_cpp_would_ignore_must_agree_with_it(tmp_path: Path) -> None:
+    """llama.cpp's builders hard-code each architecture's routing: a file that says otherwise
+    is refused; one that agrees (or sets a neutral weight scale) reads as usual."""
+    from radixrt.runtime.models.loader import inspect_model
+
+    message = _refused(tmp_path, "qwen2moe", lambda w: w.add_expert_weights_norm(True))
+    assert "qwen2moe.expert_weights_norm=True" in message
+    message = _refused(tmp_path, "qwen3moe", lambda w: w.add_expert_gating_func(
+        gguf.ExpertGatingFuncType.SIGMOID))
+    assert "qwen3moe.expert_gating_func=2" in message
+
+    def agreeing(w: gguf.GGUFWriter) -> None:
+        w.add_expert_weights_norm(True)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SOFTMAX)
+        w.add_expert_weights_scale(1.0)
+
+    write_gguf(tmp_path / "agrees.gguf", tiny_model("qwen3moe"), "qwen3moe", agreeing)
+    cfg = inspect_model(str(tmp_path / "agrees.gguf"))
+    assert (cfg.num_experts, cfg.num_experts_per_tok, cfg.norm_topk_prob) == (8, 2, True)
 
 
 def test_unknown_tensors_and_rope_kinds_are_refused(tmp_path: Path) -> None:
     extra = [("blk.0.ffn_gate_exps.weight", torch.zeros(2, 4, 8))]
     message = _refused(tmp_path, "qwen2", lambda w: None, extra)
     assert "tensor 'blk.0.ffn_gate_exps.weight'" in message
+    extra = [("blk.0.ffn_gate_shexp.weight", torch.zeros(16, 64))]  # Mixtral has no shared one
+    message = _refused(tmp_path, "mixtral", lambda w: None, extra)
+    assert "tensor 'blk.0.ffn_gate_shexp.weight'" in message
     message = _refused(tmp_path, "mistral",
                        lambda w: w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE))
     assert "lacks rope_factors_long" in message
@@ -369,10 +300,66 @@ def test_default_model_header_is_unchanged() -> None:
 def test_every_gguf_architecture_is_a_registered_familys() -> None:
     """The GGUF table and the registry's families name the same GGUF architectures, each read
     by the family that lists it."""
+    from radixrt.runtime.models.gguf_archs import all_gguf_architectures
     from radixrt.runtime.models.registry import FAMILIES as REGISTRY
     from radixrt.runtime.models.registry import family_of
 
     listed = {gguf_arch for family in REGISTRY for gguf_arch in family.gguf_architectures}
     assert listed == set(GGUF_ARCHITECTURES)
-    for name, arch in GGUF_ARCHITECTURES.items():
-        assert name in family_of(arch.hf_architecture).gguf_architectures
+    for arch in all_gguf_architectures():
+        assert arch.name in family_of(arch.hf_architecture).gguf_architectures
+
+
+# --- mixtures of experts: tensor parallelism, MXFP4 -----------------------------------------
+@pytest.mark.parametrize("name", ["mixtral", "qwen2moe", "gpt-oss-fused", "gpt-oss-mxfp4"])
+def test_moe_shards_from_the_gguf_equal_the_folders(name: str, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """At tp_size 2 each rank's shard (its rows of every expert, of the shared expert, its
+    heads and sinks) loaded from the GGUF equals the one loaded from the HF folder, and a
+    rank dequantizes only its own rows of each expert's gate and up projections."""
+    from radixrt.runtime.models.gguf_loader import GGUFFile
+
+    model = tiny_model(name)
+    model.save_pretrained(tmp_path / "hf")
+    write_gguf(tmp_path / "moe.gguf", model, FAMILIES[name][0], **CONVERSIONS.get(name, {}))
+    read: dict[str, int] = {}
+    flat_rows = GGUFFile.flat_rows
+
+    def counting(self: GGUFFile, tensor: str, start: int, stop: int) -> Tensor:
+        read[tensor] = read.get(tensor, 0) + stop - start
+        return flat_rows(self, tensor, start, stop)
+
+    monkeypatch.setattr(GGUFFile, "flat_rows", counting)
+    for rank in range(2):
+        read.clear()
+        ours = load_model(str(tmp_path / "moe.gguf"), tp=TPGroup(rank=rank, size=2))
+        theirs = load_model(str(tmp_path / "hf"), tp=TPGroup(rank=rank, size=2))
+        expected = theirs.model.state_dict()
+        for key, value in ours.model.state_dict().items():
+            torch.testing.assert_close(value, expected[key], atol=0, rtol=0, msg=key)
+        config = ours.config
+        rows = config.num_experts * config.moe_intermediate_size  # gate and up, all ranks
+        gate_up = [t for t in read if "gate" in t or "up" in t]
+        assert gate_up and all(read[t] == rows * (2 if "gate_up" in t else 1) // 2
+                               for t in gate_up), read
+
+
+def test_mxfp4_blocks_dequantize_as_gguf_py_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The torch MXFP4 path (gpt-oss's expert weights) equals gguf-py's, subnormal scales and
+    zero blocks included; a type the installed gguf package cannot dequantize is refused."""
+    from radixrt.runtime.models.gguf_quants import dequantize
+
+    mxfp4 = gguf.GGMLQuantizationType.MXFP4
+    rng = np.random.default_rng(0)
+    values = rng.standard_normal((6, 64)) * np.logspace(-40, 3, 6)[:, None]
+    values[0, :32] = 0.0
+    quantized = gguf.quants.quantize(values.astype(np.float32), mxfp4)
+    expected = torch.from_numpy(gguf.quants.dequantize(quantized, mxfp4))
+    assert torch.equal(dequantize(quantized.reshape(-1), mxfp4, (6, 64)), expected)
+
+    def unsupported(data: np.ndarray, qtype: gguf.GGMLQuantizationType) -> np.ndarray:
+        raise NotImplementedError(f"Dequantization for {qtype.name} is not yet implemented")
+
+    monkeypatch.setattr(gguf.quants, "dequantize", unsupported)
+    with pytest.raises(ValueError, match="Q5_K cannot be dequantized by the installed gguf"):
+        dequantize(np.zeros(176, dtype=np.uint8), gguf.GGMLQuantizationType.Q5_K, (256,))

@@ -14,14 +14,32 @@ Per architecture (GGUF `general.architecture`):
 - the metadata keys that carry the family's traits (`feature_keys`; any other such key set in a
   file is refused: see gguf_config.FEATURE_KEYS) and the traits llama.cpp hard-codes instead of
   writing them (Gemma 2/3's sliding pattern, local RoPE base and 27B attention scale; SmolLM3's
-  NoPE interval), reproduced here.
+  NoPE interval), reproduced here;
+- whether it holds stacked experts (`experts`: Mixtral, written as llama with expert_count and
+  so read by the MOE_VARIANTS entry; qwen2moe, qwen3moe, olmoe, gpt-oss). Their routers,
+  shared expert, sinks and hard-coded routing are in models/gguf_moe.py, the stacked expert
+  tensors are read per expert by models/gguf_experts.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+from radixrt.runtime.models.gguf_meta import FULL, ArchMeta, sliding_layers
+from radixrt.runtime.models.gguf_moe import (
+    GPT_OSS_NORMS,
+    GPT_OSS_TENSORS,
+    MOE_FEATURE_KEYS,
+    MOE_ROUTER,
+    SHARED_EXPERT,
+    read_gpt_oss,
+    read_mixtral,
+    read_olmoe,
+    read_qwen2moe,
+    read_qwen3moe,
+)
 
 GEMMA_ACTIVATION = "gelu_pytorch_tanh"  # llama.cpp's LLM_FFN_GELU: ggml_gelu, the tanh form
 # Gemma 2: llama.cpp's defaults when a key is missing (llama-hparams.h), as Gemma2Config's
@@ -35,7 +53,6 @@ GEMMA3_LOCAL_THETA = 10000.0  # rope_freq_base_train_swa, hard-coded by llama.cp
 # (hidden / heads) ** -0.5 there (query_pre_attn_scalar 144 / 168), by head_dim ** -0.5 otherwise
 GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 SMOLLM3_NO_ROPE_INTERVAL = 4  # llama.cpp's n_no_rope_layer_step: no GGUF key carries it
-SLIDING, FULL = "sliding_attention", "full_attention"
 
 _ATTENTION = {
     "attn_q": "self_attn.q_proj",
@@ -69,41 +86,13 @@ PHI3_LAYERS = {
     "ffn_up": "mlp.gate_up_proj",  # Phi-3's gate_up_proj, kept fused by the converter
     "ffn_down": "mlp.down_proj",
 }
+MOE_LAYERS = {**_PRE_NORMS, **_ATTENTION, **MOE_ROUTER}  # + the experts (gguf_experts.py)
+GPT_OSS_LAYERS = {**GPT_OSS_NORMS, **_ATTENTION, **MOE_ROUTER}
 GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
                 "output": "lm_head"}
 LLAMA3_FREQS = "rope_freqs.weight"  # Llama 3.1's rope scaling, as per-frequency factors
 PHI3_LONG_FACTORS = "rope_factors_long.weight"
 PHI3_SHORT_FACTORS = "rope_factors_short.weight"
-
-
-class ArchMeta:
-    """A GGUF's metadata read under its architecture's prefix ("gemma2.block_count" ...)."""
-
-    def __init__(self, meta: Mapping[str, Any], arch: str) -> None:
-        self.meta = meta
-        self.arch = arch
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.meta.get(f"{self.arch}.{key}", default)
-
-    def integer(self, key: str, default: int | None = None) -> int:
-        """A count; a per-layer array is accepted only when all layers agree."""
-        value = self.get(key, default)
-        if value is None:
-            raise ValueError(f"the GGUF lacks {self.arch}.{key}")
-        if isinstance(value, tuple) or not isinstance(value, (int, float)):
-            values = set(value) if isinstance(value, tuple) else {None}
-            if len(values) != 1 or None in values:
-                raise ValueError(f"the GGUF's {self.arch}.{key} differs between layers "
-                                 f"({value!r}): not supported")
-            value = values.pop()
-        return int(value)
-
-    def number(self, key: str, default: float | None = None) -> float:
-        value = self.get(key, default)
-        if value is None:
-            raise ValueError(f"the GGUF lacks {self.arch}.{key}")
-        return float(value)
 
 
 ConfigReader = Callable[[ArchMeta, dict[str, Any]], dict[str, Any]]
@@ -125,23 +114,15 @@ class GGUFArchitecture:
     config_tensors: tuple[str, ...] = ()
     feature_keys: frozenset[str] = frozenset()
     read_config: ConfigReader = _no_fields
+    experts: bool = False  # stacked expert tensors (ffn_*_exps), read by gguf_experts.py
+    # per-layer tensors named whole ("attn_sinks.weight") -> HF parameter inside the layer
+    layer_tensors: Mapping[str, str] = field(default_factory=dict)
 
 
 def _gemma_query_scalar(meta: ArchMeta, cfg: Mapping[str, Any]) -> float:
     if cfg["num_hidden_layers"] == GEMMA_27B_LAYERS[meta.arch]:
         return cfg["hidden_size"] / cfg["num_attention_heads"]
     return float(cfg["head_dim"])
-
-
-def _sliding_layers(num_layers: int, pattern: int | tuple[Any, ...]) -> list[str]:
-    """llama.cpp's set_swa_pattern(n): layer i slides unless i % n == n - 1 (an explicit
-    per-layer array of booleans, when the file has one, says it directly)."""
-    if isinstance(pattern, tuple):
-        if len(pattern) != num_layers:
-            raise ValueError(f"sliding_window_pattern has {len(pattern)} entries for "
-                             f"{num_layers} layers")
-        return [SLIDING if slides else FULL for slides in pattern]
-    return [SLIDING if i % pattern < pattern - 1 else FULL for i in range(num_layers)]
 
 
 def read_gemma(meta: ArchMeta, cfg: dict[str, Any]) -> dict[str, Any]:
@@ -155,7 +136,7 @@ def read_gemma2(meta: ArchMeta, cfg: dict[str, Any]) -> dict[str, Any]:
         "attn_logit_softcapping": meta.number("attn_logit_softcapping", GEMMA2_ATTN_SOFTCAP),
         "final_logit_softcapping": meta.number("final_logit_softcapping", GEMMA2_FINAL_SOFTCAP),
         "sliding_window": window,
-        "layer_types": _sliding_layers(cfg["num_hidden_layers"], GEMMA2_SLIDING_PATTERN),
+        "layer_types": sliding_layers(cfg["num_hidden_layers"], GEMMA2_SLIDING_PATTERN),
         "query_pre_attn_scalar": _gemma_query_scalar(meta, cfg),
     }
 
@@ -169,7 +150,7 @@ def read_gemma3(meta: ArchMeta, cfg: dict[str, Any]) -> dict[str, Any]:
         "hidden_activation": GEMMA_ACTIVATION,
         "final_logit_softcapping": meta.number("final_logit_softcapping", 0.0),
         "sliding_window": window or None,
-        "layer_types": _sliding_layers(layers, pattern) if window else [FULL] * layers,
+        "layer_types": sliding_layers(layers, pattern) if window else [FULL] * layers,
         "rope_local_base_freq": meta.number("rope.freq_base_swa", GEMMA3_LOCAL_THETA),
         "query_pre_attn_scalar": _gemma_query_scalar(meta, cfg),
     }
@@ -232,14 +213,39 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
                          read_config=read_granite),
         GGUFArchitecture("smollm3", "SmolLM3ForCausalLM", LLAMA_LAYERS, permuted_qk=True,
                          config_tensors=(LLAMA3_FREQS,), read_config=read_smollm3),
+        GGUFArchitecture("qwen2moe", "Qwen2MoeForCausalLM", {**MOE_LAYERS, **SHARED_EXPERT},
+                         experts=True, read_config=read_qwen2moe,
+                         feature_keys=MOE_FEATURE_KEYS | {"expert_shared_feed_forward_length"}),
+        GGUFArchitecture("qwen3moe", "Qwen3MoeForCausalLM", {**MOE_LAYERS, **_QK_NORMS},
+                         experts=True, feature_keys=MOE_FEATURE_KEYS, read_config=read_qwen3moe),
+        GGUFArchitecture("olmoe", "OlmoeForCausalLM", {**MOE_LAYERS, **_QK_NORMS}, experts=True,
+                         feature_keys=MOE_FEATURE_KEYS, read_config=read_olmoe),
+        GGUFArchitecture("gpt-oss", "GptOssForCausalLM", GPT_OSS_LAYERS, experts=True,
+                         layer_tensors=GPT_OSS_TENSORS, read_config=read_gpt_oss,
+                         feature_keys=MOE_FEATURE_KEYS | {"attention.sliding_window"}),
     )
+}
+# an architecture that llama.cpp's converter also writes with experts (Mixtral as llama): the
+# entry read when the file sets {arch}.expert_count
+MOE_VARIANTS: dict[str, GGUFArchitecture] = {
+    "llama": GGUFArchitecture("llama", "MixtralForCausalLM", MOE_LAYERS, permuted_qk=True,
+                              config_tensors=(LLAMA3_FREQS,), experts=True,
+                              feature_keys=MOE_FEATURE_KEYS, read_config=read_mixtral),
 }
 
 
+def all_gguf_architectures() -> Iterator[GGUFArchitecture]:
+    yield from GGUF_ARCHITECTURES.values()
+    yield from MOE_VARIANTS.values()
+
+
 def gguf_architecture(meta: Mapping[str, Any]) -> GGUFArchitecture:
-    """The table entry of a GGUF's general.architecture; refused with the supported ones."""
+    """The table entry of a GGUF's general.architecture (its MoE variant when the file has
+    experts); refused with the supported ones."""
     name = str(meta.get("general.architecture", ""))
     if name not in GGUF_ARCHITECTURES:
         raise ValueError(f"GGUF architecture {name!r} is not supported; supported: "
                          f"{', '.join(GGUF_ARCHITECTURES)}")
+    if name in MOE_VARIANTS and meta.get(f"{name}.expert_count"):
+        return MOE_VARIANTS[name]
     return GGUF_ARCHITECTURES[name]

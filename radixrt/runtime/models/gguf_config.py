@@ -37,11 +37,24 @@ FEATURE_KEYS = {
     "attention.scale": "an attention scale",
     "logit_scale": "a logit divisor",
     "expert_count": "mixture-of-experts layers",
+    "expert_shared_feed_forward_length": "a shared expert",
+    "expert_shared_count": "shared experts",
+    "expert_group_count": "grouped expert routing",
+    "expert_group_used_count": "grouped expert routing",
+    "expert_weights_scale": "scaled routing weights",
+    "expert_chunk_feed_forward_length": "chunked experts",
+    "leading_dense_block_count": "leading dense layers",
+    "moe_every_n_layers": "experts on every n-th layer only",
+    "moe_latent_size": "latent expert projections",
+    "swiglu_clamp_exp": "clamped expert SwiGLU",
+    "swiglu_clamp_shexp": "clamped shared-expert SwiGLU",
     "attention.clamp_kqv": "clamped q/k/v",
     "rope.dimension_sections": "multimodal RoPE sections",
     "rope.scaling.yarn_log_multiplier": "YaRN with mscale_all_dim",
     "use_parallel_residual": "parallel residual blocks",
 }
+# the value of a feature key that asks for nothing, where it is not false / zero
+NEUTRAL_VALUES: dict[str, Any] = {"expert_weights_scale": 1.0}
 # tokenizer ids that end generation in llama.cpp (llama_vocab::is_eog), first the EOS
 _END_TOKEN_KEYS = ("eos_token_id", "eot_token_id", "eom_token_id")
 
@@ -65,10 +78,17 @@ def gguf_hf_config(meta: Mapping[str, Any], shapes: Mapping[str, Sequence[int]],
 def _refuse_unhonoured_keys(m: ArchMeta, arch: GGUFArchitecture) -> None:
     for key, what in FEATURE_KEYS.items():
         value = m.get(key)
-        if value and key not in arch.feature_keys:
+        if _asks_for(key, value) and key not in arch.feature_keys:
             raise ValueError(f"this {arch.name} GGUF sets {arch.name}.{key}={value!r} "
                              f"({what}), which radixrt's {arch.hf_architecture} does not "
                              "honour: it would run wrongly")
+
+
+def _asks_for(key: str, value: Any) -> bool:
+    """Whether a key's value asks for its feature: not false, zero, all zeros or neutral."""
+    if isinstance(value, tuple):
+        return any(value)
+    return bool(value) and value != NEUTRAL_VALUES.get(key)
 
 
 def _common_fields(m: ArchMeta, shapes: Mapping[str, Sequence[int]]) -> dict[str, Any]:

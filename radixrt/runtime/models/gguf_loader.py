@@ -2,8 +2,8 @@
 HF-named tensors with llama.cpp's conversion transforms undone, tokenizer.
 
 The header is parsed here directly (gguf.GGUFReader builds a numpy view per tokenizer string and
-takes seconds on a 49k-token vocabulary); the common tensor types are dequantized with vectorized
-torch ops and any other type goes through gguf.quants.dequantize.
+takes seconds on a 49k-token vocabulary); tensors are dequantized by models/gguf_quants.py
+(vectorized torch ops for the common types, gguf.quants.dequantize for the others).
 """
 
 from __future__ import annotations
@@ -19,14 +19,16 @@ from typing import Any
 
 import gguf
 import numpy as np
-import torch
 from torch import Tensor
 
 from radixrt.runtime.config import CACHE_DIR_ENV, DEFAULT_CACHE_DIR
 from radixrt.runtime.models.gguf_archs import GLOBAL_NAMES, GGUFArchitecture, gguf_architecture
 from radixrt.runtime.models.gguf_config import gguf_hf_config
+from radixrt.runtime.models.gguf_experts import expert_tensors, shared_expert_gate, split_name
+from radixrt.runtime.models.gguf_quants import dequantize
 from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.registry import model_config
+from radixrt.runtime.models.tensor_source import Weight
 
 _SCALAR_FORMATS = {
     gguf.GGUFValueType.UINT8: "<B",
@@ -112,6 +114,19 @@ class GGUFFile:
         raw = self._data[first : first + (stop - start) * row_bytes]
         return dequantize(raw, info.qtype, (stop - start, *info.shape[1:]))
 
+    def flat_rows(self, name: str, start: int, stop: int) -> Tensor:
+        """Rows [start, stop) of the tensor seen as a matrix [prod(shape[:-1]), shape[-1]]
+        (one expert's rows of a stacked [E, R, C] tensor), dequantized alone."""
+        info = self.tensors[name]
+        cols = info.shape[-1]
+        block, type_size = gguf.GGML_QUANT_SIZES[_QT(info.qtype)]
+        if cols % block:
+            raise ValueError(f"{name}: rows of {cols} values are not whole blocks of {block}")
+        row_bytes = cols // block * type_size
+        first = info.start + start * row_bytes
+        raw = self._data[first : first + (stop - start) * row_bytes]
+        return dequantize(raw, info.qtype, (stop - start, cols))
+
 
 class GGUFWeight:
     """One GGUF tensor as a TensorSource (models/tensor_source.py): a range of rows is read and
@@ -193,35 +208,6 @@ class _HeaderReader:
         return SkippedArray(count)
 
 
-def dequantize(raw: np.ndarray, qtype: int, shape: tuple[int, ...]) -> Tensor:
-    """Raw uint8 bytes of one tensor -> float32 tensor of the given (torch-order) shape."""
-    data = torch.from_numpy(raw)  # [nbytes] uint8
-    if qtype == _QT.F32:
-        return data.view(torch.float32).reshape(shape).clone()
-    if qtype == _QT.F16:
-        return data.view(torch.float16).float().reshape(shape)
-    if qtype == _QT.BF16:
-        return data.view(torch.bfloat16).float().reshape(shape)
-    if qtype in (_QT.Q4_0, _QT.Q4_1, _QT.Q8_0):
-        block, type_size = gguf.GGML_QUANT_SIZES[_QT(qtype)]
-        blocks = data.view(-1, type_size)  # [num_blocks, type_size]
-        d = blocks[:, :2].contiguous().view(torch.float16).float()  # [num_blocks, 1]
-        out = torch.empty(blocks.shape[0], block, dtype=torch.float32)  # [num_blocks, 32]
-        if qtype == _QT.Q8_0:
-            out.copy_(blocks[:, 2:].contiguous().view(torch.int8))
-            return out.mul_(d).reshape(shape)
-        packed = blocks[:, type_size - block // 2 :]  # [num_blocks, 16]: low nibbles, then high
-        half = block // 2
-        out[:, :half] = packed & 0x0F
-        out[:, half:] = packed >> 4
-        if qtype == _QT.Q4_0:
-            return out.sub_(8.0).mul_(d).reshape(shape)
-        m = blocks[:, 2:4].contiguous().view(torch.float16).float()  # [num_blocks, 1]
-        return out.mul_(d).add_(m).reshape(shape)
-    out = gguf.quants.dequantize(np.asarray(raw), _QT(qtype))
-    return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(shape)
-
-
 def unpermute_rope_rows(w: Tensor, n_heads: int) -> Tensor:
     """Undo llama.cpp's conversion permute of Q/K rows (interleaved rope pairs -> rotate-half).
 
@@ -236,10 +222,14 @@ def unpermute_rope_rows(w: Tensor, n_heads: int) -> Tensor:
 
 
 def hf_name(gguf_name: str, arch: GGUFArchitecture) -> str | None:
-    """HF tensor name of a GGUF tensor name in this architecture (None: not a model weight)."""
+    """HF tensor name of a GGUF tensor name in this architecture (None: not a model weight;
+    stacked experts are named by gguf_experts.py)."""
     base, _, suffix = gguf_name.rpartition(".")
     if base.startswith("blk."):
         _, layer, part = base.split(".", 2)
+        whole = arch.layer_tensors.get(f"{part}.{suffix}")
+        if whole is not None:
+            return f"model.layers.{layer}.{whole}"
         module = arch.layer_names.get(part)
         return None if module is None else f"model.layers.{layer}.{module}.{suffix}"
     module = GLOBAL_NAMES.get(base)
@@ -255,11 +245,15 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
     return model_config(gguf_hf_config(gf.metadata, shapes, factors))
 
 
-def iter_gguf_weights(gf: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, GGUFWeight]]:
-    """(HF name, lazy float32 tensor) pairs, with the converter's transforms undone on reading.
-    A tensor this architecture does not have is refused (the model would run without it)."""
+def iter_gguf_weights(gf: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, Weight]]:
+    """(HF name, lazy float32 tensor) pairs, with the converter's transforms undone on reading;
+    stacked experts one expert at a time (models/gguf_experts.py). A tensor this architecture
+    does not have is refused (the model would run without it)."""
     arch = gguf_architecture(gf.metadata)
     for name in gf.tensors:
+        if arch.experts and split_name(name) is not None:
+            yield from expert_tensors(gf, name, config.num_experts)
+            continue
         target = hf_name(name, arch)
         if target is None:
             if name in arch.config_tensors:
@@ -272,6 +266,9 @@ def iter_gguf_weights(gf: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, 
         elif arch.permuted_qk and ".k_proj." in target:
             heads = config.num_kv_heads
         offset = arch.norm_offset if target.endswith("norm.weight") else 0.0
+        if target.endswith(".shared_expert_gate.weight"):
+            yield target, shared_expert_gate(gf, name)
+            continue
         yield target, GGUFWeight(gf, name, heads, offset)
 
 
@@ -303,14 +300,15 @@ def load_gguf_tokenizer(path: str) -> Any:
 
 def _convert_gguf_tokenizer(folder: str, fname: str) -> Any:
     """AutoTokenizer first reads the file as a transformers model config, which it can for only
-    some architectures (not gemma, granite, olmo2 or smollm3 today). The tokenizer itself is
-    built from the tokenizer.ggml.* keys whatever the architecture, so where AutoTokenizer
-    refuses the file the generic fast tokenizer reads them."""
+    some architectures (not gemma, granite, olmo2 or smollm3 today; its gpt-oss reader fails on
+    YaRN keys with a TypeError). The tokenizer itself is built from the tokenizer.ggml.* keys
+    whatever the architecture, so where AutoTokenizer fails on the file the generic fast
+    tokenizer reads them."""
     from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
     try:
         return AutoTokenizer.from_pretrained(folder, gguf_file=fname)
-    except ValueError as auto_error:
+    except (ValueError, TypeError, KeyError) as auto_error:
         try:
             return PreTrainedTokenizerFast.from_pretrained(folder, gguf_file=fname)
         except Exception as error:  # noqa: BLE001 - both ways failed: say so, with both

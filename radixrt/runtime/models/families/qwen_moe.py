@@ -39,7 +39,7 @@ QWEN_MOE = ModelFamily(
     name="qwen_moe",
     architectures=("Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM"),
     model_types=("qwen2_moe", "qwen3_moe"),
-    gguf_architectures=(),
+    gguf_architectures=("qwen2moe", "qwen3moe"),
     read_config=read_qwen_moe,
     features={"window": "-", "rope": "default, YaRN",
               "moe": "softmax top-k; shared expert (Qwen2-MoE)"},
