@@ -54,6 +54,11 @@ LAYER_NORMS = {
 }
 
 
+def norm_of(config: ModelConfig, dim: int) -> RMSNorm:
+    """An RMSNorm of the config's kind (eps, Gemma's 1 + w, weight-first) over dim."""
+    return RMSNorm(dim, config.rms_norm_eps, config.norm_offset, config.norm_weight_first)
+
+
 class Attention(nn.Module):
     """Attention over this rank's query and KV heads (all of them at tp_size 1)."""
 
@@ -80,11 +85,11 @@ class Attention(nn.Module):
         self.q_norm: RMSNorm | None = None
         self.k_norm: RMSNorm | None = None
         if config.qk_norm_all_heads:  # over the concatenated heads (OLMo-2; tp_size 1 only)
-            self.q_norm = RMSNorm(len(q_rows), config.rms_norm_eps, config.norm_offset)
-            self.k_norm = RMSNorm(len(kv_rows), config.rms_norm_eps, config.norm_offset)
+            self.q_norm = norm_of(config, len(q_rows))
+            self.k_norm = norm_of(config, len(kv_rows))
         elif config.qk_norm:  # per head (Qwen3, Gemma 3)
-            self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.norm_offset)
-            self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, config.norm_offset)
+            self.q_norm = norm_of(config, self.head_dim)
+            self.k_norm = norm_of(config, self.head_dim)
         self.all_heads_norm = config.qk_norm_all_heads
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None, kv_cache: KVCache,
@@ -132,12 +137,11 @@ class DecoderLayer(nn.Module):
                                 tp)
         else:
             self.mlp = GatedMLP(config.hidden_size, shard.intermediate.indices(), tp,
-                                config.hidden_act)
+                                config.hidden_act, config.mlp_bias)
         self.norm_names = LAYER_NORMS[config.norm_layout]
         for name in self.norm_names:
             if name is not None:
-                self.add_module(name, RMSNorm(config.hidden_size, config.rms_norm_eps,
-                                              config.norm_offset))
+                self.add_module(name, norm_of(config, config.hidden_size))
         self.residual_scale = config.residual_scale
 
     def _norm(self, index: int, x: Tensor) -> Tensor:
@@ -170,14 +174,14 @@ class CausalLM(nn.Module):
             DecoderLayer(config, i, attn_backend, self.shard, self.tp)
             for i in range(config.num_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_offset)
+        self.norm = norm_of(config, config.hidden_size)
         self.rotary = RotaryEmbedding(config.rotary_dim, config.rope_theta, config.rope_scaling,
-                                      config.max_position_embeddings)
+                                      config.max_position_embeddings, config.served_context)
         self.local_rotary: RotaryEmbedding | None = None
         if "local" in config.rope_kinds:
             self.local_rotary = RotaryEmbedding(
                 config.rotary_dim, config.local_rope_theta or config.rope_theta,
-                config.local_rope_scaling, config.max_position_embeddings)
+                config.local_rope_scaling, config.max_position_embeddings, config.served_context)
         self.lm_head: VocabRows | None = None
         if not config.tie_word_embeddings:
             self.lm_head = VocabRows(self.shard.vocab, config.hidden_size)
@@ -190,8 +194,10 @@ class CausalLM(nn.Module):
         """Runs attn_backend.init_forward(batch) itself. Returns [num_tokens, hidden]."""
         self.attn_backend.init_forward(batch)
         h = self.embed_tokens(batch.input_ids)  # [num_tokens, hidden]
-        if self.config.embedding_scale != 1.0:  # in the model's dtype, as transformers rounds it
-            h = h * torch.tensor(self.config.embedding_scale, dtype=h.dtype)
+        scale = self.config.embedding_scale
+        if scale != 1.0:  # Gemma's rounded to the model's dtype first, as transformers does
+            h = h * (torch.tensor(scale, dtype=h.dtype)
+                     if self.config.embedding_scale_in_dtype else scale)
         ropes: dict[str, tuple[Tensor, Tensor] | None] = {"none": None}
         ropes["global"] = self.rotary.cos_sin(batch.positions, h.dtype)
         if self.local_rotary is not None:

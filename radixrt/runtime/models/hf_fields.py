@@ -72,6 +72,8 @@ def common_fields(cfg: Mapping[str, Any], architecture: str) -> dict[str, Any]:
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         attention_bias=bool(cfg.get("attention_bias", False)),
+        o_proj_bias=bool(cfg.get("attention_bias", False)),
+        mlp_bias=bool(cfg.get("mlp_bias", False)),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
         bos_token_id=cfg.get("bos_token_id"),
         eos_token_ids=eos_ids,

@@ -20,7 +20,28 @@ def hf_config(folder: str) -> ModelConfig:
     if not path.is_file():
         raise FileNotFoundError(f"{folder} has no config.json")
     with open(path) as f:
-        return model_config(json.load(f))
+        return model_config(as_transformers_reads(json.load(f)))
+
+
+def as_transformers_reads(cfg: dict[str, Any]) -> dict[str, Any]:
+    """config.json completed as transformers reads it: the family's config class fills every
+    key the file leaves at its default (checkpoints list only what differs: Gemma 3's
+    multimodal text_config names five keys), maps legacy spellings (rope_scaling's "type", a
+    top-level rope_theta, Gemma's "gelu") and derives what later versions write out
+    (layer_types from use_sliding_window / max_window_layers). A model_type transformers does not
+    know is passed through as it is (the registry refuses it by name)."""
+    from transformers import CONFIG_MAPPING
+
+    model_type = cfg.get("model_type")
+    if model_type not in CONFIG_MAPPING:
+        return cfg
+    try:
+        full = CONFIG_MAPPING[model_type].from_dict(dict(cfg)).to_dict()
+    except (TypeError, ValueError, KeyError) as exc:
+        raise ValueError(f"config.json does not read as a {model_type!r} config: {exc}") from None
+    if cfg.get("architectures"):
+        full["architectures"] = list(cfg["architectures"])
+    return full
 
 
 def iter_safetensors_weights(folder: str) -> Iterator[tuple[str, SafetensorsSlice]]:

@@ -30,20 +30,24 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 
 class RMSNorm(nn.Module):
     """x / rms(x) * (offset + weight), with the statistics in float32 (as the reference
-    implementations do). offset 0 is Llama's; 1 is Gemma's, whose checkpoints store w - 1."""
+    implementations do). offset 0 is Llama's; 1 is Gemma's, whose checkpoints store w - 1.
+    Llama casts the normalized x back to its dtype, then multiplies by the weight; Gemma, OLMo-2
+    and gpt-oss multiply first and cast once (weight_first): the same in float32, not in bf16."""
 
-    def __init__(self, dim: int, eps: float, offset: float = 0.0) -> None:
+    def __init__(self, dim: int, eps: float, offset: float = 0.0,
+                 weight_first: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
         self.offset = offset
+        self.weight_first = weight_first or bool(offset)
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [..., dim]
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        if self.offset:
+        if self.weight_first:
             return (x32 * (self.offset + self.weight.float())).to(dtype)
         return self.weight * x32.to(dtype)
 
@@ -53,15 +57,15 @@ class GatedMLP(nn.Module):
     parallelism a rank holds `rows` of the intermediate dimension (ShardPlan.intermediate)."""
 
     def __init__(self, hidden_size: int, rows: Sequence[int | None], tp: TPGroup,
-                 activation: str = "silu") -> None:
+                 activation: str = "silu", bias: bool = False) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"hidden activation {activation!r} is not supported; use one of "
                              f"{tuple(ACTIVATIONS)}")
         self.act = ACTIVATIONS[activation]
         self.intermediate_size = len(rows)  # this rank's
-        self.gate_up_proj = ColumnParallelLinear(hidden_size, [rows, rows], bias=False)
-        self.down_proj = RowParallelLinear(rows, hidden_size, tp)
+        self.gate_up_proj = ColumnParallelLinear(hidden_size, [rows, rows], bias=bias)
+        self.down_proj = RowParallelLinear(rows, hidden_size, tp, bias=bias)
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [num_tokens, hidden]

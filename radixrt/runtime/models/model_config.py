@@ -8,18 +8,25 @@ value that changes nothing (Llama's) by default, so a family sets only what diff
     norm_layout        "pre" (Llama), "sandwich" (Gemma 2/3: norms before and after attention
                        and MLP), "post" (OLMo-2: after each, none before)
     hidden_act         the gated MLP's activation (silu; gelu_pytorch_tanh for GeGLU)
-    embedding_scale    embeddings times this (Gemma: sqrt(hidden); Granite's multiplier)
+    embedding_scale    embeddings times this (Gemma: sqrt(hidden), rounded to the model's dtype
+                       first as transformers does (embedding_scale_in_dtype); Granite's
+                       multiplier, applied in float32)
     residual_scale     each block's output times this before the residual add (Granite)
     attention_scale    the softmax scale (None: head_dim ** -0.5)
     attn_logit_softcap / final_logit_softcap   c * tanh(x / c) on scores / logits (Gemma 2)
     logits_divisor     logits divided by this (Granite's logits_scaling)
+    norm_weight_first  RMSNorm multiplies by its weight before casting back (OLMo-2, gpt-oss)
+    mlp_bias           biases on the MLP's projections (Llama, Granite, SmolLM3 configs)
     qk_norm            RMSNorm of q and k per head before RoPE (Qwen3, Gemma 3);
     qk_norm_all_heads  over all heads at once (OLMo-2)
     partial_rotary_factor   the fraction of each head RoPE rotates (Phi-4-mini)
     layer_windows      per layer: None (full attention) or its sliding window
     layer_rope         per layer: "global", "local" (Gemma 3's sliding layers: their own theta
                        and scaling) or "none" (SmolLM3's NoPE layers)
-    o_proj_bias        a bias on the attention output projection (gpt-oss)
+    o_proj_bias        a bias on the attention output projection (attention_bias, where the
+                       family puts it on o too)
+    served_context     the context length served, when known: LongRoPE picks its short or long
+                       factors by it (models/rope.py)
     attention_sinks    a learned per-head logit in every softmax's denominator (gpt-oss)
 
 Mixture of experts (models/moe.py; num_experts 0 = dense):
@@ -67,6 +74,9 @@ class ModelConfig:
     norm_offset: float = 0.0
     norm_layout: str = "pre"
     embedding_scale: float = 1.0
+    embedding_scale_in_dtype: bool = False
+    norm_weight_first: bool = False
+    mlp_bias: bool = False
     residual_scale: float = 1.0
     attention_scale: float | None = None
     attn_logit_softcap: float = 0.0
@@ -78,6 +88,7 @@ class ModelConfig:
     local_rope_theta: float | None = None
     local_rope_scaling: dict[str, Any] | None = None
     o_proj_bias: bool = False
+    served_context: int | None = None
     attention_sinks: bool = False
     num_experts: int = 0
     num_experts_per_tok: int = 0
@@ -145,6 +156,3 @@ class ModelConfig:
             return (False,) * self.num_layers
         return self.moe_layers or (True,) * self.num_layers
 
-    @property
-    def has_full_attention_layer(self) -> bool:
-        return any(w is None for w in self.windows)

@@ -12,10 +12,10 @@ an attention factor that multiplies cos and sin (1 for all but YaRN and LongRoPE
   mscale / mscale_all_dim, or given).
 - longrope (alias su): per-frequency factors; transformers uses `short_factor` while a sequence
   fits in original_max_position_embeddings and `long_factor` past it, recomputing every position.
-  A server cannot re-rotate cached keys, so here the factors are fixed per model, as llama.cpp
-  does for a context longer than the original: `long_factor` when the model's positions exceed
-  the original ones, else `short_factor`. Sequences longer than the original context are exact
-  with transformers; shorter ones use the long factors (documented in docs/models.md).
+  A server cannot re-rotate cached keys, so here the factors are fixed per served context, as
+  llama.cpp does: `long_factor` when the context served (the model's positions unless given)
+  exceeds the original one, else `short_factor`. Either way a sequence that fits the choice is
+  exact with transformers (the README's Models section says this).
 
 Partial rotary (Phi-4-mini, partial_rotary_factor < 1) rotates the first rotary_dim dimensions of
 each head and passes the rest through. The layout is rotate-half (NeoX / transformers).
@@ -42,8 +42,9 @@ def rope_type_of(scaling: Mapping[str, Any] | None) -> str:
 
 
 def rope_parameters(rotary_dim: int, theta: float, scaling: Mapping[str, Any] | None,
-                    max_positions: int) -> tuple[Tensor, float]:
-    """([rotary_dim // 2] float32 inverse frequencies, attention factor)."""
+                    max_positions: int, served: int | None = None) -> tuple[Tensor, float]:
+    """([rotary_dim // 2] float32 inverse frequencies, attention factor). served: the context
+    length served, where known (LongRoPE's choice of factors; else max_positions)."""
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
     inv_freq = 1.0 / (theta**exponents)  # [rotary_dim // 2]
     kind = rope_type_of(scaling)
@@ -59,7 +60,7 @@ def rope_parameters(rotary_dim: int, theta: float, scaling: Mapping[str, Any] | 
     if kind == "yarn":
         return _yarn(rotary_dim, theta, scaling, max_positions)
     if kind == "longrope":
-        return _longrope(rotary_dim, theta, scaling, max_positions)
+        return _longrope(rotary_dim, theta, scaling, max_positions, served or max_positions)
     raise ValueError(f"rope_type {kind!r} is not supported; use one of {ROPE_TYPES}")
 
 
@@ -120,12 +121,12 @@ def _yarn(rotary_dim: int, theta: float, scaling: Mapping[str, Any],
 
 
 def _longrope(rotary_dim: int, theta: float, scaling: Mapping[str, Any],
-              max_positions: int) -> tuple[Tensor, float]:
+              max_positions: int, served: int) -> tuple[Tensor, float]:
     original, factor, attention_factor = _extension(scaling, max_positions)
     if attention_factor is None:
         attention_factor = (1.0 if factor <= 1.0
                             else math.sqrt(1 + math.log(factor) / math.log(original)))
-    long = max_positions > original
+    long = min(served, max_positions) > original
     factors = torch.tensor(scaling["long_factor" if long else "short_factor"], dtype=torch.float32)
     if factors.numel() != rotary_dim // 2:
         raise ValueError(f"longrope has {factors.numel()} factors; the rotary dimension "
@@ -138,7 +139,7 @@ class RotaryEmbedding(nn.Module):
     """Rotate-half rotary embedding over the first rotary_dim dimensions of each head."""
 
     def __init__(self, rotary_dim: int, theta: float, scaling: Mapping[str, Any] | None,
-                 max_positions: int = 4096) -> None:
+                 max_positions: int = 4096, served: int | None = None) -> None:
         super().__init__()
         if rotary_dim % 2:
             raise ValueError(f"the rotary dimension {rotary_dim} must be even")
@@ -146,14 +147,15 @@ class RotaryEmbedding(nn.Module):
         self.theta = theta
         self.scaling = dict(scaling) if scaling else None
         self.max_positions = max_positions
+        self.served = served
         inv_freq, self.attention_factor = rope_parameters(rotary_dim, theta, scaling,
-                                                          max_positions)
+                                                          max_positions, served)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def materialize(self, device: torch.device) -> None:
         """Recompute inv_freq (float32) on device, e.g. after building on the meta device."""
         inv_freq, _ = rope_parameters(self.rotary_dim, self.theta, self.scaling,
-                                      self.max_positions)
+                                      self.max_positions, self.served)
         self.inv_freq = inv_freq.to(device)
 
     def cos_sin(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:

@@ -117,6 +117,7 @@ def build_worker(
             dtype=dtype,
             device=device,
             load_format=config.load_format,
+            context_length=config.context_length,
             attention_backend=resolve_attention_backend(config.attention_backend, device),
             tp=tp,
         )

@@ -39,13 +39,16 @@ def _layer_types(cfg: Mapping[str, Any], num_layers: int, gemma3: bool) -> list[
 
 def read_gemma(cfg: Mapping[str, Any], architecture: str) -> ModelConfig:
     if "text_config" in cfg:  # Gemma3ForConditionalGeneration: its language model
-        cfg = {**cfg["text_config"], "architectures": [architecture]}
+        text = cfg["text_config"]
+        eos = [*_ids(text.get("eos_token_id")), *_ids(cfg.get("eos_token_id"))]
+        cfg = {**text, "architectures": [architecture], "eos_token_id": list(dict.fromkeys(eos))}
     cfg = {"tie_word_embeddings": True, **cfg}
     generation = {"GemmaForCausalLM": 1, "Gemma2ForCausalLM": 2}.get(architecture, 3)
     if generation >= 2:
         cfg["layer_types"] = _layer_types(cfg, int(cfg["num_hidden_layers"]), generation == 3)
     fields = common_fields(cfg, architecture)
-    fields.update(norm_offset=1.0, embedding_scale=math.sqrt(fields["hidden_size"]))
+    fields.update(norm_offset=1.0, embedding_scale=math.sqrt(fields["hidden_size"]),
+                  embedding_scale_in_dtype=True)
     if generation == 1:
         return ModelConfig(**fields)
     scalar = float(cfg.get("query_pre_attn_scalar") or fields["head_dim"])
@@ -61,6 +64,11 @@ def read_gemma(cfg: Mapping[str, Any], architecture: str) -> ModelConfig:
         fields.update(qk_norm=True, layer_rope=kinds, local_rope_theta=theta,
                       local_rope_scaling=scaling)
     return ModelConfig(**fields)
+
+
+def _ids(value: Any) -> list[int]:
+    return [] if value is None else [int(v) for v in value] if isinstance(value, list) else [
+        int(value)]
 
 
 def rename_gemma(name: str, weight: Weight, config: ModelConfig) -> Iterable[tuple[str, Weight]]:

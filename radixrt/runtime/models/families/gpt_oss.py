@@ -17,9 +17,8 @@ from radixrt.runtime.models.tensor_source import Weight
 
 
 def read_gpt_oss(cfg: Mapping[str, Any], architecture: str) -> ModelConfig:
-    fields = common_fields(cfg, architecture)
-    bias = bool(cfg.get("attention_bias", True))
-    fields.update(attention_bias=bias, o_proj_bias=bias, attention_sinks=True,
+    fields = common_fields({"attention_bias": True, **cfg}, architecture)
+    fields.update(attention_sinks=True, norm_weight_first=True,
                   num_experts=int(cfg["num_local_experts"]),
                   num_experts_per_tok=int(cfg["num_experts_per_tok"]),
                   moe_intermediate_size=fields["intermediate_size"], routing="topk_softmax",

@@ -11,9 +11,13 @@ from radixrt.runtime.models.model_config import ModelConfig
 
 
 def read_llama(cfg: Mapping[str, Any], architecture: str) -> ModelConfig:
+    """Llama and Qwen3 put attention_bias on q, k, v and o; Qwen2 always has q/k/v biases and
+    none on o; Mistral has none, whatever the config says (as transformers builds them)."""
     fields = common_fields(cfg, architecture)
-    if architecture == "Qwen2ForCausalLM":  # Qwen2 has q/k/v biases whatever the config says
-        fields["attention_bias"] = bool(cfg.get("attention_bias", True))
+    if architecture == "Qwen2ForCausalLM":
+        fields.update(attention_bias=True, o_proj_bias=False)
+    elif architecture == "MistralForCausalLM":
+        fields.update(attention_bias=False, o_proj_bias=False)
     fields["qk_norm"] = architecture == "Qwen3ForCausalLM"
     return ModelConfig(**fields)
 

@@ -19,7 +19,8 @@ def read_mixtral(cfg: Mapping[str, Any], architecture: str) -> ModelConfig:
     fields = common_fields(cfg, architecture)
     fields.update(num_experts=int(cfg["num_local_experts"]),
                   num_experts_per_tok=int(cfg["num_experts_per_tok"]),
-                  moe_intermediate_size=fields["intermediate_size"], norm_topk_prob=True)
+                  moe_intermediate_size=fields["intermediate_size"], norm_topk_prob=True,
+                  attention_bias=False, o_proj_bias=False)  # Mistral's attention: no biases
     return ModelConfig(**fields)
 
 

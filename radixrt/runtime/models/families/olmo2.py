@@ -13,7 +13,7 @@ from radixrt.runtime.models.model_config import ModelConfig
 
 def read_olmo2(cfg: Mapping[str, Any], architecture: str) -> ModelConfig:
     fields = common_fields(cfg, architecture)
-    fields.update(norm_layout="post", qk_norm_all_heads=True)
+    fields.update(norm_layout="post", qk_norm_all_heads=True, norm_weight_first=True)
     return ModelConfig(**fields)
 
 

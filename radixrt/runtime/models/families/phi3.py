@@ -14,7 +14,9 @@ from radixrt.runtime.models.tensor_source import RowRange, Weight, shape_of
 
 
 def read_phi3(cfg: Mapping[str, Any], architecture: str) -> ModelConfig:
-    return ModelConfig(**common_fields(cfg, architecture))
+    fields = common_fields(cfg, architecture)
+    fields.update(attention_bias=False, o_proj_bias=False)  # no biases in Phi-3's attention
+    return ModelConfig(**fields)
 
 
 def rename_phi3(name: str, weight: Weight, config: ModelConfig) -> Iterable[tuple[str, Weight]]:

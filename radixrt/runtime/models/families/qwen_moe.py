@@ -29,7 +29,7 @@ def read_qwen_moe(cfg: Mapping[str, Any], architecture: str) -> ModelConfig:
                   moe_layers=moe_layers(cfg, fields["num_layers"], experts),
                   norm_topk_prob=bool(cfg.get("norm_topk_prob", False)), qk_norm=not qwen2)
     if qwen2:
-        fields.update(attention_bias=bool(cfg.get("qkv_bias", True)),
+        fields.update(attention_bias=bool(cfg.get("qkv_bias", True)), o_proj_bias=False,
                       shared_expert_intermediate_size=int(
                           cfg.get("shared_expert_intermediate_size") or 0))
     return ModelConfig(**fields)
