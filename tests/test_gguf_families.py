@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 import torch
 from gguf_convert import EOT_TOKEN, round_experts_to_mxfp4, write_gguf
+from tiny_models import randomize_weights
 from torch import Tensor
 
 from radixrt.runtime.distributed.group import TPGroup
@@ -124,12 +125,7 @@ def tiny_model(name: str, seed: int = 0) -> Any:
     random (MXFP4 experts rounded to their MXFP4 values)."""
     torch.manual_seed(seed)
     model = FAMILIES[name][1]().eval()
-    with torch.no_grad():
-        for pname, param in model.named_parameters():
-            if pname.endswith("norm.weight"):
-                param.copy_(1.0 + 0.2 * torch.randn_like(param))
-            else:
-                param.normal_(0.0, 0.3 if pname.endswith(".bias") else 0.15)
+    randomize_weights(model)
     if CONVERSIONS.get(name, {}).get("mxfp4_experts"):
         round_experts_to_mxfp4(model)
     return model

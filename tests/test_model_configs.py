@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_models import randomize_weights
 
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.forward.kv_cache import KVCache
@@ -66,13 +67,7 @@ def build(raw: dict[str, Any], folder: Path, hf_class: Any = None) -> Any:
     config = AutoConfig.from_pretrained(folder)
     torch.manual_seed(0)
     model = (hf_class(config) if hf_class else AutoModelForCausalLM.from_config(config)).eval()
-    gemma = config.model_type.startswith("gemma")
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):
-                param.copy_((0.0 if gemma else 1.0) + 0.2 * torch.randn_like(param))
-            else:
-                param.normal_(0.0, 0.3 if name.endswith(".bias") else 0.15)
+    randomize_weights(model, 0.0 if config.model_type.startswith("gemma") else 1.0)
     model.save_pretrained(folder)
     (folder / "config.json").write_text(json.dumps(raw))
     return model

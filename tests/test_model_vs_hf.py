@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import torch
+from tiny_models import hf_logprobs, randomize_weights
 from torch import Tensor
 
 from radixrt.runtime.forward.forward_batch import ForwardBatch
@@ -60,12 +61,6 @@ def encode(tokenizer: Any, prompt: str | list[dict[str, str]]) -> list[int]:
         return list(tokenizer(prompt).input_ids)
     text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
     return list(tokenizer(text, add_special_tokens=False).input_ids)
-
-
-def hf_logprobs(hf_model: Any, ids: list[int]) -> Tensor:
-    with torch.no_grad():
-        logits = hf_model(torch.tensor([ids])).logits[0]  # [seq, vocab]
-    return torch.log_softmax(logits.float(), dim=-1)
 
 
 @pytest.fixture(scope="session")
@@ -276,12 +271,7 @@ def tiny_checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tupl
     for i, (name, build) in enumerate(TINY_BUILDERS.items()):
         torch.manual_seed(i)
         model = build().eval()
-        with torch.no_grad():
-            for pname, param in model.named_parameters():
-                if pname.endswith("norm.weight"):
-                    param.copy_(1.0 + 0.2 * torch.randn_like(param))
-                else:
-                    param.normal_(0.0, 0.3 if pname.endswith(".bias") else 0.15)
+        randomize_weights(model)
         folder = tmp_path_factory.mktemp(f"tiny_{name}")
         model.save_pretrained(folder)
         out[name] = (folder, model)

@@ -104,18 +104,26 @@ def build_tiny(name: str, folder: Path, tokenizer: Any, seed: int = 0) -> Any:
     config = build_config(name, len(tokenizer), tokenizer.bos_token_id, tokenizer.eos_token_id)
     torch.manual_seed(seed)
     model = _configs()[name][1](config).eval()
-    offset_norms = name.startswith("gemma")  # RMSNorm by (1 + w): w near 0
-    with torch.no_grad():
-        for pname, param in model.named_parameters():
-            if pname.endswith("norm.weight"):
-                param.copy_((0.0 if offset_norms else 1.0) + 0.2 * torch.randn_like(param))
-            elif pname.endswith("sinks"):
-                param.normal_(0.0, 1.0)
-            else:
-                param.normal_(0.0, 0.3 if pname.endswith(".bias") else 0.15)
+    # RMSNorm by (1 + w) in Gemma: w near 0
+    randomize_weights(model, 0.0 if name.startswith("gemma") else 1.0, sinks_std=1.0)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return model
+
+
+def randomize_weights(model: Any, norm_center: float = 1.0,
+                      sinks_std: float | None = None) -> None:
+    """Non-trivial weights, drawn in parameter order from torch's global generator: norms
+    norm_center + N(0, 0.2), biases N(0, 0.3), attention sinks N(0, sinks_std) where given,
+    the rest N(0, 0.15)."""
+    with torch.no_grad():
+        for pname, param in model.named_parameters():
+            if pname.endswith("norm.weight"):
+                param.copy_(norm_center + 0.2 * torch.randn_like(param))
+            elif sinks_std is not None and pname.endswith("sinks"):
+                param.normal_(0.0, sinks_std)
+            else:
+                param.normal_(0.0, 0.3 if pname.endswith(".bias") else 0.15)
 
 
 def hf_logprobs(model: Any, ids: list[int]) -> torch.Tensor:
