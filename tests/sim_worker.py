@@ -250,9 +250,10 @@ class SimWorker:
         assert PLACEHOLDER_TOKEN not in new.output_ids, f"{new.rid}: placeholder sent"
         ids = list(new.prompt_ids) + list(new.output_ids)
         assert len(new.prefix_slots) < len(ids), f"{new.rid}: prefix leaves nothing to compute"
-        params = SamplingParams.from_dict(new.params)
+        resolved = new.params.resolved_max_tokens(len(new.prompt_ids), CONTEXT)
+        assert new.max_tokens == resolved, f"{new.rid}: max_tokens {new.max_tokens} != {resolved}"
         self.states[new.rid] = SimState(
-            params, ids, len(new.prompt_ids), new.seed_offset, list(new.prefix_slots)
+            new.params, ids, len(new.prompt_ids), new.seed_offset, list(new.prefix_slots)
         )
         self._check_table(new.rid)
 

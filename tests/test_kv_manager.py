@@ -25,7 +25,9 @@ NO_LIMIT = 1 << 30  # a pin budget nothing reaches
 
 def make_req(rid: int, prompt: list[int], extra_key: str | None = None,
              **params: Any) -> Request:
-    return Request(rid=rid, prompt_ids=list(prompt), params=SamplingParams(**params),
+    sampling = SamplingParams(**params)
+    return Request(rid=rid, prompt_ids=list(prompt), params=sampling,
+                   max_tokens=sampling.max_tokens or 16,
                    arrival=rid, extra_key=extra_key)
 
 

@@ -179,8 +179,8 @@ def test_with_one_tenant_the_order_is_the_policys() -> None:
            st.sampled_from(["fcfs", "lpm", "dfs-weight"]))
     def check(shapes: list, policy_name: str) -> None:
         sim = make_sim(1024, schedule_policy=policy_name)
-        waiting = [Request(rid=i, prompt_ids=list(prompt(base, n)), params=SHORT, arrival=i,
-                           tenant="only") for i, (base, n) in enumerate(shapes)]
+        waiting = [Request(rid=i, prompt_ids=list(prompt(base, n)), params=SHORT, max_tokens=4,
+                           arrival=i, tenant="only") for i, (base, n) in enumerate(shapes)]
         policy = make_policy(policy_name)
         fair = FairShare()
         fair.backlogged("only", [])
@@ -201,7 +201,8 @@ def test_fair_share_keeps_each_tenants_policy_order_and_interleaves_them() -> No
         for tenant in "abc":
             fair.backlogged(tenant, [])
             fair.charge(tenant, served.get(tenant, 0))
-        ordered = [Request(rid=i, prompt_ids=[1] * n, params=SHORT, arrival=i, tenant=t)
+        ordered = [Request(rid=i, prompt_ids=[1] * n, params=SHORT, max_tokens=4, arrival=i,
+                           tenant=t)
                    for i, (t, n) in enumerate(shapes)]
         out = fair.interleave(ordered)
         assert sorted(r.rid for r in out) == list(range(len(ordered)))

@@ -25,19 +25,20 @@ def test_the_one_default_rule_for_max_tokens() -> None:
     from radixrt.runtime.config import DEFAULT_MAX_TOKENS
     from radixrt.runtime.sampling_params import default_max_tokens
 
-    assert SamplingParams().for_prompt(10, 10_000).max_tokens == DEFAULT_MAX_TOKENS
-    assert SamplingParams().for_prompt(10, 100).max_tokens == 90
-    assert SamplingParams().for_prompt(100, 100).max_tokens == 1
-    assert SamplingParams(max_tokens=7).for_prompt(10, 100).max_tokens == 7
+    assert SamplingParams().resolved_max_tokens(10, 10_000) == DEFAULT_MAX_TOKENS
+    assert SamplingParams().resolved_max_tokens(10, 100) == 90
+    assert SamplingParams().resolved_max_tokens(100, 100) == 1
+    assert SamplingParams(max_tokens=7).resolved_max_tokens(10, 100) == 7
+    assert SamplingParams(max_tokens=0).resolved_max_tokens(10, 100) == 0  # prefill only
     assert default_max_tokens(10, 100) == 90
     with pytest.raises(ValueError, match="min_tokens=95"):
-        SamplingParams(min_tokens=95).for_prompt(10, 100)  # past the resolved 90
+        SamplingParams(min_tokens=95).resolved_max_tokens(10, 100)  # past the resolved 90
 
 
 @pytest.mark.parametrize(
     ("field", "value", "fragment"),
     [
-        ("max_tokens", 0, "must be >= 1"),
+        ("max_tokens", -1, "must be >= 1, 0 (prefill only"),
         ("max_tokens", "5", "must be an int"),
         ("max_tokens", 5.0, "must be an int"),
         ("min_tokens", -1, "[0, max_tokens=None]"),

@@ -7,42 +7,31 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import wait as futures_wait
-from dataclasses import dataclass
 from typing import Any
 
-from radixrt.runtime.config import GRAMMAR_POLL_S, QUEUE_FULL, EngineConfig
+from radixrt.runtime.config import GRAMMAR_POLL_S, EngineConfig
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.constrained.token_table import TokenTable
-from radixrt.runtime.errors import QueueFull
-from radixrt.runtime.messages import OutputDelta, Scheduling
+from radixrt.runtime.messages import (
+    DeltaBatch,
+    Scheduling,
+    SubmitError,
+    ToScheduler,
+    ToTokenizer,
+)
 from radixrt.runtime.models.loader import LoadedModel
 from radixrt.runtime.outputs import RequestOutput, StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.scheduler.intake import SchedulerIntake
 from radixrt.runtime.scheduler.loop import StepLoop
-from radixrt.runtime.scheduler.request import Request
 from radixrt.runtime.scheduler.scheduler import Scheduler
-from radixrt.runtime.tokenizer.output_tracker import OutputTracker
-from radixrt.runtime.tokenizer.prompts import (
-    Prompt,
-    encode_checked,
-    is_single_prompt,
-)
+from radixrt.runtime.tokenizer.prompts import Prompt, is_single_prompt
+from radixrt.runtime.tokenizer.request_front import RequestFront, refusal_error
 from radixrt.runtime.worker.executor import InlineExecutor, ThreadExecutor
 from radixrt.runtime.worker.setup import build_worker
 from radixrt.runtime.worker.tp_ranks import EngineRanks
-
-
-@dataclass
-class _Deferred:
-    """A submitted request waiting for its grammar to compile."""
-
-    future: Future
-    ids: list[int]
-    params: SamplingParams
-    scheduling: Scheduling
-    pin: bool
 
 
 class Engine:
@@ -96,10 +85,32 @@ class Engine:
         )
         self.loop = StepLoop(self.scheduler, self._executor, overlap,
                              self.config.check_integrity)
+        self.intake = SchedulerIntake(self.scheduler, ready)
         self._grammars: GrammarCompiler | None = None
-        self._compiling: dict[int, _Deferred] = {}  # rid -> request waiting for its grammar
-        self._trackers: dict[int, OutputTracker] = {}
+        self.front = RequestFront(self.tokenizer, self._to_scheduler, lambda: self.grammars)
         self._queues: dict[int, asyncio.Queue] = {}  # rid -> chunks of a running stream
+
+    # --- the scheduler's side, by direct calls (EngineLink drives the same two) -----------
+    def handle(self, msg: ToScheduler) -> list[ToTokenizer]:
+        """One message from a request front, as the scheduler process takes it."""
+        return self.intake.handle(msg)
+
+    def advance(self) -> list[ToTokenizer]:
+        """One turn of the step loop (one forward pass); the outputs it caused."""
+        return self.intake.deltas(self.loop.step())
+
+    def _to_scheduler(self, msg: ToScheduler) -> None:
+        for reply in self.handle(msg):
+            self._from_scheduler(reply)
+
+    def _from_scheduler(self, reply: ToTokenizer) -> list[StreamChunk]:
+        assert isinstance(reply, (DeltaBatch, SubmitError)), reply
+        chunks = self.front.receive(reply)
+        for chunk in chunks:
+            queue = self._queues.get(chunk.rid)
+            if queue is not None:
+                queue.put_nowait(chunk)
+        return chunks
 
     # --- submission ----------------------------------------------------------------------
     def submit(
@@ -113,27 +124,19 @@ class Engine:
         timeout: float | None = None,
     ) -> int:
         """Queue one prompt; returns its request id. Raises ValueError on bad input, QueueFull
-        past max_queued_requests / max_queued_per_tenant.
+        past max_queued_requests / max_queued_per_tenant (requests whose grammar is compiling
+        count as queued).
         pin=True: once it finishes, its prefix stays in the radix cache until `unpin(rid)`.
         extra_key: the radix cache's namespace (requests with different keys share nothing);
         priority: lower is more urgent (default 0); tenant: whose request it is (fair share);
         timeout: seconds it may wait in the queue before it ends with an error."""
         scheduling = Scheduling(priority=priority, tenant=tenant, extra_key=extra_key,
                                 timeout_s=timeout)
-        params = params or SamplingParams()
-        params.validate_for_vocab(self.model_config.vocab_size)
-        ids = encode_checked(self.tokenizer, prompt, self.model_config.vocab_size)
-        constraint = params.constraint
-        if constraint is None:
-            rid = self.scheduler.add_request(ids, params, scheduling, pin=pin).rid
-        else:  # compiled off the hot path: the request waits apart until its grammar is ready
-            self.scheduler.check_limits(ids, params)
-            compiling = [d.scheduling.tenant for d in self._compiling.values()]
-            self.scheduler.check_queue(tenant, compiling)
-            future = self.grammars.compile_async(constraint)  # refuses a broken pattern
-            rid = self.scheduler.new_rid()
-            self._compiling[rid] = _Deferred(future, ids, params, scheduling, pin)
-        self._trackers[rid] = OutputTracker(self.tokenizer, rid, ids, params)
+        ids = self.front.encode(prompt)
+        rid = self.front.submit(ids, params or SamplingParams(), scheduling, pin)
+        refusal = self.front.refusal(rid)
+        if refusal is not None:
+            raise refusal_error(refusal)
         return rid
 
     @property
@@ -147,46 +150,23 @@ class Engine:
             self.worker.grammars = self._grammars
         return self._grammars
 
-    def _admit_compiled(self) -> None:
-        """Requests whose grammar is ready join the scheduler; a failed compile ends one."""
-        for rid, deferred in list(self._compiling.items()):
-            if not deferred.future.done():
-                continue
-            del self._compiling[rid]
-            error = deferred.future.exception()
-            if error is not None:
-                self._end_outside(rid, f"error: the grammar failed to compile: {error}")
-                continue
-            try:
-                self.scheduler.add_request(deferred.ids, deferred.params, deferred.scheduling,
-                                           rid=rid, pin=deferred.pin)
-            except QueueFull as exc:  # the queue filled up while its grammar compiled
-                self._end_outside(rid, f"error: {QUEUE_FULL}: {exc}")
-
-    def _end_outside(self, rid: int, reason: str) -> None:
-        """End a request the scheduler does not hold (still waiting for its grammar)."""
-        tracker = self._trackers.get(rid)
-        if tracker is not None:
-            delta = OutputDelta(rid=rid, owner=rid, index=-1, token_ids=[], finish_reason=reason)
-            self._deliver(tracker.apply(delta)[0])
-
     def take_output(self, rid: int) -> RequestOutput | None:
         """The output of a request from submit(), once it has finished (the Engine then forgets
         it: take each once); None while it still runs. KeyError: unknown, or taken already."""
-        tracker = self._trackers.get(rid)
+        tracker = self.front.tracker(rid)
         if tracker is None or rid in self._queues:  # a stream owns the ones it started
             raise KeyError(f"request {rid} is unknown to this Engine, or its output was taken")
         if not tracker.finished:
             return None
-        del self._trackers[rid]
-        return tracker.output
+        return self.front.take(rid)
 
     def take_finished(self) -> list[RequestOutput]:
         """The outputs of every submitted request that has finished since the last call (each
         once; requests streamed by generate_stream are not among them). An Engine driven by
         submit() and step() holds each output until it is taken."""
-        done = [rid for rid, t in self._trackers.items() if t.finished and rid not in self._queues]
-        return [self._trackers.pop(rid).output for rid in done]
+        done = [rid for rid in self.front.held
+                if self.front.finished(rid) and rid not in self._queues]
+        return [self.front.take(rid) for rid in done]
 
     def unpin(self, rid: int) -> bool:
         """Let the radix cache evict the prefix a pinned request kept; False if none was kept."""
@@ -194,41 +174,17 @@ class Engine:
 
     def abort(self, rid: int) -> None:
         """Abort a request (and all its samples) wherever it is."""
-        if self._compiling.pop(rid, None) is not None:
-            self._end_outside(rid, "abort")
-            return
-        chunks = self._emit(self.scheduler.abort(rid))
-        self._deliver(chunks)
+        self.front.abort(rid)
 
     # --- stepping ------------------------------------------------------------------------
     def step(self) -> list[StreamChunk]:
         """Run one turn of the step loop (one forward pass); returns the new output pieces."""
-        self._admit_compiled()
-        touched = self.loop.step()
-        if not touched and self.loop.idle and self._compiling:  # only grammars to wait for
-            futures_wait([d.future for d in self._compiling.values()],
-                         timeout=GRAMMAR_POLL_S, return_when=FIRST_COMPLETED)
-        chunks = self._emit(touched)
-        self._deliver(chunks)
-        return chunks
-
-    def _emit(self, touched: Sequence[Request]) -> list[StreamChunk]:
-        chunks: list[StreamChunk] = []
-        for delta in self.scheduler.take_deltas(touched):
-            tracker = self._trackers.get(delta.owner)
-            if tracker is None:
-                continue
-            new, stopped = tracker.apply(delta)
-            chunks += new
-            if stopped:  # a stop string: end it here and on the scheduler side
-                self.scheduler.take_deltas(self.scheduler.finish(delta.rid, "stop"))
-        return chunks
-
-    def _deliver(self, chunks: list[StreamChunk]) -> None:
-        for chunk in chunks:
-            queue = self._queues.get(chunk.rid)
-            if queue is not None:
-                queue.put_nowait(chunk)
+        self.front.poll()
+        replies = self.advance()
+        compiling = self.front.compiling
+        if not replies and not self.loop.in_flight and compiling:  # only grammars to wait for
+            futures_wait(compiling, timeout=GRAMMAR_POLL_S, return_when=FIRST_COMPLETED)
+        return [chunk for reply in replies for chunk in self._from_scheduler(reply)]
 
     # --- blocking and streaming APIs -----------------------------------------------------
     def generate(
@@ -253,11 +209,11 @@ class Engine:
         except Exception:
             for rid in rids:
                 self.abort(rid)
-                self._trackers.pop(rid, None)
+                self.front.forget(rid)
             raise
-        while not all(self._trackers[rid].finished for rid in rids):
+        while not all(self.front.finished(rid) for rid in rids):
             self.step()
-        return [self._trackers.pop(rid).output for rid in rids]
+        return [self.front.take(rid) for rid in rids]
 
     async def generate_stream(
         self, prompt: Prompt, params: SamplingParams | None = None, pin: bool = False,
@@ -270,7 +226,8 @@ class Engine:
         worker thread, but planning and folding still run here). With pin, the final chunk says
         whether the prefix was pinned; a stream closed before that chunk was taken unpins it."""
         rid = self.submit(prompt, params, extra_key, pin, priority, tenant, timeout)
-        tracker = self._trackers[rid]
+        tracker = self.front.tracker(rid)
+        assert tracker is not None
         queue: asyncio.Queue[StreamChunk] = asyncio.Queue()
         self._queues[rid] = queue
         handed = False  # the chunk that hands the pin over was taken
@@ -290,7 +247,7 @@ class Engine:
                 self.abort(rid)
             if pin and not handed:
                 self.unpin(rid)  # nobody took the pin over (a no-op when nothing was pinned)
-            self._trackers.pop(rid, None)
+            self.front.forget(rid)
             self._queues.pop(rid, None)
 
     def close(self) -> None:
@@ -313,4 +270,4 @@ class Engine:
         """Pool counters (tokens), cache hit rate, steps, preemptions; outputs_held: the
         submitted requests whose outputs the Engine still holds (running, or finished and not
         taken yet)."""
-        return {**self.scheduler.stats_dict(), "outputs_held": len(self._trackers)}
+        return {**self.scheduler.stats_dict(), "outputs_held": len(self.front.held)}

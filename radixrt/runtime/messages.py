@@ -2,6 +2,9 @@
 results. msgspec Structs (msgpack on the wire), never pickle. `Engine` passes the same objects by
 direct call; the process trio encodes them.
 
+Sampling params travel typed (`SamplingParams` is a msgspec Struct): the receiving process
+decodes them straight into the one class, never from a dict.
+
 A step plan carries deltas only: the worker keeps each request's token ids and slot table, so a
 decode entry names the request, one new slot and nothing else.
 """
@@ -13,6 +16,7 @@ import math
 import msgspec
 
 from radixrt.runtime.config import MAX_NAME_CHARS, MAX_PRIORITY, MAX_QUEUE_TIMEOUT_S
+from radixrt.runtime.sampling_params import SamplingParams
 
 
 class WorkerRequest(msgspec.Struct, frozen=True):
@@ -21,7 +25,8 @@ class WorkerRequest(msgspec.Struct, frozen=True):
     rid: int
     prompt_ids: list[int]
     output_ids: list[int]  # tokens already sampled (re-admission after preemption)
-    params: dict  # SamplingParams.to_dict(); rebuilt by the worker
+    params: SamplingParams  # as the client gave them (decoded typed, validated on decode)
+    max_tokens: int  # resolved once at admission (params.max_tokens None: the default rule)
     seed_offset: int = 0  # which of the n samples of its prompt this request is
     prefix_slots: list[int] = []  # slots of the cached prefix it starts from (radix cache hit)
 
@@ -186,9 +191,16 @@ class Scheduling(msgspec.Struct, frozen=True):
 class SubmitRequest(msgspec.Struct, frozen=True, tag=True):
     rid: int  # chosen by the tokenizer process (>= 0); n > 1 children get negative rids
     prompt_ids: list[int]
-    params: dict  # SamplingParams.to_dict()
+    params: SamplingParams  # built and validated once at the edge; decoded typed
     scheduling: Scheduling = Scheduling()
     pin: bool = False  # keep the finished prefix locked in the radix tree until UnpinRequest
+    # False: its grammar is compiling; it waits in the queue (counted against the caps) and is
+    # not admitted before GrammarReady
+    grammar_ready: bool = True
+
+
+class GrammarReady(msgspec.Struct, frozen=True, tag=True):
+    rid: int  # a request submitted with grammar_ready=False: the worker can load its grammar
 
 
 class UnpinRequest(msgspec.Struct, frozen=True, tag=True):
@@ -197,7 +209,9 @@ class UnpinRequest(msgspec.Struct, frozen=True, tag=True):
 
 class AbortRequest(msgspec.Struct, frozen=True, tag=True):
     rid: int
-    reason: str = "abort"  # "stop" when the detokenizer saw a stop string
+    # "abort"; "stop" when the detokenizer saw a stop string; "error: ..." when its grammar
+    # failed to compile
+    reason: str = "abort"
 
 
 class ControlRequest(msgspec.Struct, frozen=True, tag=True):
@@ -305,6 +319,6 @@ class DslSample(msgspec.Struct, frozen=True):
     content: str | None = None
 
 
-ToScheduler = SubmitRequest | AbortRequest | ControlRequest | UnpinRequest
+ToScheduler = SubmitRequest | GrammarReady | AbortRequest | ControlRequest | UnpinRequest
 ToTokenizer = DeltaBatch | SubmitError | ControlReply | SchedulerReady
 FromWorker = WorkerReady | StepResult

@@ -1,8 +1,12 @@
 """SamplingParams: the one definition of how a request is sampled (frozen, validated once).
 
-Every other layer (HTTP, DSL, scheduler, worker) reuses this class. Validation happens in
-``__post_init__`` so an invalid object cannot exist; ``with_`` returns a validated copy. Error
-messages name the field, the bad value and what is allowed.
+Every other layer (HTTP, DSL, scheduler, worker) reuses this class, and it is what travels: a
+msgspec Struct, so `SubmitRequest` and `WorkerRequest` (messages.py) carry it typed and the
+receiving process decodes it straight into this class. Validation happens in ``__post_init__``
+(which msgspec also runs on decode) so an invalid object cannot exist; ``with_`` returns a
+validated copy. Error messages name the field, the bad value and what is allowed. A request's
+path builds it once at its edge (the HTTP handler, the DSL endpoint, the Engine's caller) and
+decodes it once on the far side of each process boundary; nothing rebuilds it from a dict.
 
 The object is hashable: ``stop`` and ``stop_token_ids`` are normalised to tuples and ``logit_bias``
 to a read-only, hashable dict (:class:`LogitBias`), while a plain ``dict`` is accepted.
@@ -13,8 +17,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
 from typing import Any
+
+import msgspec
 
 from radixrt.runtime.config import (
     DEFAULT_MAX_TOKENS,
@@ -69,10 +74,10 @@ def _is_real(value: Any) -> bool:
 CONSTRAINT_FIELDS = ("regex", "json_schema", "choices", "tool_calls")
 
 
-@dataclass(frozen=True)
-class SamplingParams:
-    # None (not given): the one default of every entry point, resolved when the request is
-    # queued (for_prompt): the rest of the context, at most DEFAULT_MAX_TOKENS
+class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    # None (not given): the one default of every entry point, resolved once when the request is
+    # queued (resolved_max_tokens; the scheduler stores it on the request): the rest of the
+    # context, at most DEFAULT_MAX_TOKENS. 0: prefill only (score the prompt, generate nothing)
     max_tokens: int | None = None
     min_tokens: int = 0  # EOS and stop_token_ids are masked until this many tokens exist
     temperature: float = 1.0  # 0 = greedy
@@ -82,7 +87,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0  # OpenAI-style, over output tokens
     presence_penalty: float = 0.0  # OpenAI-style, over output tokens
     repetition_penalty: float = 1.0  # HF-style, over prompt + output tokens
-    logit_bias: Mapping[int, float] | None = None  # stored as LogitBias; {} becomes None
+    logit_bias: dict[int, float] | None = None  # stored as LogitBias (any mapping); {} -> None
     stop: tuple[str, ...] = ()  # a str is accepted and becomes a 1-tuple
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
@@ -95,7 +100,7 @@ class SamplingParams:
     # constrained decoding (at most one): the output must match the regex, be JSON valid under
     # the schema (a JSON string; a dict is dumped), or be exactly one of the choices
     regex: str | None = None
-    json_schema: str | None = None
+    json_schema: str | None = None  # a dict is accepted and dumped
     choices: tuple[str, ...] | None = None
     # tool calls (a constraint like the three above): JSON text {"format", "mode", "parallel",
     # "tools": [{"name", "parameters"}]}, the calls the output must be (constrained/structural.py)
@@ -116,7 +121,7 @@ class SamplingParams:
     # --- validation --------------------------------------------------------------------------
 
     def _set(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)  # frozen: normalisation happens only here
+        msgspec.structs.force_setattr(self, name, value)  # frozen: normalisation only here
 
     def _check_ints(self) -> None:
         for name in ("min_tokens", "top_k", "n", "top_logprobs"):
@@ -131,8 +136,9 @@ class SamplingParams:
                 raise _bad(name, value, "must be an int or None")
             if value is not None and not _is_int64(value):
                 raise _bad(name, value, "must fit in 64 bits")
-        if self.max_tokens is not None and self.max_tokens < 1:
-            raise _bad("max_tokens", self.max_tokens, "must be >= 1 or None (the default)")
+        if self.max_tokens is not None and self.max_tokens < 0:
+            raise _bad("max_tokens", self.max_tokens, "must be >= 1, 0 (prefill only: score "
+                       "the prompt, generate nothing) or None (the default)")
         if self.min_tokens < 0 or (self.max_tokens is not None
                                    and self.min_tokens > self.max_tokens):
             allowed = f"must be in [0, max_tokens={self.max_tokens}]"
@@ -277,11 +283,16 @@ class SamplingParams:
                                                 "then": [kind, inner]})
         return None
 
-    def for_prompt(self, prompt_tokens: int, context_length: int) -> SamplingParams:
-        """The params a queued request runs with: max_tokens None becomes the default rule."""
+    def resolved_max_tokens(self, prompt_tokens: int, context_length: int) -> int:
+        """The max_tokens a queued request runs with: None becomes the default rule (which
+        min_tokens must not exceed either)."""
         if self.max_tokens is not None:
-            return self
-        return replace(self, max_tokens=default_max_tokens(prompt_tokens, context_length))
+            return self.max_tokens
+        resolved = default_max_tokens(prompt_tokens, context_length)
+        if self.min_tokens > resolved:
+            raise _bad("min_tokens", self.min_tokens, f"must be in [0, max_tokens={resolved}] "
+                       "(max_tokens left out: the rest of the context)")
+        return resolved
 
     def validate_for_vocab(self, vocab_size: int) -> None:
         """Reject token ids that the model cannot produce (needs the vocab, so not in __init__)."""
@@ -299,28 +310,25 @@ class SamplingParams:
 
     def with_(self, **changes: Any) -> SamplingParams:
         """A validated copy with some fields changed."""
-        known = {f.name for f in fields(self)}
-        unknown = sorted(set(changes) - known)
+        unknown = sorted(set(changes) - set(self.__struct_fields__))
         if unknown:
-            raise TypeError(f"unknown sampling option(s) {unknown}; known options: {sorted(known)}")
-        return replace(self, **changes)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values only (for msgpack across process boundaries); from_dict inverts it."""
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
-        out["logit_bias"] = dict(self.logit_bias) if self.logit_bias else None
-        out["stop"] = list(self.stop)
-        out["stop_token_ids"] = list(self.stop_token_ids)
-        out["choices"] = list(self.choices) if self.choices is not None else None
-        return out
+            raise TypeError(f"unknown sampling option(s) {unknown}; known options: "
+                            f"{sorted(self.__struct_fields__)}")
+        return msgspec.structs.replace(self, **changes)
 
     @classmethod
-    def from_dict(cls, values: Mapping[str, Any]) -> SamplingParams:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
+    def from_fields(cls, values: Mapping[str, Any]) -> SamplingParams:
+        """Built at an edge from a client's field values (the DSL endpoint's `params`)."""
+        unknown = sorted(set(values) - set(cls.__struct_fields__))
         if unknown:
-            raise ValueError(f"unknown sampling option(s) {unknown}; known: {sorted(known)}")
+            raise ValueError(f"unknown sampling option(s) {unknown}; known: "
+                             f"{sorted(cls.__struct_fields__)}")
         return cls(**values)
+
+    @property
+    def prefill_only(self) -> bool:
+        """max_tokens=0: compute the prompt (its logprobs, its cache entry), sample nothing."""
+        return self.max_tokens == 0
 
     @property
     def is_greedy(self) -> bool:
@@ -342,3 +350,11 @@ def default_max_tokens(prompt_tokens: int, context_length: int) -> int:
     the rest of the context, at most DEFAULT_MAX_TOKENS (at least 1: a prompt that fills the
     context is refused with its own message)."""
     return max(1, min(DEFAULT_MAX_TOKENS, context_length - prompt_tokens))
+
+
+def check_token_ids(ids: Sequence[int], vocab_size: int) -> None:
+    """Refuse prompt token ids the model does not have (checked once, where every request is
+    queued: Scheduler.add_request)."""
+    bad = [t for t in ids if not 0 <= t < vocab_size]
+    if bad:
+        raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")

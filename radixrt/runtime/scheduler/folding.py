@@ -53,9 +53,10 @@ class ResultFolder:
             if req.phase is not Phase.RUNNING:
                 continue
             self.stats.computed_tokens += run.num_new
+            reaches_end = run.start + run.num_new == req.num_tokens
             if run.prompt_logprob_from >= 0 and res is not None:
                 req.prompt_logprobs.extend(res.prompt_logprobs)
-                req.prompt_logprobs_done = run.sample
+                req.prompt_logprobs_done = reaches_end
             if run.fork_into:
                 shared = self.kv.cache_prefix(req)
                 touched += self._fork(req, run.fork_into, by_rid)
@@ -72,6 +73,10 @@ class ResultFolder:
                 touched.append(req)
                 if self._append(req, res.token) or self._append_forced(req, res.forced):
                     continue  # finished (and released)
+            if reaches_end and req.max_tokens == 0:  # prefill only: its prompt is computed
+                touched.append(req)
+                table.end(req, "length")  # into the radix tree (and pinned, if asked)
+                continue
             if run.num_new > 1 or not run.sample:
                 # share the computed prompt from the next step on
                 shared = self.kv.cache_prefix(req)
@@ -127,7 +132,8 @@ class ResultFolder:
             child = Request(
                 rid=rid,
                 prompt_ids=parent.prompt_ids,
-                params=parent.params.with_(n=1),
+                params=parent.params,
+                max_tokens=parent.max_tokens,
                 arrival=parent.arrival,
                 extra_key=parent.extra_key,
                 priority=parent.priority,
@@ -166,6 +172,6 @@ class ResultFolder:
                 return "stop"
             if not p.ignore_eos and token in self.eos_token_ids:
                 return "stop"
-        if num_out >= p.max_tokens or len(req.prompt_ids) + num_out >= self.context_length:
+        if num_out >= req.max_tokens or len(req.prompt_ids) + num_out >= self.context_length:
             return "length"
         return None

@@ -72,7 +72,7 @@ class Planner:
         draft = _StepDraft(budget=self.config.max_num_batched_tokens,
                            prefilling_in_flight=set().union(*table.prefills_in_flight.values()))
         self._expire_waiting()
-        urgent = most_urgent(table.waiting)  # the most urgent priority waiting
+        urgent = most_urgent(table.admittable())  # the most urgent priority waiting
         self._swap_back(draft, urgent)
         if urgent is not None and self.config.priority_preemption:
             self._preempt_for_urgent(draft)
@@ -137,7 +137,7 @@ class Planner:
     def _awaits_end(self, req: Request) -> bool:
         """The step in flight samples this request's last token: nothing more to plan."""
         return req.pending > 0 and (
-            len(req.output_ids) >= req.params.max_tokens or req.num_tokens >= self.context_length
+            len(req.output_ids) >= req.max_tokens or req.num_tokens >= self.context_length
         )
 
     def _move_onto_tree_pages(self, draft: _StepDraft, free: list[int]) -> None:
@@ -155,11 +155,12 @@ class Planner:
     def _admit(self, draft: _StepDraft) -> None:
         table = self.table
         fair = table.fair if self.config.fair_share else None
-        if not table.waiting:
+        admittable = table.admittable()
+        if not admittable:
             return
         swapped = most_urgent(table.swapped)
         held: list[Request] = []  # held back a step to share a prefix being computed
-        for req in admission_order(table.waiting, self.kv, self.policy, fair):
+        for req in admission_order(admittable, self.kv, self.policy, fair):
             if swapped is not None and req.priority >= swapped:
                 break  # swapped-out requests come back before anything as urgent starts
             if req.rid in draft.priority_victims:
@@ -200,7 +201,8 @@ class Planner:
                     rid=req.rid,
                     prompt_ids=req.prompt_ids,
                     output_ids=list(req.output_ids),
-                    params=req.params.to_dict(),
+                    params=req.params,
+                    max_tokens=req.max_tokens,
                     seed_offset=req.seed_offset,
                     prefix_slots=self.kv.slots(req, 0, req.kv_len - chunk),
                 )
@@ -246,7 +248,7 @@ class Planner:
 
     def _add_run(self, req: Request, chunk: int, slots: list[int], draft: _StepDraft) -> None:
         start = req.kv_len - chunk
-        sample = req.kv_len == req.num_tokens
+        sample = req.kv_len == req.num_tokens and req.max_tokens > 0  # 0: prefill only
         fork_into: list[int] = []
         if sample and req.fork_count > 1:
             fork_into = [self.table.new_child_rid() for _ in range(req.fork_count)]
@@ -302,7 +304,7 @@ class Planner:
         ceiling = least if swapped is None or least is None else min(least, swapped)
         if ceiling is None:
             return
-        urgent = sorted((r for r in table.waiting if r.priority < ceiling),
+        urgent = sorted((r for r in table.admittable() if r.priority < ceiling),
                         key=lambda r: (r.priority, r.arrival))
         ps = kv.page_size
         pages = sum(1 for r in table.running if r.is_decoding and r.kv_len % ps == 0)

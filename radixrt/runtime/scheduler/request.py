@@ -25,6 +25,7 @@ class Request:
     rid: int
     prompt_ids: list[int]
     params: SamplingParams
+    max_tokens: int  # params.max_tokens resolved at admission (0: prefill only)
     arrival: int  # monotonically increasing submission counter (fcfs order)
     extra_key: str | None = None  # radix-cache namespace: different keys never share KV
     priority: int = 0  # lower is more urgent
@@ -33,6 +34,7 @@ class Request:
     seed_offset: int = 0  # which of the n samples of its prompt this request is
     parent_rid: int | None = None  # set on the n children of an n > 1 request
     pin: bool = False  # on a normal finish, keep its prefix locked in the tree until unpinned
+    grammar_ready: bool = True  # False while its grammar compiles: waiting, never admitted
     pin_error: str | None = None  # why a pin was refused (the pin budget)
     output_ids: list[int] = field(default_factory=list)
     phase: Phase = Phase.WAITING

@@ -95,6 +95,11 @@ class RequestTable:
             self.fair.idle()  # the busy period ends
             self.waiting_by_tenant.clear()
 
+    def admittable(self) -> list[Request]:
+        """Waiting requests that may be admitted: those whose grammar is still compiling wait
+        (and count against the queue caps) but are not admitted yet."""
+        return [r for r in self.waiting if r.grammar_ready]
+
     def queued(self, tenant: str | None = None) -> int:
         """Waiting requests (of `tenant` only, when given)."""
         return len(self.waiting) if tenant is None else self.waiting_by_tenant[tenant]

@@ -25,7 +25,7 @@ from radixrt.runtime.messages import (
     StepResult,
     WorkerReady,
 )
-from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.sampling_params import SamplingParams, check_token_ids
 from radixrt.runtime.scheduler.folding import ResultFolder
 from radixrt.runtime.scheduler.kv_manager import KVManager
 from radixrt.runtime.scheduler.planner import Planner
@@ -44,10 +44,14 @@ class Scheduler:
         context_length: int,
         eos_token_ids: Sequence[int],
         kv_bytes_per_token: int = 0,
+        vocab_size: int | None = None,
     ) -> None:
-        """kv_bytes_per_token: what one token costs in the pool (0: unknown, no capacity)."""
+        """kv_bytes_per_token: what one token costs in the pool (0: unknown, no capacity);
+        vocab_size: the model's (WorkerReady), against which every request's token ids are
+        checked at add_request (None: the simulation's scheduler, which has no model)."""
         self.config = config
         self.context_length = context_length
+        self.vocab_size = vocab_size
         self.capacity = Capacity(kv_bytes_per_token, config.page_size, num_pages,
                                  context_length) if kv_bytes_per_token else None
         self.kv = KVManager(num_pages, config.page_size, config.disable_radix_cache)
@@ -64,7 +68,7 @@ class Scheduler:
     def for_worker(cls, config: EngineConfig, ready: WorkerReady) -> Scheduler:
         """The scheduler sized by what the worker reported at start-up."""
         return cls(config, ready.num_pages, ready.context_length, ready.eos_token_ids,
-                   ready.kv_bytes_per_token)
+                   ready.kv_bytes_per_token, ready.vocab_size)
 
     # --- the views the engine, the loop and the tests read ----------------------------------
     @property
@@ -104,23 +108,29 @@ class Scheduler:
         scheduling: Scheduling | None = None,
         rid: int | None = None,
         pin: bool = False,
+        grammar_ready: bool = True,
     ) -> Request:
-        """Queue a request. `scheduling`: its priority, tenant, cache namespace and queue
-        timeout (messages.Scheduling). With pin=True, a request that finishes normally keeps its
-        prefix locked in the radix tree (so forks of a DSL program reuse it) until `unpin(rid)`.
-        Raises ValueError for a prompt that breaks the context limits, QueueFull when the
+        """Queue a request: every path (the Engine, the scheduler process) passes here once, so
+        the checks that need the model (context length, vocabulary) are made here. `scheduling`:
+        its priority, tenant, cache namespace and queue timeout (messages.Scheduling). With
+        pin=True, a request that finishes normally keeps its prefix locked in the radix tree (so
+        forks of a DSL program reuse it) until `unpin(rid)`. grammar_ready=False: its grammar is
+        compiling; it waits (counted against the caps) until `grammar_ready(rid)`. Raises
+        ValueError for a prompt that
+        breaks the context limits or token ids outside the vocabulary, QueueFull when the
         waiting queue (or the tenant's part of it) is at its cap; a request that can never fit
         the KV pool finishes at once with an error reason."""
         scheduling = scheduling or Scheduling()
         prompt_ids = [int(t) for t in prompt_ids]
-        params = params.for_prompt(len(prompt_ids), self.context_length)  # the default rule
-        self.check_limits(prompt_ids, params)
+        max_tokens = self.check_limits(prompt_ids, params)
         self.check_queue(scheduling.tenant)
         req = Request(
             rid=self.table.new_rid() if rid is None else rid,
             prompt_ids=prompt_ids,
             params=params,
+            max_tokens=max_tokens,
             arrival=self.table.next_arrival(),
+            grammar_ready=grammar_ready,
             extra_key=scheduling.extra_key,
             priority=scheduling.priority,
             tenant=scheduling.tenant,
@@ -129,29 +139,34 @@ class Scheduler:
         self.table.enqueue(req)
         if scheduling.timeout_s is not None:
             req.deadline_s = req.submitted_s + scheduling.timeout_s
-        need = len(prompt_ids) + params.n * (params.max_tokens + self.kv.page_size)
+        need = len(prompt_ids) + params.n * (max_tokens + self.kv.page_size)
         if need > self.kv.capacity_tokens:
             self.table.fail(
                 req,
                 f"the request needs up to {need} KV slots (prompt {len(prompt_ids)} + "
-                f"n={params.n} x max_tokens={params.max_tokens}) but the KV pool holds "
+                f"n={params.n} x max_tokens={max_tokens}) but the KV pool holds "
                 f"{self.kv.capacity_tokens}; lower max_tokens or n, or raise max_total_tokens",
             )
         return req
 
-    def check_queue(self, tenant: str, not_queued_yet: Sequence[str] = ()) -> None:
-        """Raise QueueFull when the waiting queue, or `tenant`'s part of it, is at its cap.
-        not_queued_yet: the tenants of requests accepted but not queued here yet (the Engine's
-        constrained requests whose grammars compile), counted as waiting."""
+    def grammar_ready(self, rid: int) -> None:
+        """The grammar of a request submitted with grammar_ready=False is compiled: it may be
+        admitted now (a no-op for a request that already ended)."""
+        req = self.table.requests.get(rid)
+        if req is not None:
+            req.grammar_ready = True
+
+    def check_queue(self, tenant: str) -> None:
+        """Raise QueueFull when the waiting queue, or `tenant`'s part of it, is at its cap."""
         cfg = self.config
         cap, tenant_cap = cfg.max_queued_requests, cfg.max_queued_per_tenant
-        waiting = self.table.queued() + len(not_queued_yet)
+        waiting = self.table.queued()
         if cap is not None and waiting >= cap:
             self.stats.queue_full += 1
             raise QueueFull(f"the server is at capacity: {cap} requests are waiting "
                             f"(--max-queued-requests); retry after {QUEUE_FULL_RETRY_AFTER_S}s",
                             QUEUE_FULL_RETRY_AFTER_S)
-        mine = self.table.queued(tenant) + sum(t == tenant for t in not_queued_yet)
+        mine = self.table.queued(tenant)
         if tenant_cap is not None and mine >= tenant_cap:
             self.stats.queue_full += 1
             who = f"tenant {tenant!r}" if tenant else "the shared tenant"
@@ -159,27 +174,28 @@ class Scheduler:
                             f"(--max-queued-per-tenant); retry after "
                             f"{QUEUE_FULL_RETRY_AFTER_S}s", QUEUE_FULL_RETRY_AFTER_S)
 
-    def new_rid(self) -> int:
-        """A request id for a request that will be added later (with add_request(rid=...))."""
-        return self.table.new_rid()
-
-    def check_limits(self, prompt_ids: Sequence[int], params: SamplingParams) -> None:
-        """Raise ValueError for a prompt that breaks the context limits."""
+    def check_limits(self, prompt_ids: Sequence[int], params: SamplingParams) -> int:
+        """Raise ValueError for a prompt that breaks the context limits or names token ids the
+        model does not have; returns the max_tokens it runs with (None: the default rule)."""
         if not prompt_ids:
             raise ValueError("prompt is empty: give at least one token")
-        params = params.for_prompt(len(prompt_ids), self.context_length)
+        if self.vocab_size is not None:
+            check_token_ids(prompt_ids, self.vocab_size)
+            params.validate_for_vocab(self.vocab_size)
+        max_tokens = params.resolved_max_tokens(len(prompt_ids), self.context_length)
         limit = self.context_length
         if len(prompt_ids) >= limit:
             raise ValueError(
                 f"prompt has {len(prompt_ids)} tokens but the context length is {limit}: "
                 f"shorten the prompt to at most {limit - 1} tokens"
             )
-        if len(prompt_ids) + params.max_tokens > limit:
+        if len(prompt_ids) + max_tokens > limit:
             raise ValueError(
-                f"max_tokens={params.max_tokens} plus the prompt's {len(prompt_ids)} tokens "
+                f"max_tokens={max_tokens} plus the prompt's {len(prompt_ids)} tokens "
                 f"exceeds the context length {limit}: lower max_tokens to at most "
                 f"{limit - len(prompt_ids)}"
             )
+        return max_tokens
 
     def abort(self, rid: int) -> list[Request]:
         """Abort a request (and all its samples) at any stage; returns the requests ended."""

@@ -35,16 +35,3 @@ def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
                 raise ValueError(f"chat message {i} needs 'role' and 'content' keys, got {dict(m)}")
         return render_chat(tokenizer, prompt)
     raise ValueError("a prompt is a str, a list of token ids (ints) or a list of chat messages")
-
-
-def check_token_ids(ids: Sequence[int], vocab_size: int) -> None:
-    bad = [t for t in ids if not 0 <= t < vocab_size]
-    if bad:
-        raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary [0, {vocab_size})")
-
-
-def encode_checked(tokenizer: Any, prompt: Prompt, vocab_size: int) -> list[int]:
-    """encode_prompt, then refuse token ids outside the vocabulary."""
-    ids = encode_prompt(tokenizer, prompt)
-    check_token_ids(ids, vocab_size)
-    return ids

@@ -31,6 +31,7 @@ from radixrt.runtime.worker.sampler import Sampler, SamplingRow, TokenSpan, prom
 @dataclass
 class _RequestState:
     params: SamplingParams
+    max_tokens: int  # resolved at admission by the scheduler
     token_ids: list[int]  # prompt + outputs so far
     prompt_len: int
     slots: list[int]  # slot of every position whose K/V is computed
@@ -110,12 +111,13 @@ class Worker:
         return self._forward(plan)
 
     def _new_state(self, new: WorkerRequest) -> _RequestState:
-        params = SamplingParams.from_dict(new.params)
+        params = new.params
         grammar = None
         if params.constraint is not None:  # re-admitted after preemption: replay its outputs
             grammar = GrammarState.replay(self._grammar(params), list(new.output_ids))
         return _RequestState(
             params=params,
+            max_tokens=new.max_tokens,
             token_ids=list(new.prompt_ids) + list(new.output_ids),
             prompt_len=len(new.prompt_ids),
             slots=list(new.prefix_slots),
@@ -219,11 +221,10 @@ class Worker:
                 known[run.rid] = (idx, state.token_ids[end])  # jump-forward appended it
                 continue
             for i, child in enumerate(run.fork_into or [run.rid]):
-                params = state.params if not run.fork_into else state.params.with_(n=1)
                 known_len = len(state.token_ids)
                 rows.append(
                     SamplingRow(
-                        params=params,
+                        params=state.params,  # a fork's n does not change how a row samples
                         prompt_ids=TokenSpan(state.token_ids, 0, state.prompt_len),
                         output_ids=TokenSpan(state.token_ids, state.prompt_len, known_len),
                         seed_offset=i if run.fork_into else state.seed_offset,
@@ -279,14 +280,15 @@ class Worker:
         """After a request's token is appended: move its grammar on; jump-forward's tokens."""
         state = self.states[rid]
         return after_sample(state.grammar, state.token_ids, state.prompt_len,
-                            state.params.max_tokens, self.jump_forward)
+                            state.max_tokens, self.jump_forward)
 
     def _fork(self, run: Run, sampled: dict[int, TokenLogprob],
               grammars: dict[int, GrammarState | None]) -> None:
         parent = self.states.pop(run.rid)
         for i, child in enumerate(run.fork_into):
             self.states[child] = _RequestState(
-                params=parent.params.with_(n=1),
+                params=parent.params,
+                max_tokens=parent.max_tokens,
                 token_ids=parent.token_ids + [sampled[child].token_id],
                 prompt_len=parent.prompt_len,
                 slots=list(parent.slots),

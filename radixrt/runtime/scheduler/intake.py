@@ -1,0 +1,105 @@
+"""The scheduler's side of the tokenizer link: every message from the request front is handled
+here, whether it came over ZeroMQ (the scheduler process) or by a direct call (the Engine).
+
+`handle` takes one `ToScheduler` message and returns the `ToTokenizer` replies it causes:
+- SubmitRequest: queued by `Scheduler.add_request` (where the checks that need the model are
+  made: context length, vocabulary); a refusal becomes a SubmitError (retry_after_s > 0 for a
+  full queue). A request whose grammar is still compiling waits in the queue, counted against
+  its caps, until GrammarReady;
+- GrammarReady: its grammar is compiled (the worker loads it): it may be admitted;
+- AbortRequest: "abort" ends it and its samples wherever they are; any other reason ends it
+  with that reason ("stop": the front saw a stop string; "error: ...": its grammar failed);
+- UnpinRequest, ControlRequest ("info", "flush_cache", "check_integrity").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+
+from radixrt.runtime.errors import QueueFull
+from radixrt.runtime.messages import (
+    AbortRequest,
+    ControlReply,
+    ControlRequest,
+    DeltaBatch,
+    GrammarReady,
+    SubmitError,
+    SubmitRequest,
+    ToScheduler,
+    ToTokenizer,
+    UnpinRequest,
+    WorkerReady,
+)
+from radixrt.runtime.scheduler.request import Request
+from radixrt.runtime.scheduler.scheduler import Scheduler
+
+
+class SchedulerIntake:
+    def __init__(self, scheduler: Scheduler, ready: WorkerReady) -> None:
+        self.scheduler = scheduler
+        self.ready = ready
+
+    def handle(self, msg: ToScheduler) -> list[ToTokenizer]:
+        sched = self.scheduler
+        if isinstance(msg, SubmitRequest):
+            return self._submit(msg)
+        if isinstance(msg, GrammarReady):
+            sched.grammar_ready(msg.rid)
+            return []
+        if isinstance(msg, AbortRequest):
+            if msg.reason == "abort":
+                return self.deltas(sched.abort(msg.rid))
+            return self.deltas(sched.finish(msg.rid, msg.reason))
+        if isinstance(msg, UnpinRequest):
+            sched.unpin(msg.rid)
+            return []
+        if isinstance(msg, ControlRequest):
+            return [ControlReply(call_id=msg.call_id, result=self.control(msg.op))]
+        raise TypeError(f"not a message for the scheduler: {type(msg).__name__}")
+
+    def _submit(self, msg: SubmitRequest) -> list[ToTokenizer]:
+        try:
+            self.scheduler.add_request(msg.prompt_ids, msg.params, msg.scheduling, rid=msg.rid,
+                                       pin=msg.pin, grammar_ready=msg.grammar_ready)
+        except QueueFull as exc:
+            return [SubmitError(rid=msg.rid, message=str(exc), retry_after_s=exc.retry_after_s)]
+        except (ValueError, TypeError) as exc:
+            return [SubmitError(rid=msg.rid, message=str(exc))]
+        return []
+
+    def deltas(self, touched: Sequence[Request]) -> list[ToTokenizer]:
+        """The outputs the touched requests gained, as one DeltaBatch (none if nothing)."""
+        found = self.scheduler.take_deltas(touched)
+        return [DeltaBatch(deltas=found)] if found else []
+
+    def control(self, op: str) -> dict[str, Any]:
+        sched = self.scheduler
+        if op == "flush_cache":
+            return {"freed_tokens": sched.flush_cache()}
+        if op == "check_integrity":
+            try:
+                sched.check_integrity()
+            except RuntimeError as exc:
+                return {"ok": False, "error": str(exc)}
+            return {"ok": True}
+        return self.info()
+
+    def info(self) -> dict[str, Any]:
+        """Config and live counters: what /server_info and the DSL's op "info" report."""
+        sched, ready = self.scheduler, self.ready
+        info = sched.stats_dict()
+        info.update(
+            device=ready.device,
+            dtype=ready.dtype,
+            context_length=sched.context_length,
+            schedule_policy=sched.config.schedule_policy,
+            preemption=sched.config.preemption,
+            disable_radix_cache=sched.config.disable_radix_cache,
+            vocab_size=ready.vocab_size,
+            eos_token_ids=list(ready.eos_token_ids),
+            tensor_parallel=msgspec.to_builtins(ready.tp) if ready.tp else None,
+        )
+        return info
