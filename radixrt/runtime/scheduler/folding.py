@@ -14,7 +14,7 @@ from radixrt.runtime.config import PLACEHOLDER_TOKEN
 from radixrt.runtime.messages import RunResult, StepPlan, StepResult, TokenLogprob
 from radixrt.runtime.scheduler.kv_manager import KVManager
 from radixrt.runtime.scheduler.request import Phase, Request
-from radixrt.runtime.scheduler.request_table import FORKED, RequestTable
+from radixrt.runtime.scheduler.request_table import RequestTable
 from radixrt.runtime.scheduler.stats import SchedulerStats
 
 
@@ -63,7 +63,7 @@ class ResultFolder:
                     for rid in run.fork_into:
                         child = table.requests.get(rid)
                         if child is not None and child.phase is Phase.RUNNING:
-                            table.dedupe[rid] = shared
+                            table.mark_for_dedupe(rid, shared)
                 continue
             if run.sample and req.presolved_step == plan.step_id:
                 req.presolved_step = -1  # jump-forward already put this token in place
@@ -76,7 +76,7 @@ class ResultFolder:
                 # share the computed prompt from the next step on
                 shared = self.kv.cache_prefix(req)
                 if shared:
-                    table.dedupe[req.rid] = shared
+                    table.mark_for_dedupe(req.rid, shared)
         return touched
 
     def _append(self, req: Request, token: TokenLogprob) -> bool:
@@ -122,7 +122,6 @@ class ResultFolder:
         the token the worker sampled for it; the parent ends as "forked"."""
         table = self.table
         children = []
-        position = table.running.index(parent)
         for i, rid in enumerate(child_rids):
             child = Request(
                 rid=rid,
@@ -139,11 +138,8 @@ class ResultFolder:
                 cached_len=parent.cached_len,
                 prompt_logprobs_done=True,
             )
-            table.requests[rid] = child
-            self.kv.share(parent, child)
-            table.running.insert(position + 1 + i, child)
             children.append(child)
-        table.end(parent, FORKED)  # the worker dropped the parent itself
+        table.fork(parent, children)
         touched = [parent]
         for child in children:
             res = by_rid.get(child.rid)

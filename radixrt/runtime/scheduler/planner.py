@@ -144,7 +144,7 @@ class Planner:
         """A prefix computed twice at once is held once: requests move onto the tree's pages.
         Done once the plan is made, so the pages freed here are not reused by it; a request
         preempted (or preempted and re-admitted) in this plan starts clean and is skipped."""
-        pending, self.table.dedupe = self.table.dedupe, {}
+        pending = self.table.take_dedupe()
         gone = set(free) | {w.rid for w in draft.new_requests} | {s.rid for s in draft.swap_out}
         for rid, num_pages in pending.items():
             req = self.table.requests.get(rid)
@@ -249,9 +249,7 @@ class Planner:
         sample = req.kv_len == req.num_tokens
         fork_into: list[int] = []
         if sample and req.fork_count > 1:
-            fork_into = [self.table.new_child_rid() for _ in range(req.fork_count)]
-            self.table.children[req.rid] = fork_into
-            req.forking = True
+            fork_into = self.table.plan_fork(req)
             self.table.needs_sync = True  # overlap: fold the fork in before planning more
         draft.runs.append(
             Run(
@@ -343,8 +341,6 @@ class Planner:
     def _preempt(self, victim: Request, draft: _StepDraft) -> None:
         table = self.table
         self.stats.preemptions += 1
-        table.running.remove(victim)
-        victim.num_preemptions += 1
         fits_swap = table.swap_used + victim.kv_len <= self.config.swap_space_tokens
         if self.config.preemption == "swap" and not fits_swap:
             self.stats.swap_fallbacks += 1  # the host swap space is full: recompute instead
@@ -352,18 +348,9 @@ class Planner:
             self.stats.swaps += 1
             slots = self.kv.slots(victim, 0, victim.kv_len)
             draft.swap_out.append(Swap(rid=victim.rid, slots=slots))
-            victim.kv_len_swapped = victim.kv_len
-            table.swap_used += victim.kv_len
-            self.kv.release(victim, cache=False)
-            victim.phase = Phase.SWAPPED
-            table.swapped.append(victim)
+            table.swap_out(victim)
             return
-        victim.epoch += 1  # results of its steps still in flight no longer apply
-        if not victim.prompt_logprobs_done:
-            victim.prompt_logprobs.clear()  # gathered again on re-admission
-        self.kv.release(victim)  # its tokens stay in the tree: re-prefill is mostly a cache hit
-        table.pending_free.append(victim.rid)
-        table.requeue(victim)
+        table.preempt_recompute(victim)
 
     def _swap_in_need(self, req: Request) -> int:
         """Pages to swap `req` back in, and one for each running request to grow by."""
@@ -386,10 +373,6 @@ class Planner:
             slots = self.kv.reserve(req, req.kv_len_swapped, draft.copies)
             if slots is None:
                 break
-            table.swapped.remove(req)
-            table.swap_used -= req.kv_len_swapped
+            table.swap_in(req)
             draft.swap_in.append(Swap(rid=req.rid, slots=slots))
             draft.swapped_in.add(req.rid)
-            req.phase = Phase.RUNNING
-            table.running.append(req)
-            table.running.sort(key=lambda r: r.admitted_at)
