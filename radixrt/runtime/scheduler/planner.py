@@ -21,6 +21,7 @@ from radixrt.runtime.config import (
     EngineConfig,
 )
 from radixrt.runtime.messages import PrefixGroup, Run, SlotCopy, StepPlan, Swap, WorkerRequest
+from radixrt.runtime.scheduler.in_flight import SYNC_FORK, SYNC_PREEMPT, InFlightLedger
 from radixrt.runtime.scheduler.kv_manager import KVManager
 from radixrt.runtime.scheduler.policy import SchedulePolicy
 from radixrt.runtime.scheduler.prefix_groups import prefix_groups
@@ -47,6 +48,7 @@ class _StepDraft:
     prefilling: set[int] = field(default_factory=set)  # computing more than one token
     prefilling_in_flight: set[int] = field(default_factory=set)  # ... in steps not folded in
     priority_victims: set[int] = field(default_factory=set)  # preempted for urgent requests
+    sync_reason: str | None = None  # the step in flight must be folded in first (in_flight.py)
 
 
 class Planner:
@@ -66,11 +68,12 @@ class Planner:
         self.stats = stats
         self.context_length = context_length
 
-    def schedule(self) -> StepPlan | None:
-        """The next step's plan, or None when there is nothing to do."""
+    def schedule(self, in_flight: InFlightLedger) -> StepPlan | None:
+        """The next step's plan, or None when there is nothing to do. `in_flight`: the steps
+        planned and not folded in yet; the plan is recorded in it."""
         table = self.table
         draft = _StepDraft(budget=self.config.max_num_batched_tokens,
-                           prefilling_in_flight=set().union(*table.prefills_in_flight.values()))
+                           prefilling_in_flight=in_flight.prefilling())
         self._expire_waiting()
         urgent = most_urgent(table.waiting)  # the most urgent priority waiting
         self._swap_back(draft, urgent)
@@ -87,13 +90,14 @@ class Planner:
         self._plan_prefills(prefills[len(ahead):], draft)
         free = table.take_pending_free()  # ends during planning are in it too
         self._move_onto_tree_pages(draft, free)
+        if draft.sync_reason is not None:
+            in_flight.request_sync(draft.sync_reason)
         if not (draft.runs or free or draft.swap_out or draft.copies or draft.swap_in):
             return None
         self.stats.steps += 1
-        table.run_epochs[self.stats.steps] = {
-            run.rid: table.requests[run.rid].epoch for run in draft.runs
-        }
-        table.prefills_in_flight[self.stats.steps] = draft.prefilling
+        in_flight.record_plan(self.stats.steps,
+                              {run.rid: table.requests[run.rid].epoch for run in draft.runs},
+                              draft.prefilling)
         return StepPlan(
             step_id=self.stats.steps,
             swap_out=draft.swap_out,
@@ -250,7 +254,7 @@ class Planner:
         fork_into: list[int] = []
         if sample and req.fork_count > 1:
             fork_into = self.table.plan_fork(req)
-            self.table.needs_sync = True  # overlap: fold the fork in before planning more
+            draft.sync_reason = draft.sync_reason or SYNC_FORK  # fold it in before planning more
         draft.runs.append(
             Run(
                 rid=req.rid,
@@ -284,7 +288,7 @@ class Planner:
         victim = max(candidates, key=lambda r: (r.priority, r.admitted_at), default=None)
         if victim is not None and victim.pending:
             # its sampled token is still in flight: preempt only once that step is folded in
-            self.table.needs_sync = True
+            draft.sync_reason = draft.sync_reason or SYNC_PREEMPT
             return None
         return victim
 
@@ -329,7 +333,7 @@ class Planner:
             return False
         victim = max(victims, key=lambda r: (r.priority, r.admitted_at))
         if victim.pending:  # its token is in flight: preempt once that step is folded in
-            table.needs_sync = True
+            draft.sync_reason = draft.sync_reason or SYNC_PREEMPT
             return False
         self._preempt(victim, draft)
         draft.priority_victims.add(victim.rid)

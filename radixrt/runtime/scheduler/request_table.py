@@ -12,7 +12,7 @@ Lifecycle (`Phase`), each transition one method:
 - `start`: WAITING -> RUNNING, once the planner admitted and reserved its KV.
 - `preempt_recompute`: RUNNING -> WAITING. Its KV is released into the radix tree (its re-prefill
   is mostly a cache hit), the worker forgets it in the next plan, and its epoch moves on, so the
-  results of its steps still in flight are dropped.
+  results of its steps still in flight are dropped (in_flight.py).
 - `swap_out`: RUNNING -> SWAPPED; the worker copies its KV to host memory (the planner puts the
   copy in the plan). `swap_in`: SWAPPED -> RUNNING, into its place in admission order.
 - `plan_fork` (planning the step that samples an n > 1 parent's first token) names its children;
@@ -28,9 +28,10 @@ Lifecycle (`Phase`), each transition one method:
     locked; its KV is released into the radix tree; the worker forgets it in the next plan (a
     "forked" parent excepted: the worker dropped it itself when it forked).
 
-The table also carries the bookkeeping that planning and result folding share: the frees the next
-plan carries, the epoch of each run and the prompt chunks of each plan in flight, the pages to
-de-duplicate, and `needs_sync` (overlap: fold the step in flight in before planning again).
+The table also carries what the next plan owes the worker whether or not steps are in flight:
+the frees (`take_pending_free`) and the pages computed twice at once, to de-duplicate
+(`mark_for_dedupe`, `take_dedupe`). What exists only because steps are in flight is the step
+loop's (in_flight.py).
 """
 
 from __future__ import annotations
@@ -65,10 +66,6 @@ class RequestTable:
         self.pending_free: list[int] = []  # rids the worker forgets in the next plan
         self.finished_outside_step: list[Request] = []  # ended with no step to report them
         self.dedupe: dict[int, int] = {}  # rid -> pages that may duplicate the tree's
-        self.run_epochs: dict[int, dict[int, int]] = {}  # step id -> epoch of each run's rid
-        # step id -> requests whose prompt chunk that step computes (until it is folded in)
-        self.prefills_in_flight: dict[int, set[int]] = {}
-        self.needs_sync = False
         self.fair = FairShare()  # tenants' virtual times
         self.waiting_by_tenant: Counter[str] = Counter()
         self._rids = itertools.count()
