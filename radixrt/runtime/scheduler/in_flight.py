@@ -60,13 +60,15 @@ class StepInFlight:
 
 
 class InFlightLedger:
+    """The plans in flight and, per step, what its result is checked against (see above)."""
+
     def __init__(self) -> None:
         self._handed_over: deque[StepPlan] = deque()  # to the executor, result not folded in
         self._steps: dict[int, StepInFlight] = {}  # step id -> its record, until folded in
         self._newest = 0  # id of the newest plan made
         self.sync_reason: str | None = None  # why the loop must fold before planning again
 
-    # --- the step loop ---------------------------------------------------------------------
+    # --- the step loop -----------------------------------------------------------------------
     def __len__(self) -> int:
         """Plans handed to the executor whose results are not folded in yet."""
         return len(self._handed_over)
@@ -116,6 +118,7 @@ class InFlightLedger:
             self.synced()  # nothing is in flight any more
         return self._steps.pop(step_id, StepInFlight())
 
+    # --- inspection --------------------------------------------------------------------------
     def presolving(self, rid: int) -> list[StepInFlight]:
         """The steps in flight that sample a token for `rid` that is known already."""
         return [step for step in self._steps.values() if rid in step.presolved]
