@@ -38,7 +38,7 @@ from radixrt.runtime.messages import (
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.scheduler.loop import StepLoop
 from radixrt.runtime.scheduler.planner import POOL_TOO_SMALL as PLANNER_POOL_TOO_SMALL
-from radixrt.runtime.scheduler.request import Request
+from radixrt.runtime.scheduler.request import Phase, Request
 from radixrt.runtime.scheduler.scheduler import Scheduler
 
 VOCAB = 24
@@ -411,7 +411,7 @@ class Sim:
     @property
     def in_flight(self) -> StepPlan | None:
         """The plan whose result the loop has not folded in yet (overlap)."""
-        return self.loop.in_flight[0] if self.loop.in_flight else None
+        return self.loop.in_flight.oldest
 
 
 def make_sim(pool_tokens: int, overlap: bool = False, **options: object) -> Sim:
@@ -463,16 +463,29 @@ def cross_check(sim: Sim) -> None:
 def step(sim: Sim, between: Callable[[], None] | None = None) -> None:
     """One turn of the production step loop over the simulated worker; `between` runs while
     the loop waits for a result (if it waits for one this turn)."""
-    sim.executor.on_wait = between
+
+    def waiting() -> None:  # the next plan is made, the step in flight not folded in yet
+        note_presolved_preempted(sim)
+        if between is not None:
+            between()
+
+    sim.executor.on_wait = waiting
     touched = sim.loop.step()
     sim.executor.on_wait = None
-    assert sim.overlap or not sim.sched.needs_sync, "needs_sync without a step in flight"
-    sched = sim.sched
+    assert sim.overlap or not sim.loop.in_flight.needs_sync, "needs_sync without a step in flight"
     sim.reported |= {r.rid for r in touched if r.finished}
-    sim.presolved_preempted |= {r.rid for r in sched.waiting + sched.swapped
-                                if r.presolved_step >= 0}
+    note_presolved_preempted(sim)
     sim.steps += 1
     cross_check(sim)
+
+
+def note_presolved_preempted(sim: Sim) -> None:
+    """Coverage: requests preempted (re-admitted since, maybe) while a step in flight samples a
+    token already known."""
+    for req in sim.sched.requests.values():
+        if any(req.phase in (Phase.WAITING, Phase.SWAPPED) or step.is_stale(req)
+               for step in sim.loop.in_flight.presolving(req.rid)):
+            sim.presolved_preempted.add(req.rid)
 
 
 def run(sim: Sim, arrivals: Sequence[Arrival], aborts: Sequence[tuple] = ()) -> list:

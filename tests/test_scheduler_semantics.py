@@ -34,6 +34,7 @@ from sim_worker import (
 from radixrt.runtime.config import IN_BATCH_PREFIX_MIN, PLACEHOLDER_TOKEN, EngineConfig
 from radixrt.runtime.messages import RunResult, Scheduling, StepPlan, StepResult, TokenLogprob
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.scheduler.in_flight import InFlightLedger
 from radixrt.runtime.scheduler.request import Request
 from radixrt.runtime.scheduler.scheduler import Scheduler
 
@@ -144,7 +145,7 @@ def test_lpm_orders_by_match_length_then_arrival() -> None:
     longest = sim.sched.add_request(base + [9], ONCE)
     middle = sim.sched.add_request(base[:20] + [8], ONCE)
     middle2 = sim.sched.add_request(base[:20] + [9], ONCE)
-    plan = sim.sched.schedule()
+    plan = sim.sched.schedule(sim.loop.in_flight)
     assert plan is not None
     admitted = [w.rid for w in plan.new_requests]
     assert admitted == [longest.rid, middle.rid, middle2.rid, short.rid, none.rid]
@@ -163,7 +164,7 @@ def test_dfs_weight_runs_the_heaviest_subtree_first(policy: str) -> None:
     x = sim.sched.add_request(deep + tokens(3, 10), ONCE)  # 10 tokens to compute
     y1 = sim.sched.add_request(wide + tokens(1, 5), ONCE)  # 5 each
     y2 = sim.sched.add_request(wide + tokens(2, 5), ONCE)
-    plan = sim.sched.schedule()
+    plan = sim.sched.schedule(sim.loop.in_flight)
     assert plan is not None
     runs = [(r.rid, r.num_new) for r in plan.runs]
     expected = {
@@ -183,7 +184,7 @@ def test_dfs_weight_keeps_a_subtree_together() -> None:
     family = {}
     for i, (base, name) in enumerate([(a, "a"), (b, "b"), (a, "a"), (b, "b"), (b, "b")]):
         family[sim.sched.add_request(base + [1 + i, 2], ONCE).rid] = name
-    plan = sim.sched.schedule()
+    plan = sim.sched.schedule(sim.loop.in_flight)
     assert plan is not None
     order = [w.rid for w in plan.new_requests]
     assert [family[rid] for rid in order] == ["b", "b", "b", "a", "a"]
@@ -200,7 +201,7 @@ def test_dfs_weight_serves_uncached_requests_in_arrival_order(extra_key: str | N
     reqs = [sim.sched.add_request(tokens(7 + i, 10), ONCE,
                                   Scheduling(extra_key=extra_key))
             for i in range(3)]
-    plan = sim.sched.schedule()
+    plan = sim.sched.schedule(sim.loop.in_flight)
     assert plan is not None
     assert [(r.rid, r.num_new) for r in plan.runs] == [(reqs[0].rid, 10), (reqs[1].rid, 6)]
 
@@ -280,7 +281,7 @@ def test_many_small_prompts_fill_the_budget_and_wait() -> None:
     the budget; the rest wait, they do not each get a chunk."""
     sim = make_sim(512, page_size=1, schedule_policy="fcfs", max_num_batched_tokens=16)
     reqs = [sim.sched.add_request([1 + i, 2, 3, 4, 5], long(3)) for i in range(10)]
-    plan = sim.sched.schedule()
+    plan = sim.sched.schedule(sim.loop.in_flight)
     assert plan is not None
     assert [(r.rid, r.num_new) for r in plan.runs] == [(q.rid, 5) for q in reqs[:3]] + [
         (reqs[3].rid, 1)
@@ -434,7 +435,7 @@ def test_prompts_sharing_less_than_the_threshold_are_not_held_back() -> None:
     a = sim.sched.add_request(shared + [1, 1], ONCE)
     b = sim.sched.add_request(shared + [2, 2], ONCE)
     c = sim.sched.add_request(shared + [1, 2], ONCE)  # shares IN_BATCH_PREFIX_MIN with a
-    plan = sim.sched.schedule()
+    plan = sim.sched.schedule(sim.loop.in_flight)
     assert plan is not None
     assert [(r.rid, r.num_new) for r in plan.runs] == [(a.rid, 33), (b.rid, 33)]
     assert [r.rid for r in sim.sched.waiting] == [c.rid]
@@ -655,13 +656,15 @@ def scripted(outputs: Sequence[int], params: SamplingParams) -> Request:
     masking: this checks the scheduler's own stopping rule)."""
     config = EngineConfig(max_total_tokens=256, page_size=1)
     sched = Scheduler(config, 256, CONTEXT, [EOS])
+    in_flight = InFlightLedger()  # each plan is folded in before the next is made
     req = sched.add_request([1, 2, 3], params)
     script = iter(outputs)
     while not req.finished:
-        plan = sched.schedule()
+        plan = sched.schedule(in_flight)
         assert plan is not None and len(plan.runs) == 1
         token = TokenLogprob(next(script), -1.0)
-        sched.process_results(plan, StepResult(plan.step_id, [RunResult(req.rid, token)]))
+        result = StepResult(plan.step_id, [RunResult(req.rid, token)])
+        sched.process_results(plan, result, in_flight)
     return req
 
 

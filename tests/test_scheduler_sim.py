@@ -253,7 +253,7 @@ def test_fork_shares_prompt_pages_and_copies_only_a_partial_last_page(
     assert [refcount(p) for p in pages[:full]] == [3 + in_tree] * full
     if partial:
         assert refcount(pages[-1]) == 3  # the tree holds whole pages only
-    plan = sim.sched.schedule()
+    plan = sim.sched.schedule(sim.loop.in_flight)
     assert plan is not None and [r.rid for r in plan.runs] == [c.rid for c in children]
     if partial:  # the first two children copy the shared partial page; the last one owns it
         assert [c.rid for c in plan.copies] == [c.rid for c in children[:2]]
@@ -270,7 +270,7 @@ def test_fork_shares_prompt_pages_and_copies_only_a_partial_last_page(
             ([c.rid for c in children], full * 4)]
     else:
         assert plan.prefix_groups == []
-    sim.sched.process_results(plan, sim.worker.execute(plan))
+    sim.sched.process_results(plan, sim.worker.execute(plan), sim.loop.in_flight)
     cross_check(sim)
     assert all(refcount(c.pages[-1]) == 1 for c in children)
     top = run(sim, [])

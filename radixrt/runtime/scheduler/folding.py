@@ -3,7 +3,8 @@ jump-forward tokens are appended, prompt logprobs gathered, finished requests en
 prompt chunks put into the radix tree, and n > 1 parents forked into their children.
 
 A run's result is skipped when its request is gone or was preempted by recompute after the run
-was planned (its epoch moved on): those tokens are computed again. Pure bookkeeping: no tensors.
+was planned (its epoch moved on: in_flight.py): those tokens are computed again. Pure
+bookkeeping: no tensors.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from collections.abc import Sequence
 
 from radixrt.runtime.config import PLACEHOLDER_TOKEN
 from radixrt.runtime.messages import RunResult, StepPlan, StepResult, TokenLogprob
+from radixrt.runtime.scheduler.in_flight import InFlightLedger
 from radixrt.runtime.scheduler.kv_manager import KVManager
 from radixrt.runtime.scheduler.request import Phase, Request
-from radixrt.runtime.scheduler.request_table import FORKED, RequestTable
+from radixrt.runtime.scheduler.request_table import RequestTable
 from radixrt.runtime.scheduler.stats import SchedulerStats
 
 
@@ -33,18 +35,17 @@ class ResultFolder:
         self.context_length = context_length
         self.eos_token_ids = frozenset(eos_token_ids)
 
-    def fold(self, plan: StepPlan, result: StepResult) -> list[Request]:
-        """Fold the worker's results in. Returns the requests that got tokens or finished."""
+    def fold(self, plan: StepPlan, result: StepResult,
+             in_flight: InFlightLedger) -> list[Request]:
+        """Fold the worker's results in. Returns the requests that got tokens or finished.
+        `in_flight`: the steps planned and not folded in yet; this one's record is taken out."""
         table = self.table
         by_rid: dict[int, RunResult] = {r.rid: r for r in result.results}
         touched = table.take_finished_outside_step()
-        epochs = table.run_epochs.pop(plan.step_id, {})
-        table.prefills_in_flight.pop(plan.step_id, None)
-        if plan.step_id == self.stats.steps:
-            table.needs_sync = False  # nothing is in flight any more
+        step = in_flight.fold(plan.step_id)
         for run in plan.runs:
             req = table.requests.get(run.rid)
-            if req is None or epochs.get(run.rid, req.epoch) != req.epoch:
+            if req is None or step.is_stale(req):
                 continue  # gone, or recomputed since: this run's results are stale
             res = by_rid.get(run.rid)
             if req.phase is Phase.SWAPPED and run.prompt_logprob_from >= 0 and res is not None:
@@ -59,19 +60,17 @@ class ResultFolder:
                 req.prompt_logprobs_done = reaches_end
             if run.fork_into:
                 shared = self.kv.cache_prefix(req)
-                touched += self._fork(req, run.fork_into, by_rid)
+                touched += self._fork(req, run.fork_into, by_rid, in_flight)
                 if shared:  # the children start on the parent's pages: dedupe them too
                     for rid in run.fork_into:
                         child = table.requests.get(rid)
                         if child is not None and child.phase is Phase.RUNNING:
-                            table.dedupe[rid] = shared
+                            table.mark_for_dedupe(rid, shared)
                 continue
-            if run.sample and req.presolved_step == plan.step_id:
-                req.presolved_step = -1  # jump-forward already put this token in place
-            elif run.sample:
+            if run.sample and req.rid not in step.presolved:  # else jump-forward put it there
                 assert res is not None and res.token is not None, f"no token for {run.rid}"
                 touched.append(req)
-                if self._append(req, res.token) or self._append_forced(req, res.forced):
+                if self._append(req, res.token) or self._append_forced(req, res.forced, in_flight):
                     continue  # finished (and released)
             if reaches_end and req.max_tokens == 0:  # prefill only: its prompt is computed
                 touched.append(req)
@@ -81,7 +80,7 @@ class ResultFolder:
                 # share the computed prompt from the next step on
                 shared = self.kv.cache_prefix(req)
                 if shared:
-                    table.dedupe[req.rid] = shared
+                    table.mark_for_dedupe(req.rid, shared)
         return touched
 
     def _append(self, req: Request, token: TokenLogprob) -> bool:
@@ -100,7 +99,8 @@ class ResultFolder:
         self.table.end(req, reason)
         return True
 
-    def _append_forced(self, req: Request, forced: Sequence[int]) -> bool:
+    def _append_forced(self, req: Request, forced: Sequence[int],
+                       in_flight: InFlightLedger) -> bool:
         """Jump-forward: tokens the grammar forces after the sampled one (logprob 0: certain
         under the grammar). A step in flight samples the first of them itself: its placeholder
         becomes that token now and the step's result for it is skipped. True if finished."""
@@ -110,7 +110,7 @@ class ResultFolder:
             assert req.pending == 1 and req.output_ids[-1] == PLACEHOLDER_TOKEN
             req.output_ids.pop()
             req.pending = 0
-            req.presolved_step = self.stats.steps
+            in_flight.presolve(req.rid)
         start = len(req.output_ids)
         for i, token in enumerate(forced):
             req.output_ids.append(token)
@@ -122,12 +122,12 @@ class ResultFolder:
                 return True
         return False
 
-    def _fork(self, parent: Request, child_rids: list[int], by_rid: dict) -> list[Request]:
+    def _fork(self, parent: Request, child_rids: list[int], by_rid: dict,
+              in_flight: InFlightLedger) -> list[Request]:
         """n > 1: the parent's prefilled prompt becomes n children sharing its KV, each with
         the token the worker sampled for it; the parent ends as "forked"."""
         table = self.table
         children = []
-        position = table.running.index(parent)
         for i, rid in enumerate(child_rids):
             child = Request(
                 rid=rid,
@@ -145,11 +145,8 @@ class ResultFolder:
                 cached_len=parent.cached_len,
                 prompt_logprobs_done=True,
             )
-            table.requests[rid] = child
-            self.kv.share(parent, child)
-            table.running.insert(position + 1 + i, child)
             children.append(child)
-        table.end(parent, FORKED)  # the worker dropped the parent itself
+        table.fork(parent, children)
         touched = [parent]
         for child in children:
             res = by_rid.get(child.rid)
@@ -157,7 +154,7 @@ class ResultFolder:
                 child.output_ids.append(PLACEHOLDER_TOKEN)
                 child.pending = 1
                 if not self._append(child, res.token):
-                    self._append_forced(child, res.forced)
+                    self._append_forced(child, res.forced, in_flight)
             touched.append(child)
         if parent.abort_requested:  # aborted while its fork was in flight
             for child in children:

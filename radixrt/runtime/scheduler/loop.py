@@ -2,8 +2,9 @@
 scheduler process (a worker process over ZeroMQ) and the simulation (a simulated worker).
 
 One turn (`step`):
-1. If a step is in flight and the scheduler needs it folded in first (a preemption of a request
-   whose token is in flight, or a fork), fold it in and return: the next turn plans afresh.
+1. If a step is in flight and the planner needs it folded in first (a preemption of a request
+   whose token is in flight, or a fork: the ledger's `sync_reason`), fold it in and return: the
+   next turn plans afresh.
 2. Plan the next step and hand it to the executor (nothing to plan: take the requests that
    ended outside any step).
 3. Fold in a result: without overlap, the step just handed over; with overlap, the step before
@@ -14,14 +15,17 @@ One turn (`step`):
 
 The executor hands over plans and gives back results in the same order; while it waits for a
 result it may do other work (the scheduler process takes in the tokenizer's messages then).
+
+The loop owns the in-flight ledger (in_flight.py): the plans handed over and not folded in yet,
+and what their results are checked against; it hands the ledger to the scheduler each turn.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from typing import Protocol
 
 from radixrt.runtime.messages import StepPlan, StepResult
+from radixrt.runtime.scheduler.in_flight import InFlightLedger
 from radixrt.runtime.scheduler.request import Request
 from radixrt.runtime.scheduler.scheduler import Scheduler
 
@@ -43,8 +47,8 @@ class StepLoop:
         self.executor = executor
         self.overlap = overlap
         self.check_integrity = check_integrity
-        self.in_flight: deque[StepPlan] = deque()  # submitted, result not folded in yet
-        self.syncs = 0  # folds made early because the scheduler needed them
+        self.in_flight = InFlightLedger()  # plans submitted, results not folded in yet
+        self.syncs = 0  # folds made early because the planner needed them
 
     @property
     def idle(self) -> bool:
@@ -54,18 +58,18 @@ class StepLoop:
     def step(self) -> list[Request]:
         """One turn; returns the requests that got tokens or ended (their deltas are due)."""
         sched = self.scheduler
-        if self.in_flight and sched.needs_sync:
-            sched.synced()
+        if self.in_flight and self.in_flight.needs_sync:
+            self.in_flight.synced()
             self.syncs += 1
             touched = self._fold()
         else:
-            plan = sched.schedule()
+            plan = sched.schedule(self.in_flight)
             touched = []
             if plan is None:
                 touched = sched.take_finished_outside_step()
             else:
                 self.executor.submit(plan)
-                self.in_flight.append(plan)
+                self.in_flight.handed_over(plan)
             if len(self.in_flight) > (1 if self.overlap and plan is not None else 0):
                 touched += self._fold()
         if self.check_integrity:
@@ -73,7 +77,6 @@ class StepLoop:
         return touched
 
     def _fold(self) -> list[Request]:
-        plan = self.in_flight[0]
-        result = self.executor.take()
-        self.in_flight.popleft()
-        return self.scheduler.process_results(plan, result)
+        result = self.executor.take()  # its plan counts as in flight until the result is here
+        plan = self.in_flight.take_oldest()
+        return self.scheduler.process_results(plan, result, self.in_flight)

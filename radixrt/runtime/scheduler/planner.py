@@ -21,6 +21,7 @@ from radixrt.runtime.config import (
     EngineConfig,
 )
 from radixrt.runtime.messages import PrefixGroup, Run, SlotCopy, StepPlan, Swap, WorkerRequest
+from radixrt.runtime.scheduler.in_flight import SYNC_FORK, SYNC_PREEMPT, InFlightLedger
 from radixrt.runtime.scheduler.kv_manager import KVManager
 from radixrt.runtime.scheduler.policy import SchedulePolicy
 from radixrt.runtime.scheduler.prefix_groups import prefix_groups
@@ -47,6 +48,7 @@ class _StepDraft:
     prefilling: set[int] = field(default_factory=set)  # computing more than one token
     prefilling_in_flight: set[int] = field(default_factory=set)  # ... in steps not folded in
     priority_victims: set[int] = field(default_factory=set)  # preempted for urgent requests
+    sync_reason: str | None = None  # the step in flight must be folded in first (in_flight.py)
 
 
 class Planner:
@@ -66,11 +68,12 @@ class Planner:
         self.stats = stats
         self.context_length = context_length
 
-    def schedule(self) -> StepPlan | None:
-        """The next step's plan, or None when there is nothing to do."""
+    def schedule(self, in_flight: InFlightLedger) -> StepPlan | None:
+        """The next step's plan, or None when there is nothing to do. `in_flight`: the steps
+        planned and not folded in yet; the plan is recorded in it."""
         table = self.table
         draft = _StepDraft(budget=self.config.max_num_batched_tokens,
-                           prefilling_in_flight=set().union(*table.prefills_in_flight.values()))
+                           prefilling_in_flight=in_flight.prefilling())
         self._expire_waiting()
         urgent = most_urgent(table.admittable())  # the most urgent priority waiting
         self._swap_back(draft, urgent)
@@ -87,13 +90,14 @@ class Planner:
         self._plan_prefills(prefills[len(ahead):], draft)
         free = table.take_pending_free()  # ends during planning are in it too
         self._move_onto_tree_pages(draft, free)
+        if draft.sync_reason is not None:
+            in_flight.request_sync(draft.sync_reason)
         if not (draft.runs or free or draft.swap_out or draft.copies or draft.swap_in):
             return None
         self.stats.steps += 1
-        table.run_epochs[self.stats.steps] = {
-            run.rid: table.requests[run.rid].epoch for run in draft.runs
-        }
-        table.prefills_in_flight[self.stats.steps] = draft.prefilling
+        in_flight.record_plan(self.stats.steps,
+                              {run.rid: table.requests[run.rid].epoch for run in draft.runs},
+                              draft.prefilling)
         return StepPlan(
             step_id=self.stats.steps,
             swap_out=draft.swap_out,
@@ -144,7 +148,7 @@ class Planner:
         """A prefix computed twice at once is held once: requests move onto the tree's pages.
         Done once the plan is made, so the pages freed here are not reused by it; a request
         preempted (or preempted and re-admitted) in this plan starts clean and is skipped."""
-        pending, self.table.dedupe = self.table.dedupe, {}
+        pending = self.table.take_dedupe()
         gone = set(free) | {w.rid for w in draft.new_requests} | {s.rid for s in draft.swap_out}
         for rid, num_pages in pending.items():
             req = self.table.requests.get(rid)
@@ -251,10 +255,8 @@ class Planner:
         sample = req.kv_len == req.num_tokens and req.max_tokens > 0  # 0: prefill only
         fork_into: list[int] = []
         if sample and req.fork_count > 1:
-            fork_into = [self.table.new_child_rid() for _ in range(req.fork_count)]
-            self.table.children[req.rid] = fork_into
-            req.forking = True
-            self.table.needs_sync = True  # overlap: fold the fork in before planning more
+            fork_into = self.table.plan_fork(req)
+            draft.sync_reason = draft.sync_reason or SYNC_FORK  # fold it in before planning more
         draft.runs.append(
             Run(
                 rid=req.rid,
@@ -288,7 +290,7 @@ class Planner:
         victim = max(candidates, key=lambda r: (r.priority, r.admitted_at), default=None)
         if victim is not None and victim.pending:
             # its sampled token is still in flight: preempt only once that step is folded in
-            self.table.needs_sync = True
+            draft.sync_reason = draft.sync_reason or SYNC_PREEMPT
             return None
         return victim
 
@@ -333,7 +335,7 @@ class Planner:
             return False
         victim = max(victims, key=lambda r: (r.priority, r.admitted_at))
         if victim.pending:  # its token is in flight: preempt once that step is folded in
-            table.needs_sync = True
+            draft.sync_reason = draft.sync_reason or SYNC_PREEMPT
             return False
         self._preempt(victim, draft)
         draft.priority_victims.add(victim.rid)
@@ -345,8 +347,6 @@ class Planner:
     def _preempt(self, victim: Request, draft: _StepDraft) -> None:
         table = self.table
         self.stats.preemptions += 1
-        table.running.remove(victim)
-        victim.num_preemptions += 1
         fits_swap = table.swap_used + victim.kv_len <= self.config.swap_space_tokens
         if self.config.preemption == "swap" and not fits_swap:
             self.stats.swap_fallbacks += 1  # the host swap space is full: recompute instead
@@ -354,18 +354,9 @@ class Planner:
             self.stats.swaps += 1
             slots = self.kv.slots(victim, 0, victim.kv_len)
             draft.swap_out.append(Swap(rid=victim.rid, slots=slots))
-            victim.kv_len_swapped = victim.kv_len
-            table.swap_used += victim.kv_len
-            self.kv.release(victim, cache=False)
-            victim.phase = Phase.SWAPPED
-            table.swapped.append(victim)
+            table.swap_out(victim)
             return
-        victim.epoch += 1  # results of its steps still in flight no longer apply
-        if not victim.prompt_logprobs_done:
-            victim.prompt_logprobs.clear()  # gathered again on re-admission
-        self.kv.release(victim)  # its tokens stay in the tree: re-prefill is mostly a cache hit
-        table.pending_free.append(victim.rid)
-        table.requeue(victim)
+        table.preempt_recompute(victim)
 
     def _swap_in_need(self, req: Request) -> int:
         """Pages to swap `req` back in, and one for each running request to grow by."""
@@ -388,10 +379,6 @@ class Planner:
             slots = self.kv.reserve(req, req.kv_len_swapped, draft.copies)
             if slots is None:
                 break
-            table.swapped.remove(req)
-            table.swap_used -= req.kv_len_swapped
+            table.swap_in(req)
             draft.swap_in.append(Swap(rid=req.rid, slots=slots))
             draft.swapped_in.add(req.rid)
-            req.phase = Phase.RUNNING
-            table.running.append(req)
-            table.running.sort(key=lambda r: r.admitted_at)

@@ -55,9 +55,6 @@ class Request:
     # Tokens sampled by a step still in flight: output_ids ends with this many PLACEHOLDER_TOKENs
     # until the worker's result replaces them, so the next step can be planned meanwhile.
     pending: int = 0
-    # jump-forward: the step in flight with this id samples a token already known (forced); its
-    # result is skipped
-    presolved_step: int = -1
     epoch: int = 0  # bumped by a recompute preemption: results planned before it are stale
     forking: bool = False  # n > 1: the step that forks it is planned and not yet folded in
     abort_requested: bool = False  # aborted while forking: its children are aborted on arrival

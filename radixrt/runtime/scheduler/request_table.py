@@ -1,21 +1,37 @@
-"""Every request the scheduler holds, the queue each one is in, and the one path by which a
-request ends.
+"""Every request the scheduler holds, the queue each one is in, and every transition of its
+life: the planner and the folder move requests only through these methods.
 
-Lifecycle (`Phase`): WAITING -> RUNNING -> FINISHED, with RUNNING -> WAITING (preempted by
-recompute) and RUNNING -> SWAPPED -> RUNNING (preempted by swap). Every ending, whatever its
-cause (a finished output, an abort, a stop string, an error, an n > 1 parent handing over to its
-children), goes through `end`, which undoes exactly what the request's phase holds:
+Lifecycle (`Phase`), each transition one method:
 
-- WAITING: it leaves the queue; KV it was given by an admission that then failed is released
-  uncached (nothing new was computed).
-- SWAPPED: it leaves the swap list; its host KV is dropped by the worker (a free in the next plan).
-- RUNNING: it leaves the running list; a pinned request that ended normally keeps its prefix
-  locked; its KV is released into the radix tree; the worker forgets it in the next plan (a
-  "forked" parent excepted: the worker dropped it itself when it forked).
+    (new) --enqueue--> WAITING --start--> RUNNING --end--> FINISHED
+    RUNNING --preempt_recompute--> WAITING
+    RUNNING --swap_out--> SWAPPED --swap_in--> RUNNING
+    WAITING or SWAPPED --end--> FINISHED
 
-The table also carries the bookkeeping that planning and result folding share: the frees the next
-plan carries, the epoch of each run and the prompt chunks of each plan in flight, the pages to
-de-duplicate, and `needs_sync` (overlap: fold the step in flight in before planning again).
+- `enqueue`: a new request joins the waiting queue (`requeue` is the queue's one way in).
+- `start`: WAITING -> RUNNING, once the planner admitted and reserved its KV.
+- `preempt_recompute`: RUNNING -> WAITING. Its KV is released into the radix tree (its re-prefill
+  is mostly a cache hit), the worker forgets it in the next plan, and its epoch moves on, so the
+  results of its steps still in flight are dropped (in_flight.py).
+- `swap_out`: RUNNING -> SWAPPED; the worker copies its KV to host memory (the planner puts the
+  copy in the plan). `swap_in`: SWAPPED -> RUNNING, into its place in admission order.
+- `plan_fork` (planning the step that samples an n > 1 parent's first token) names its children;
+  `fork` (folding that step in) makes them, RUNNING on the parent's KV, and ends the parent.
+- Every ending, whatever its cause (a finished output, an abort, a stop string, an error, an
+  n > 1 parent handing over to its children), goes through `end`, which undoes exactly what the
+  request's phase holds:
+  - WAITING: it leaves the queue; KV it was given by an admission that then failed is released
+    uncached (nothing new was computed).
+  - SWAPPED: it leaves the swap list; its host KV is dropped by the worker (a free in the next
+    plan).
+  - RUNNING: it leaves the running list; a pinned request that ended normally keeps its prefix
+    locked; its KV is released into the radix tree; the worker forgets it in the next plan (a
+    "forked" parent excepted: the worker dropped it itself when it forked).
+
+The table also carries what the next plan owes the worker whether or not steps are in flight:
+the frees (`take_pending_free`) and the pages computed twice at once, to de-duplicate
+(`mark_for_dedupe`, `take_dedupe`). What exists only because steps are in flight is the step
+loop's (in_flight.py).
 """
 
 from __future__ import annotations
@@ -50,10 +66,6 @@ class RequestTable:
         self.pending_free: list[int] = []  # rids the worker forgets in the next plan
         self.finished_outside_step: list[Request] = []  # ended with no step to report them
         self.dedupe: dict[int, int] = {}  # rid -> pages that may duplicate the tree's
-        self.run_epochs: dict[int, dict[int, int]] = {}  # step id -> epoch of each run's rid
-        # step id -> requests whose prompt chunk that step computes (until it is folded in)
-        self.prefills_in_flight: dict[int, set[int]] = {}
-        self.needs_sync = False
         self.fair = FairShare()  # tenants' virtual times
         self.waiting_by_tenant: Counter[str] = Counter()
         self._rids = itertools.count()
@@ -110,6 +122,55 @@ class RequestTable:
         req.phase = Phase.RUNNING
         req.admitted_at = next(self._admissions)
         self.running.append(req)
+
+    def preempt_recompute(self, req: Request) -> None:
+        """RUNNING -> WAITING: its KV is released, its tokens stay in the radix tree (the
+        re-prefill is mostly a cache hit), and results planned before now no longer apply."""
+        self.running.remove(req)
+        req.num_preemptions += 1
+        req.epoch += 1  # results of its steps still in flight no longer apply
+        if not req.prompt_logprobs_done:
+            req.prompt_logprobs.clear()  # gathered again on re-admission
+        self.kv.release(req)
+        self.pending_free.append(req.rid)
+        self.requeue(req)
+
+    def swap_out(self, req: Request) -> None:
+        """RUNNING -> SWAPPED: its KV goes to host memory (the plan carries the copy)."""
+        self.running.remove(req)
+        req.num_preemptions += 1
+        req.kv_len_swapped = req.kv_len
+        self.swap_used += req.kv_len
+        self.kv.release(req, cache=False)
+        req.phase = Phase.SWAPPED
+        self.swapped.append(req)
+
+    def swap_in(self, req: Request) -> None:
+        """SWAPPED -> RUNNING, back in its place in admission order (its KV was reserved by
+        the planner; the plan carries the copy back)."""
+        self.swapped.remove(req)
+        self.swap_used -= req.kv_len_swapped
+        req.phase = Phase.RUNNING
+        self.running.append(req)
+        self.running.sort(key=lambda r: r.admitted_at)
+
+    def plan_fork(self, parent: Request) -> list[int]:
+        """n > 1: the step that samples the parent's first token forks it; its children's ids,
+        recorded now so that an abort finds them."""
+        child_rids = [self.new_child_rid() for _ in range(parent.fork_count)]
+        self.children[parent.rid] = child_rids
+        parent.forking = True
+        return child_rids
+
+    def fork(self, parent: Request, children: Sequence[Request]) -> None:
+        """The forking step is folded in: the children (RUNNING) start on the parent's KV, right
+        after it in admission order, and the parent ends as "forked"."""
+        position = self.running.index(parent)
+        for i, child in enumerate(children):
+            self.requests[child.rid] = child
+            self.kv.share(parent, child)
+            self.running.insert(position + 1 + i, child)
+        self.end(parent, FORKED)  # the worker dropped the parent itself
 
     def end(self, req: Request, reason: str) -> None:
         """The one way a request ends (see the module docstring)."""
@@ -181,6 +242,15 @@ class RequestTable:
         if req is not None and req.finished:
             del self.requests[rid]
             self.children.pop(rid, None)
+
+    def mark_for_dedupe(self, rid: int, num_pages: int) -> None:
+        """Its first `num_pages` pages may hold a prefix the tree holds in others (computed twice
+        at once): the next plan moves it onto the tree's pages."""
+        self.dedupe[rid] = num_pages
+
+    def take_dedupe(self) -> dict[int, int]:
+        out, self.dedupe = self.dedupe, {}
+        return out
 
     def take_pending_free(self) -> list[int]:
         out, self.pending_free = self.pending_free, []

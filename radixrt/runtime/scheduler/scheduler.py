@@ -3,12 +3,14 @@
 It owns policy and bookkeeping, never tensors: `schedule()` plans the next StepPlan for the worker
 and `process_results()` folds the worker's StepResult back in. The parts, each its own concept:
 
-- `RequestTable` (request_table.py): every request, its queue, the one path by which it ends;
+- `RequestTable` (request_table.py): every request, its queue, every transition of its life;
 - `Planner` (planner.py): decodes, prefill chunks, admissions, preemption;
 - `ResultFolder` (folding.py): sampled and forced tokens, forks, finished requests;
 - `KVManager` (kv_manager.py) over the page pool and the radix cache; a `SchedulePolicy`.
 
-`StepLoop` (loop.py) drives it for the Engine, the scheduler process and the simulation alike.
+`StepLoop` (loop.py) drives it for the Engine, the scheduler process and the simulation alike. The
+loop owns what exists only because steps are in flight, the `InFlightLedger` (in_flight.py), and
+hands it to `schedule()` and `process_results()`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from radixrt.runtime.messages import (
 )
 from radixrt.runtime.sampling_params import SamplingParams, check_token_ids
 from radixrt.runtime.scheduler.folding import ResultFolder
+from radixrt.runtime.scheduler.in_flight import InFlightLedger
 from radixrt.runtime.scheduler.kv_manager import KVManager
 from radixrt.runtime.scheduler.planner import Planner
 from radixrt.runtime.scheduler.policy import make_policy
@@ -94,11 +97,6 @@ class Scheduler:
     @property
     def has_work(self) -> bool:
         return self.table.has_work
-
-    @property
-    def needs_sync(self) -> bool:
-        """Overlap: a preemption or a fork waits for the step in flight to be folded in."""
-        return self.table.needs_sync
 
     # --- submission --------------------------------------------------------------------------
     def add_request(
@@ -214,20 +212,18 @@ class Scheduler:
         return self.table.unpin(rid)
 
     # --- stepping ----------------------------------------------------------------------------
-    def schedule(self) -> StepPlan | None:
-        return self.planner.schedule()
+    def schedule(self, in_flight: InFlightLedger) -> StepPlan | None:
+        """The next step's plan (recorded in `in_flight`), or None when there is nothing to do."""
+        return self.planner.schedule(in_flight)
 
-    def process_results(self, plan: StepPlan, result: StepResult) -> list[Request]:
+    def process_results(self, plan: StepPlan, result: StepResult,
+                        in_flight: InFlightLedger) -> list[Request]:
         """Fold the worker's results in. Returns the requests that got tokens or finished."""
-        return self.folder.fold(plan, result)
+        return self.folder.fold(plan, result, in_flight)
 
     def take_finished_outside_step(self) -> list[Request]:
         """Requests that ended with no step to report them (errors at admission)."""
         return self.table.take_finished_outside_step()
-
-    def synced(self) -> None:
-        """The step loop folded the step in flight in before planning again."""
-        self.table.needs_sync = False
 
     def take_deltas(self, touched: Sequence[Request]) -> list[OutputDelta]:
         """The outputs the touched requests gained, as messages for the client side."""
