@@ -20,9 +20,9 @@ import pytest
 from test_reasoning import with_template
 
 import radixrt as rx
-from radixrt.frontend.backend import BackendError
-from radixrt.frontend.openai_backend import constraint_fields
-from radixrt.frontend.tools import function_tool, json_type, tool_call_spec
+from radixrt.frontend.backends.openai_backend import constraint_fields
+from radixrt.frontend.lang.backend import BackendError
+from radixrt.frontend.lang.tools import function_tool, json_type, tool_call_spec
 
 SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}},
           "required": ["answer"]}

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from radixrt.frontend.prefix_tree import PrefixTree
-from radixrt.frontend.replica_choice import (
+from radixrt.frontend.backends.prefix_tree import PrefixTree
+from radixrt.frontend.backends.replica_choice import (
     BALANCE,
     CACHE,
     CAPACITY,

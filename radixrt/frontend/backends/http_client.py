@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from radixrt.frontend.runners import await_, in_loop_program
+from radixrt.frontend.lang.runners import await_, in_loop_program
 
 
 class HttpClient:

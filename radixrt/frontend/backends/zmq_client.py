@@ -24,7 +24,7 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from radixrt.frontend.backend import BackendError, RuntimeUnreachable
+from radixrt.frontend.lang.backend import BackendError, RuntimeUnreachable
 from radixrt.runtime.config import DSL_PING_AFTER_S, DSL_PING_TIMEOUT_S, DSL_POLL_S
 from radixrt.runtime.messages import DslReply, DslRequest
 

@@ -29,7 +29,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from radixrt.frontend.prefix_tree import PrefixTree
+from radixrt.frontend.backends.prefix_tree import PrefixTree
 from radixrt.runtime.config import (
     REPLICA_BALANCE_ABS_THRESHOLD,
     REPLICA_BALANCE_REL_THRESHOLD,
