@@ -408,7 +408,8 @@ def test_gguf_rows_are_read_alone_and_unpermuted_per_head() -> None:
     """The default model's GGUF: a shard's rows of Q (whole heads, rope rows un-permuted head by
     head), of the MLP and of the embedding, dequantized alone, equal the same rows of the whole
     tensor dequantized and un-permuted; a column range is the whole tensor's columns."""
-    from radixrt.runtime.models.gguf_loader import GGUFFile, gguf_config, iter_gguf_weights
+    from radixrt.runtime.models.gguf_file import GGUFFile
+    from radixrt.runtime.models.gguf_loader import gguf_config, iter_gguf_weights
     from radixrt.runtime.models.loader import default_model_path
 
     folder, fname = default_model_path()

@@ -15,8 +15,8 @@ from radixrt.runtime.config import DEFAULT_GGUF_FILE, DEFAULT_MODEL, DEFAULT_PAC
 from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.forward.attention import create_attention_backend, resolve_attention_backend
 from radixrt.runtime.models.decoder import LAYER_NORMS, CausalLM
+from radixrt.runtime.models.gguf_file import GGUFFile
 from radixrt.runtime.models.gguf_loader import (
-    GGUFFile,
     gguf_config,
     iter_gguf_weights,
     load_gguf_tokenizer,
