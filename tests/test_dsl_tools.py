@@ -106,7 +106,7 @@ def endpoint(loaded_model: Any) -> Iterator[rx.RuntimeEndpoint]:
     """A DSL endpoint on its own loop thread, with a DeepSeek-R1-style template."""
     from radixrt import Engine
     from radixrt.runtime.engine_manager import EngineManager
-    from radixrt.runtime.server.chat_tools import ChatFeatures
+    from radixrt.runtime.server.chat_tool_plan import ChatFeatures
     from radixrt.runtime.server.dsl_endpoint import DslEndpoint
 
     engine = Engine(model=loaded_model, max_total_tokens=8192, check_integrity=True)

@@ -29,8 +29,8 @@ from radixrt.runtime.tokenizer.prompts import (
     encode_checked,
     is_single_prompt,
 )
-from radixrt.runtime.worker.executor import InlineExecutor, ThreadExecutor
 from radixrt.runtime.worker.setup import build_worker
+from radixrt.runtime.worker.step_executor import InlineExecutor, ThreadExecutor
 from radixrt.runtime.worker.tp_ranks import EngineRanks
 
 

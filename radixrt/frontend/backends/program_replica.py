@@ -4,7 +4,7 @@ A program's calls build on each other: a fork pins its prefix on a replica and t
 must read it there; a `select` scores choices after text that an earlier `gen` computed; a pin
 is a lease on one replica's cache. So a program must not be spread: all of its calls go to one
 replica. `run`, `arun` and each program of `run_batch` / `arun_batch` wrap the endpoint with
-`for_program()` (program.py: `program_backend`), and every state of the program, its forks'
+`for_program()` (lang/program.py: `program_backend`), and every state of the program, its forks'
 included, shares that one wrapper (`StreamExecutor.child` passes its backend on).
 
 The wrapper chooses lazily: at the program's first call, whose text is what the program has

@@ -37,7 +37,7 @@ from radixrt.runtime.config import (
 )
 from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.server.chat_tools import ChatFeatures
+from radixrt.runtime.server.chat_tool_plan import ChatFeatures
 from radixrt.runtime.server.dsl_scoring import start_text
 from radixrt.runtime.server.http_metrics import HTTPMetrics
 from radixrt.runtime.server.http_native import (
@@ -56,7 +56,7 @@ from radixrt.runtime.server.openai_protocol import (
 )
 from radixrt.runtime.server.openai_serving import OpenAIServing, model_card
 from radixrt.runtime.server.tenants import TENANT_STATE, ApiKeys
-from radixrt.runtime.tokenizer.chat_tools import dsl_chat_info
+from radixrt.runtime.tokenizer.chat_tool_prompts import dsl_chat_info
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 from radixrt.runtime.tokenizer.pin_leases import PinService
 

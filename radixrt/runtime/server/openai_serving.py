@@ -20,7 +20,7 @@ from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.server.chat_output import ChoiceParser, finish_reason_with_calls
-from radixrt.runtime.server.chat_tools import (
+from radixrt.runtime.server.chat_tool_plan import (
     ChatFeatures,
     ChatToolPlan,
     plan_chat,
@@ -59,7 +59,7 @@ from radixrt.runtime.server.openai_protocol import (
     to_sampling_params,
 )
 from radixrt.runtime.server.tenants import scheduling_for
-from radixrt.runtime.tokenizer.chat_tools import render_chat
+from radixrt.runtime.tokenizer.chat_tool_prompts import render_chat
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 from radixrt.runtime.tokenizer.prompts import Prompt
 
