@@ -14,15 +14,13 @@ from radixrt.frontend.backends.replica_choice import (
     BALANCE,
     CACHE,
     CAPACITY,
+    REPLICA_BALANCE_ABS_THRESHOLD,
+    REPLICA_BALANCE_REL_THRESHOLD,
+    REPLICA_CACHE_THRESHOLD,
     ChoiceRule,
     NoReplicaUp,
     ReplicaChooser,
     decide,
-)
-from radixrt.runtime.config import (
-    REPLICA_BALANCE_ABS_THRESHOLD,
-    REPLICA_BALANCE_REL_THRESHOLD,
-    REPLICA_CACHE_THRESHOLD,
 )
 
 texts = st.text(alphabet="abc", max_size=12)  # a small alphabet: texts share prefixes often

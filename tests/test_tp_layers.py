@@ -19,11 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from radixrt.runtime.config import LM_HEAD_BLOCK_ROWS
 from radixrt.runtime.distributed.group import TPGroup, bind_listener
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.forward.kv_cache import KVCache
-from radixrt.runtime.models.decoder import CausalLM
+from radixrt.runtime.models.decoder import LM_HEAD_BLOCK_ROWS, CausalLM
 from radixrt.runtime.models.loader import _build, iter_dummy_weights
 from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.parallel import (

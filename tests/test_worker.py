@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from radixrt.runtime.config import CPU_MAX_POOL_TOKENS, EngineConfig
+from radixrt.runtime.config import EngineConfig
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.forward.kv_cache import KVCache
 from radixrt.runtime.messages import (
@@ -35,7 +35,12 @@ from radixrt.runtime.messages import (
 )
 from radixrt.runtime.models.loader import LoadedModel, load_model
 from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.worker.setup import build_worker, pool_pages, resolve_device
+from radixrt.runtime.worker.setup import (
+    CPU_MAX_POOL_TOKENS,
+    build_worker,
+    pool_pages,
+    resolve_device,
+)
 from radixrt.runtime.worker.step_executor import InlineExecutor, ThreadExecutor
 from radixrt.runtime.worker.worker import Worker
 

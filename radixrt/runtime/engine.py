@@ -12,7 +12,7 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
-from radixrt.runtime.config import GRAMMAR_POLL_S, QUEUE_FULL, EngineConfig
+from radixrt.runtime.config import QUEUE_FULL, EngineConfig
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.constrained.token_table import TokenTable
 from radixrt.runtime.errors import QueueFull
@@ -32,6 +32,8 @@ from radixrt.runtime.tokenizer.prompts import (
 from radixrt.runtime.worker.setup import build_worker
 from radixrt.runtime.worker.step_executor import InlineExecutor, ThreadExecutor
 from radixrt.runtime.worker.tp_ranks import EngineRanks
+
+GRAMMAR_POLL_S = 0.05  # an Engine with only grammars compiling waits this long per step
 
 
 @dataclass

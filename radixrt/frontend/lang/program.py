@@ -20,8 +20,9 @@ from radixrt.frontend.lang.sglang_names import is_sampling_option, sampling_fiel
 from radixrt.frontend.lang.state import ProgramState
 from radixrt.frontend.lang.tracer import constant_prefix
 from radixrt.frontend.lang.transcript import Transcript
-from radixrt.runtime.config import MAX_BATCH_THREADS
 from radixrt.runtime.sampling_params import SamplingParams
+
+MAX_BATCH_THREADS = 64  # run_batch: programs in flight at once by default
 
 
 class Program:

@@ -15,7 +15,6 @@ from typing import Any
 
 from torch import Tensor
 
-from radixrt.runtime.config import CACHE_DIR_ENV, DEFAULT_CACHE_DIR
 from radixrt.runtime.models.gguf_archs import GLOBAL_NAMES, GGUFArchitecture, gguf_architecture
 from radixrt.runtime.models.gguf_config import gguf_hf_config
 from radixrt.runtime.models.gguf_experts import expert_tensors, shared_expert_gate, split_name
@@ -23,6 +22,11 @@ from radixrt.runtime.models.gguf_file import GGUFFile
 from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.registry import model_config
 from radixrt.runtime.models.tensor_source import Weight
+
+# Converting a GGUF tokenizer takes seconds; the converted one is saved under this folder
+# (override with the environment variable below) and reused while the GGUF file is unchanged.
+CACHE_DIR_ENV = "RADIXRT_CACHE_DIR"
+DEFAULT_CACHE_DIR = "~/.cache/radixrt"
 
 
 class GGUFWeight:

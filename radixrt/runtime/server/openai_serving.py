@@ -10,12 +10,6 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from radixrt.runtime.config import (
-    MAX_CHAT_MESSAGES,
-    MAX_PROMPTS_PER_REQUEST,
-    MAX_SAMPLES_PER_REQUEST,
-    MODEL_ALIAS,
-)
 from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
@@ -62,6 +56,13 @@ from radixrt.runtime.server.tenants import scheduling_for
 from radixrt.runtime.tokenizer.chat_tool_prompts import render_chat
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 from radixrt.runtime.tokenizer.prompts import Prompt
+
+# Bounds of a request as a whole, checked before it runs: a completion may batch this many
+# prompts, n samples each, up to this many samples; a chat has at most this many messages.
+MAX_PROMPTS_PER_REQUEST = 128
+MAX_SAMPLES_PER_REQUEST = 256
+MAX_CHAT_MESSAGES = 1024
+MODEL_ALIAS = "default"  # clients may send this as `model` instead of the served model's name
 
 
 class OpenAIServing:
