@@ -59,7 +59,7 @@ from serving_systems import (  # noqa: E402
 from transformers import StoppingCriteria, StoppingCriteriaList  # noqa: E402
 
 import radixrt as rx  # noqa: E402
-from radixrt.frontend.backend import BackendError, ChatFormat, ChoiceLogprobs, GenResult  # noqa: E402
+from radixrt.frontend.lang.backend import BackendError, ChatFormat, ChoiceLogprobs, GenResult  # noqa: E402
 from radixrt.runtime.models.loader import load_tokenizer  # noqa: E402
 from radixrt.runtime.sampling_params import SamplingParams  # noqa: E402
 from radixrt.runtime.server.dsl_scoring import common_len  # noqa: E402

@@ -64,7 +64,7 @@ _LAZY = {
     "CompletionOutput": "radixrt.runtime.outputs",
     "StreamChunk": "radixrt.runtime.outputs",
     "QueueFull": "radixrt.runtime.errors",
-    "OpenAICompatible": "radixrt.frontend.openai_backend",
+    "OpenAICompatible": "radixrt.frontend.backends.openai_backend",
     "BackendError": "radixrt.frontend",
     "GenResult": "radixrt.frontend",
     "ChoiceLogprobs": "radixrt.frontend",

@@ -21,11 +21,12 @@ from radixrt.runtime.config import (
     PIN_LEASE_TTL_S,
     PREEMPTION_MODES,
     REASONING_FORMAT_NAMES,
-    ROUTER_POLICIES,
     SCHEDULE_POLICIES,
-    TOOL_CALL_PARSERS,
     EngineConfig,
 )
+
+ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
+TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json")  # --tool-call-parser
 
 
 def build_parser() -> argparse.ArgumentParser:

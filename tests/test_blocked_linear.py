@@ -8,8 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixrt.runtime.config import CPU_BLOCKED_LINEAR_ROWS, LINEAR_BLOCK_ROWS, LM_HEAD_BLOCK_ROWS
-from radixrt.runtime.models.linear import BlockedLinear, small_batch_linear
+from radixrt.runtime.config import LINEAR_BLOCK_ROWS
+from radixrt.runtime.models.decoder import LM_HEAD_BLOCK_ROWS
+from radixrt.runtime.models.linear import CPU_BLOCKED_LINEAR_ROWS, BlockedLinear, small_batch_linear
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 8, 12, 13, 64])

@@ -32,7 +32,8 @@ import openai
 import psutil
 import pytest
 
-from radixrt.runtime.config import REPLICA_HEADER, ROUTER_INSTALL_HINT
+from radixrt.runtime.replicas.router import ROUTER_INSTALL_HINT
+from radixrt.runtime.server.http_replica import REPLICA_HEADER
 
 pytestmark = pytest.mark.slow  # starts real processes
 

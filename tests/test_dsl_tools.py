@@ -20,9 +20,9 @@ import pytest
 from test_reasoning import with_template
 
 import radixrt as rx
-from radixrt.frontend.backend import BackendError
-from radixrt.frontend.openai_backend import constraint_fields
-from radixrt.frontend.tools import function_tool, json_type, tool_call_spec
+from radixrt.frontend.backends.openai_backend import constraint_fields
+from radixrt.frontend.lang.backend import BackendError
+from radixrt.frontend.lang.tools import function_tool, json_type, tool_call_spec
 
 SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}},
           "required": ["answer"]}
@@ -106,7 +106,7 @@ def endpoint(loaded_model: Any) -> Iterator[rx.RuntimeEndpoint]:
     """A DSL endpoint on its own loop thread, with a DeepSeek-R1-style template."""
     from radixrt import Engine
     from radixrt.runtime.engine_manager import EngineManager
-    from radixrt.runtime.server.chat_tools import ChatFeatures
+    from radixrt.runtime.server.chat_tool_plan import ChatFeatures
     from radixrt.runtime.server.dsl_endpoint import DslEndpoint
 
     engine = Engine(model=loaded_model, max_total_tokens=8192, check_integrity=True)

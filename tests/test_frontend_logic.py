@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import radixrt as rx
-from radixrt.frontend.tracer import constant_prefix
+from radixrt.frontend.lang.tracer import constant_prefix
 
 CHAT = rx.ChatFormat({r: (f"<{r}>", f"</{r}>") for r in ("system", "user", "assistant")},
                      preamble="<default-system/>")
@@ -294,7 +294,7 @@ def test_sglang_names_radixrt_lacks_say_what_to_use():
 
 
 def test_sglang_sampling_names_translate_and_clash_clearly():
-    from radixrt.frontend.sglang_names import sampling_fields
+    from radixrt.frontend.lang.sglang_names import sampling_fields
 
     assert sampling_fields({"max_new_tokens": 8, "top_logprobs_num": 2, "stop": None},
                            "gen()") == {"max_tokens": 8, "top_logprobs": 2, "logprobs": True}

@@ -313,7 +313,7 @@ def test_moe_shards_from_the_gguf_equal_the_folders(name: str, tmp_path: Path,
     """At tp_size 2 each rank's shard (its rows of every expert, of the shared expert, its
     heads and sinks) loaded from the GGUF equals the one loaded from the HF folder, and a
     rank dequantizes only its own rows of each expert's gate and up projections."""
-    from radixrt.runtime.models.gguf_loader import GGUFFile
+    from radixrt.runtime.models.gguf_file import GGUFFile
 
     model = tiny_model(name)
     model.save_pretrained(tmp_path / "hf")

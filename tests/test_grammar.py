@@ -15,9 +15,9 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from radixrt.runtime.config import MAX_FORCED_TOKENS
 from radixrt.runtime.constrained.compiler import GrammarCompiler, escape_literal, to_regex
 from radixrt.runtime.constrained.grammar import (
+    MAX_FORCED_TOKENS,
     CompiledGrammar,
     GrammarState,
     expand_bitmask,

@@ -15,7 +15,7 @@ from transformers import PreTrainedTokenizerFast
 from radixrt.runtime.config import MAX_TOP_LOGPROBS
 from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.server.chat_tools import template_messages
+from radixrt.runtime.server.chat_tool_plan import template_messages
 from radixrt.runtime.server.openai_protocol import (
     APIError,
     ChatChunk,
@@ -422,7 +422,7 @@ def test_tool_choice_none_adds_a_grammar_only_where_the_format_has_an_opener() -
     """Hermes: none keeps <tool_call> out with a grammar; Llama-3 JSON calls have no opener and
     the output of none is not parsed, so nothing constrains it."""
     from radixrt.runtime.constrained.structural import TOOL_FORMATS
-    from radixrt.runtime.server.chat_tools import ChatFeatures, plan_chat
+    from radixrt.runtime.server.chat_tool_plan import ChatFeatures, plan_chat
 
     tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
     body = chat(tools=tools, tool_choice="none")

@@ -38,7 +38,7 @@ def with_template(tokenizer: Any, generation: str) -> Any:
 def clients(loaded_model: Any) -> Iterator[dict[str, openai.OpenAI]]:
     from radixrt import Engine
     from radixrt.runtime.engine_manager import EngineManager
-    from radixrt.runtime.server.chat_tools import ChatFeatures
+    from radixrt.runtime.server.chat_tool_plan import ChatFeatures
     from radixrt.runtime.server.http_server import create_app
 
     engine = Engine(model=loaded_model, max_total_tokens=8192, check_integrity=True)

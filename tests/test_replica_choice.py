@@ -9,20 +9,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from radixrt.frontend.prefix_tree import PrefixTree
-from radixrt.frontend.replica_choice import (
+from radixrt.frontend.backends.prefix_tree import PrefixTree
+from radixrt.frontend.backends.replica_choice import (
     BALANCE,
     CACHE,
     CAPACITY,
+    REPLICA_BALANCE_ABS_THRESHOLD,
+    REPLICA_BALANCE_REL_THRESHOLD,
+    REPLICA_CACHE_THRESHOLD,
     ChoiceRule,
     NoReplicaUp,
     ReplicaChooser,
     decide,
-)
-from radixrt.runtime.config import (
-    REPLICA_BALANCE_ABS_THRESHOLD,
-    REPLICA_BALANCE_REL_THRESHOLD,
-    REPLICA_CACHE_THRESHOLD,
 )
 
 texts = st.text(alphabet="abc", max_size=12)  # a small alphabet: texts share prefixes often

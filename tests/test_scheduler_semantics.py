@@ -31,10 +31,11 @@ from sim_worker import (
     step,
 )
 
-from radixrt.runtime.config import IN_BATCH_PREFIX_MIN, PLACEHOLDER_TOKEN, EngineConfig
+from radixrt.runtime.config import PLACEHOLDER_TOKEN, EngineConfig
 from radixrt.runtime.messages import RunResult, Scheduling, StepPlan, StepResult, TokenLogprob
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.scheduler.in_flight import InFlightLedger
+from radixrt.runtime.scheduler.planner import IN_BATCH_PREFIX_MIN
 from radixrt.runtime.scheduler.request import Request
 from radixrt.runtime.scheduler.scheduler import Scheduler
 

@@ -67,7 +67,7 @@ class Apps:
 def apps(loaded_model: Any) -> Iterator[Apps]:
     from radixrt import Engine
     from radixrt.runtime.engine_manager import EngineManager
-    from radixrt.runtime.server.chat_tools import ChatFeatures
+    from radixrt.runtime.server.chat_tool_plan import ChatFeatures
     from radixrt.runtime.server.http_server import create_app
 
     engine = Engine(model=loaded_model, max_total_tokens=8192, check_integrity=True)

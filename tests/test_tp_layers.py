@@ -19,11 +19,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from radixrt.runtime.config import LM_HEAD_BLOCK_ROWS
 from radixrt.runtime.distributed.group import TPGroup, bind_listener
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.forward.kv_cache import KVCache
-from radixrt.runtime.models.decoder import CausalLM
+from radixrt.runtime.models.decoder import LM_HEAD_BLOCK_ROWS, CausalLM
 from radixrt.runtime.models.loader import _build, iter_dummy_weights
 from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.parallel import (
@@ -408,7 +407,8 @@ def test_gguf_rows_are_read_alone_and_unpermuted_per_head() -> None:
     """The default model's GGUF: a shard's rows of Q (whole heads, rope rows un-permuted head by
     head), of the MLP and of the embedding, dequantized alone, equal the same rows of the whole
     tensor dequantized and un-permuted; a column range is the whole tensor's columns."""
-    from radixrt.runtime.models.gguf_loader import GGUFFile, gguf_config, iter_gguf_weights
+    from radixrt.runtime.models.gguf_file import GGUFFile
+    from radixrt.runtime.models.gguf_loader import gguf_config, iter_gguf_weights
     from radixrt.runtime.models.loader import default_model_path
 
     folder, fname = default_model_path()

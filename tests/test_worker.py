@@ -1,5 +1,5 @@
 """Unit tests of the Worker (radixrt/runtime/worker/worker.py), its factory (setup.py) and the step
-executors (executor.py), on a tiny random-weight Llama checkpoint (no default model).
+executors (step_executor.py), on a tiny random-weight Llama checkpoint (no default model).
 
 Plans are built by hand from radixrt.runtime.messages. Every result is checked against a reference
 computed apart from the worker: one plain forward of the whole sequence through the same model into
@@ -19,7 +19,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from radixrt.runtime.config import CPU_MAX_POOL_TOKENS, EngineConfig
+from radixrt.runtime.config import EngineConfig
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.forward.kv_cache import KVCache
 from radixrt.runtime.messages import (
@@ -35,8 +35,13 @@ from radixrt.runtime.messages import (
 )
 from radixrt.runtime.models.loader import LoadedModel, load_model
 from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.worker.executor import InlineExecutor, ThreadExecutor
-from radixrt.runtime.worker.setup import build_worker, pool_pages, resolve_device
+from radixrt.runtime.worker.setup import (
+    CPU_MAX_POOL_TOKENS,
+    build_worker,
+    pool_pages,
+    resolve_device,
+)
+from radixrt.runtime.worker.step_executor import InlineExecutor, ThreadExecutor
 from radixrt.runtime.worker.worker import Worker
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

@@ -39,9 +39,9 @@ class Trio:
 def trio(tokenizer: Any) -> Iterator[Trio]:
     import multiprocessing
 
-    from radixrt.runtime.scheduler.process import run_scheduler
+    from radixrt.runtime.scheduler.scheduler_process import run_scheduler
     from radixrt.runtime.tokenizer.zmq_manager import ZmqTokenizerManager
-    from radixrt.runtime.worker.process import run_worker
+    from radixrt.runtime.worker.worker_process import run_worker
 
     config = EngineConfig(max_total_tokens=2048, check_integrity=True)
     addrs, ipc_dir = Addresses.in_private_dir()

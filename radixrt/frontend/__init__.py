@@ -1,7 +1,9 @@
 """The DSL: `@function` programs that append text, gen, select and roles to a state, fork it,
 and run on a backend (a local `Runtime`, a `RuntimeEndpoint`, or an `OpenAICompatible` server)."""
 
-from radixrt.frontend.api import (
+from radixrt.frontend.backends.local_runtime import Runtime
+from radixrt.frontend.backends.runtime_endpoint import RuntimeEndpoint
+from radixrt.frontend.lang.api import (
     assistant,
     flush_cache,
     gen,
@@ -15,24 +17,22 @@ from radixrt.frontend.api import (
     tool_prompt,
     user,
 )
-from radixrt.frontend.backend import (
+from radixrt.frontend.lang.backend import (
     Backend,
     BackendError,
     ChatFormat,
     ChoiceLogprobs,
     GenResult,
 )
-from radixrt.frontend.local_runtime import Runtime
-from radixrt.frontend.program import Program, function
-from radixrt.frontend.runtime_endpoint import RuntimeEndpoint
-from radixrt.frontend.select_methods import (
+from radixrt.frontend.lang.program import Program, function
+from radixrt.frontend.lang.select_methods import (
     SelectMethod,
     greedy_token_selection,
     token_length_normalized,
     unconditional_likelihood_normalized,
 )
-from radixrt.frontend.state import ForkGroup, ProgramState
-from radixrt.frontend.tools import ToolCall, function_tool
+from radixrt.frontend.lang.state import ForkGroup, ProgramState
+from radixrt.frontend.lang.tools import ToolCall, function_tool
 
 __all__ = [
     "Backend",

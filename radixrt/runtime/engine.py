@@ -11,7 +11,7 @@ from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import wait as futures_wait
 from typing import Any
 
-from radixrt.runtime.config import GRAMMAR_POLL_S, EngineConfig
+from radixrt.runtime.config import EngineConfig
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.constrained.token_table import TokenTable
 from radixrt.runtime.messages import (
@@ -29,9 +29,11 @@ from radixrt.runtime.scheduler.loop import StepLoop
 from radixrt.runtime.scheduler.scheduler import Scheduler
 from radixrt.runtime.tokenizer.prompts import Prompt, is_single_prompt
 from radixrt.runtime.tokenizer.request_front import RequestFront, refusal_error
-from radixrt.runtime.worker.executor import InlineExecutor, ThreadExecutor
 from radixrt.runtime.worker.setup import build_worker
+from radixrt.runtime.worker.step_executor import InlineExecutor, ThreadExecutor
 from radixrt.runtime.worker.tp_ranks import EngineRanks
+
+GRAMMAR_POLL_S = 0.05  # an Engine with only grammars compiling waits this long per step
 
 
 class Engine:

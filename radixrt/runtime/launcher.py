@@ -65,9 +65,9 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
     import setproctitle
 
     from radixrt.runtime.models.loader import load_tokenizer
-    from radixrt.runtime.scheduler.process import run_scheduler
+    from radixrt.runtime.scheduler.scheduler_process import run_scheduler
     from radixrt.runtime.tokenizer.zmq_manager import ZmqTokenizerManager
-    from radixrt.runtime.worker.process import run_worker
+    from radixrt.runtime.worker.worker_process import run_worker
 
     logging.basicConfig(level=options.log_level.upper(), format=LOG_FORMAT)
     if config.node_rank > 0:
@@ -176,7 +176,7 @@ async def _serve_http(
     dsl_addresses: list[str],
     owner: int | None,
 ) -> int:
-    from radixrt.runtime.server.chat_tools import ChatFeatures
+    from radixrt.runtime.server.chat_tool_plan import ChatFeatures
     from radixrt.runtime.server.dsl_endpoint import DslEndpoint
     from radixrt.runtime.server.http_server import create_app
     from radixrt.runtime.server.tenants import ApiKeys

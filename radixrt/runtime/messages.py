@@ -15,8 +15,13 @@ import math
 
 import msgspec
 
-from radixrt.runtime.config import MAX_NAME_CHARS, MAX_PRIORITY, MAX_QUEUE_TIMEOUT_S
+from radixrt.runtime.config import MAX_NAME_CHARS
 from radixrt.runtime.sampling_params import SamplingParams
+
+# Priorities (lower = more urgent, default 0, vLLM's convention) are bounded to this magnitude.
+MAX_PRIORITY = 1 << 20
+# A request's queue deadline (`timeout`, seconds) is at most this long.
+MAX_QUEUE_TIMEOUT_S = 24 * 3600.0
 
 
 class WorkerRequest(msgspec.Struct, frozen=True):

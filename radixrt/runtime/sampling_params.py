@@ -25,18 +25,22 @@ from radixrt.runtime.config import (
     DEFAULT_MAX_TOKENS,
     INT64_MAX,
     INT64_MIN,
-    LOGIT_BIAS_LIMIT,
-    MAX_CHOICES,
     MAX_GRAMMAR_CHARS,
-    MAX_LOGIT_BIAS_ENTRIES,
-    MAX_N,
-    MAX_STOP_STRING_CHARS,
-    MAX_STOP_STRINGS,
-    MAX_STOP_TOKEN_IDS,
     MAX_TOP_LOGPROBS,
-    PENALTY_LIMIT,
     REASONING_FORMAT_NAMES,
 )
+
+# Bounds of the fields (with config.py's INT64_MIN / INT64_MAX, MAX_GRAMMAR_CHARS and
+# MAX_TOP_LOGPROBS, which the server shares), checked before anything is allocated: n is capped as
+# OpenAI caps it, lists and strings have sane maximum lengths.
+MAX_N = 128  # samples per request
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+MAX_STOP_TOKEN_IDS = 256
+MAX_LOGIT_BIAS_ENTRIES = 1024
+MAX_CHOICES = 256
+LOGIT_BIAS_LIMIT = 100.0  # |logit_bias value| allowed (OpenAI's range)
+PENALTY_LIMIT = 2.0  # |frequency_penalty| and |presence_penalty| allowed (OpenAI's range)
 
 
 class LogitBias(dict[int, float]):

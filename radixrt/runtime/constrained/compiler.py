@@ -14,11 +14,7 @@ from pathlib import Path
 
 from outlines_core import Index, Vocabulary
 
-from radixrt.runtime.config import (
-    GRAMMAR_CACHE_SIZE,
-    GRAMMAR_COMPILE_THREADS,
-    JSON_WHITESPACE_PATTERN,
-)
+from radixrt.runtime.config import JSON_WHITESPACE_PATTERN
 from radixrt.runtime.constrained.grammar import END_MARKER, CompiledGrammar, end_marker_token
 from radixrt.runtime.constrained.json_bounds import schema_to_regex
 from radixrt.runtime.constrained.structural import (
@@ -29,6 +25,9 @@ from radixrt.runtime.constrained.structural import (
     tool_calls_regex,
 )
 from radixrt.runtime.constrained.token_table import TokenTable
+
+GRAMMAR_CACHE_SIZE = 64  # compiled grammars kept per process (LRU)
+GRAMMAR_COMPILE_THREADS = 2  # grammars compile off the hot path on this many threads
 
 Constraint = tuple[str, "str | tuple[str, ...]"]
 

@@ -25,8 +25,10 @@ import numpy as np
 import torch
 from outlines_core import Guide, Index
 
-from radixrt.runtime.config import GRAMMAR_END_MARKER, MAX_FORCED_TOKENS
+from radixrt.runtime.config import GRAMMAR_END_MARKER
 from radixrt.runtime.constrained.token_table import TokenTable
+
+MAX_FORCED_TOKENS = 64  # jump-forward appends at most this many tokens at a time
 
 BITS = 32  # outlines-core writes masks as 32-bit words, token t at bit t % 32 of word t // 32
 END_MARKER = GRAMMAR_END_MARKER  # the compiler appends it to every grammar (module docstring)

@@ -23,15 +23,13 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from radixrt.runtime.config import (
-    HERMES_TOOL_CLOSER,
-    HERMES_TOOL_OPENER,
-    JSON_WHITESPACE_PATTERN,
-    MAX_TOOLS,
-    THINK_CLOSER,
-    THINK_OPENER,
-)
+from radixrt.runtime.config import JSON_WHITESPACE_PATTERN, MAX_TOOLS
 from radixrt.runtime.constrained.json_bounds import schema_to_regex
+
+HERMES_TOOL_OPENER = "<tool_call>"  # Hermes / Qwen tool-call blocks
+HERMES_TOOL_CLOSER = "</tool_call>"
+THINK_OPENER = "<think>"  # reasoning models' thinking section (Qwen 3, DeepSeek-R1)
+THINK_CLOSER = "</think>"
 
 _REGEX_META = set("\\.^$|?*+()[]{}-&~#")
 TOOL_CALL_MODES = ("required", "auto", "none")

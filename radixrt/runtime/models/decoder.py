@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
-from radixrt.runtime.config import LM_HEAD_BLOCK_ROWS
 from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.forward.attention.base import LayerAttention
 from radixrt.runtime.models.layers import GatedMLP, RMSNorm, soft_cap
@@ -35,6 +34,8 @@ if TYPE_CHECKING:
     from radixrt.runtime.forward.attention.base import AttentionBackend
     from radixrt.runtime.forward.forward_batch import ForwardBatch
     from radixrt.runtime.forward.kv_cache import KVCache
+
+LM_HEAD_BLOCK_ROWS = 1024  # rows per block of the LM head on the CPU (linear.py)
 
 # HF checkpoint projection name -> (our fused parameter prefix, shard index)
 _FUSED_SHARDS = {

@@ -22,15 +22,12 @@ Experts.load takes them (`mlp.experts.gate_up_proj_bias`, `mlp.experts.down_proj
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
+from radixrt.runtime.models.gguf_file import GGUFFile
 from radixrt.runtime.models.tensor_source import Weight
-
-if TYPE_CHECKING:
-    from radixrt.runtime.models.gguf_loader import GGUFFile
 
 # stacked GGUF tensor -> the per-expert projections it holds, in row order
 STACKED_PARTS = {

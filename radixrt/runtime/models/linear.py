@@ -18,7 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from radixrt.runtime.config import CPU_BLOCKED_LINEAR_ROWS, LINEAR_BLOCK_ROWS
+from radixrt.runtime.config import LINEAR_BLOCK_ROWS
+
+# On the CPU, linear layers over this many rows (inclusive) run block of output rows by block of
+# output rows, LINEAR_BLOCK_ROWS rows per block for a layer's projections (LM_HEAD_BLOCK_ROWS for
+# the LM head, decoder.py): MKL reads the weights at about half the bandwidth for these batch
+# sizes otherwise.
+CPU_BLOCKED_LINEAR_ROWS = (3, 12)
 
 
 def small_batch_linear(x: Tensor, weight: Tensor, bias: Tensor | None, block_rows: int) -> Tensor:

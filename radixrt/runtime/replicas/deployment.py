@@ -33,7 +33,6 @@ from radixrt.runtime.config import (
     CHILD_WATCH_S,
     DRAIN_TIMEOUT_S,
     LOG_FORMAT,
-    REPLICA_STOP_GRACE_S,
     ROUTER_READY_TIMEOUT_S,
     STARTUP_TIMEOUT_S,
     EngineConfig,
@@ -54,6 +53,8 @@ from radixrt.runtime.replicas.router import (
     router_version,
     run_router,
 )
+
+REPLICA_STOP_GRACE_S = 10.0  # after DRAIN_TIMEOUT_S, a replica or the router still up is killed
 
 log = logging.getLogger("radixrt.replicas")
 

@@ -9,8 +9,13 @@ import os
 import socket
 from dataclasses import dataclass, replace
 
-from radixrt.runtime.config import MAX_DP_SIZE, REPLICA_NAME_FORMAT, EngineConfig
+from radixrt.runtime.config import EngineConfig
 from radixrt.runtime.launcher import ServerOptions
+
+MAX_DP_SIZE = 64
+# `radixrt serve --dp-size N` (runtime/replicas/): N replicas named REPLICA_NAME_FORMAT behind the
+# SGLang router (the optional dependency `radixrt[router]`), in a process of its own.
+REPLICA_NAME_FORMAT = "replica-{index}"
 
 
 @dataclass(frozen=True)

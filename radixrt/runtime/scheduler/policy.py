@@ -5,10 +5,13 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Protocol
 
-from radixrt.runtime.config import LPM_FALLBACK_QUEUE_LEN
 from radixrt.runtime.scheduler.kv_manager import KVManager
 from radixrt.runtime.scheduler.radix_cache import RadixNode
 from radixrt.runtime.scheduler.request import Request
+
+# lpm sorts the waiting queue by cached prefix length; past this queue length the matching cost is
+# not worth it and the policy falls back to fcfs.
+LPM_FALLBACK_QUEUE_LEN = 128
 
 
 class SchedulePolicy(Protocol):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 
-from radixrt.runtime.config import TOOL_CALL_ID_HEX
 from radixrt.runtime.constrained.structural import ReasoningFormat, ToolFormat
 from radixrt.runtime.server.openai_protocol import ChatDelta, ChatMessageOut
 from radixrt.runtime.server.reasoning_parsers import ReasoningParser
@@ -19,6 +18,8 @@ from radixrt.runtime.server.tool_protocol import (
     ToolCallDeltaOut,
     ToolCallOut,
 )
+
+TOOL_CALL_ID_HEX = 24  # ids the server makes: "call_" + this many hex digits
 
 
 def new_call_id() -> str:

@@ -20,12 +20,12 @@ from radixrt.runtime.constrained.structural import fill_format, parse_tool_call_
 from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.messages import DslReply, DslRequest, DslSample, DslToolCall, Scheduling
 from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.server.chat_tools import ChatFeatures
+from radixrt.runtime.server.chat_tool_plan import ChatFeatures
 from radixrt.runtime.server.dsl_scoring import score_choices
 from radixrt.runtime.server.reasoning_parsers import split_reasoning
 from radixrt.runtime.server.tenants import ApiKeys
 from radixrt.runtime.server.tool_parsers import parse_tool_calls
-from radixrt.runtime.tokenizer.chat_tools import dsl_chat_info
+from radixrt.runtime.tokenizer.chat_tool_prompts import dsl_chat_info
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 from radixrt.runtime.tokenizer.pin_leases import PinService
 

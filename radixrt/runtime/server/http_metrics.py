@@ -21,10 +21,15 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from radixrt.runtime.config import E2E_BUCKETS, ITL_BUCKETS, MAX_METRIC_LABELS, TTFT_BUCKETS
+from radixrt.runtime.config import MAX_METRIC_LABELS
 from radixrt.runtime.scheduler.stats import OTHER_LABEL
 from radixrt.runtime.tokenizer.manager_base import RequestMetrics, TokenizerManager
 from radixrt.runtime.tokenizer.pin_leases import PinService
+
+# Buckets (seconds) of the latency histograms on /metrics.
+TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 
 PREFIX = "radixrt"
 

@@ -29,15 +29,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from radixrt.runtime.config import (
-    HEALTH_GENERATE_TIMEOUT_S,
-    INT64_MAX,
-    INT64_MIN,
-    MAX_REQUEST_BODY_BYTES,
-)
+from radixrt.runtime.config import INT64_MAX, INT64_MIN
 from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.server.chat_tools import ChatFeatures
+from radixrt.runtime.server.chat_tool_plan import ChatFeatures
 from radixrt.runtime.server.dsl_scoring import start_text
 from radixrt.runtime.server.http_metrics import HTTPMetrics
 from radixrt.runtime.server.http_native import (
@@ -56,9 +51,13 @@ from radixrt.runtime.server.openai_protocol import (
 )
 from radixrt.runtime.server.openai_serving import OpenAIServing, model_card
 from radixrt.runtime.server.tenants import TENANT_STATE, ApiKeys
-from radixrt.runtime.tokenizer.chat_tools import dsl_chat_info
+from radixrt.runtime.tokenizer.chat_tool_prompts import dsl_chat_info
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 from radixrt.runtime.tokenizer.pin_leases import PinService
+
+# A larger request body is refused with 413 while it is read.
+MAX_REQUEST_BODY_BYTES = 4 << 20
+HEALTH_GENERATE_TIMEOUT_S = 60.0  # /health_generate answers 503 past this
 
 UNAUTHENTICATED_PATHS = frozenset({"/health"})
 # What a field of a union type must be (pydantic reports one error per alternative).

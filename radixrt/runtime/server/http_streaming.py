@@ -18,18 +18,15 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from radixrt.runtime.config import (
-    DISCONNECT_POLL_S,
-    QUEUE_FULL,
-    QUEUE_FULL_RETRY_AFTER_S,
-    QUEUE_TIMEOUT,
-)
+from radixrt.runtime.config import QUEUE_FULL, QUEUE_FULL_RETRY_AFTER_S, QUEUE_TIMEOUT
 from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.messages import Scheduling, TokenLogprob
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.server.openai_protocol import APIError, error_message, param_of
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
+
+DISCONNECT_POLL_S = 0.05  # how often a non-streaming request checks that its client is still there
 
 T = TypeVar("T")
 

@@ -14,9 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, Field
 
 from radixrt.runtime.config import (
-    MAX_CONTENT_PARTS,
     MAX_NAME_CHARS,
-    MAX_TEMPLATE_KWARGS,
     MAX_TOOL_CALL_ID_CHARS,
     MAX_TOOLS,
     MAX_TOP_LOGPROBS,
@@ -30,6 +28,9 @@ from radixrt.runtime.server.tool_protocol import (
     ToolCallOut,
     ToolDef,
 )
+
+MAX_CONTENT_PARTS = 256  # per chat message
+MAX_TEMPLATE_KWARGS = 32  # chat_template_kwargs entries
 
 # --- errors ------------------------------------------------------------------------------------
 

@@ -10,17 +10,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from radixrt.runtime.config import (
-    MAX_CHAT_MESSAGES,
-    MAX_PROMPTS_PER_REQUEST,
-    MAX_SAMPLES_PER_REQUEST,
-    MODEL_ALIAS,
-)
 from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.server.chat_output import ChoiceParser, finish_reason_with_calls
-from radixrt.runtime.server.chat_tools import (
+from radixrt.runtime.server.chat_tool_plan import (
     ChatFeatures,
     ChatToolPlan,
     plan_chat,
@@ -59,9 +53,16 @@ from radixrt.runtime.server.openai_protocol import (
     to_sampling_params,
 )
 from radixrt.runtime.server.tenants import scheduling_for
-from radixrt.runtime.tokenizer.chat_tools import render_chat
+from radixrt.runtime.tokenizer.chat_tool_prompts import render_chat
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 from radixrt.runtime.tokenizer.prompts import Prompt
+
+# Bounds of a request as a whole, checked before it runs: a completion may batch this many
+# prompts, n samples each, up to this many samples; a chat has at most this many messages.
+MAX_PROMPTS_PER_REQUEST = 128
+MAX_SAMPLES_PER_REQUEST = 256
+MAX_CHAT_MESSAGES = 1024
+MODEL_ALIAS = "default"  # clients may send this as `model` instead of the served model's name
 
 
 class OpenAIServing:

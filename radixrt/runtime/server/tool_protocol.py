@@ -8,13 +8,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from radixrt.runtime.config import (
-    MAX_GRAMMAR_CHARS,
-    MAX_NAME_CHARS,
-    MAX_TOOL_CALL_ID_CHARS,
-    MAX_TOOL_NAME_CHARS,
-    TOOL_NAME_PATTERN,
-)
+from radixrt.runtime.config import MAX_GRAMMAR_CHARS, MAX_NAME_CHARS, MAX_TOOL_CALL_ID_CHARS
+
+MAX_TOOL_NAME_CHARS = 64  # OpenAI's limit on a function's name
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_.\-]+$"  # OpenAI's characters (and dots)
 
 # --- requests ----------------------------------------------------------------------------------
 

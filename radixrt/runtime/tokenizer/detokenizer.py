@@ -27,7 +27,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from radixrt.runtime.config import DETOKENIZE_PROMPT_CONTEXT
+# Prompt tokens the incremental detokenizer decodes as left context before the first output token.
+DETOKENIZE_PROMPT_CONTEXT = 5
+
 
 _REPLACEMENT = "\ufffd"
 

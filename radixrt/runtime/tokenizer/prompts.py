@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from radixrt.runtime.tokenizer.chat_tools import render_chat
+from radixrt.runtime.tokenizer.chat_tool_prompts import render_chat
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, Any]]
 

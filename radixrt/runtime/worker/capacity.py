@@ -15,11 +15,13 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from radixrt.runtime.config import TYPICAL_REQUEST_TOKENS
-
 if TYPE_CHECKING:  # torch-free at run time: the scheduler process states capacity too
     from radixrt.runtime.forward.kv_cache import KVShape
     from radixrt.runtime.models.model_config import ModelConfig
+
+# The request length (prompt + output) capacity is also stated at, beside the context length
+# (start-up log, /server_info, `radixrt plan`).
+TYPICAL_REQUEST_TOKENS = 1024
 
 GIB = 1 << 30
 

@@ -17,11 +17,15 @@ from torch import Tensor
 
 from radixrt.kernels.decode_attention import decode_workspace_numel, default_num_kv_splits
 from radixrt.kernels.triton_utils import interpreting
-from radixrt.runtime.config import CASCADE_GRAPH_MIN_SAVED_READS
 from radixrt.runtime.forward.attention.triton_backend import TritonAttentionBackend
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.forward.kv_cache import KVCache
 from radixrt.runtime.models.decoder import CausalLM
+
+# On CUDA a decode batch that a CUDA graph can replay runs the graph (plain decode attention)
+# unless its groups save at least this many reads per layer; then it runs eagerly with the
+# cascade kernel. Not yet measured on a GPU (benchmarks/gpu_check.py times the kernels).
+CASCADE_GRAPH_MIN_SAVED_READS = 8192
 
 SMALL_BATCH_SIZES = (1, 2, 4, 8)  # buckets below BATCH_SIZE_STEP
 BATCH_SIZE_STEP = 16  # buckets from here on are multiples of this (plus max_bs itself)

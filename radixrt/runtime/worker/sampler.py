@@ -26,8 +26,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from radixrt.runtime.config import MIN_SAMPLING_TEMPERATURE
 from radixrt.runtime.sampling_params import SamplingParams
+
+# Positive temperatures below this are clamped to it in the sampler (logits / t must stay finite).
+MIN_SAMPLING_TEMPERATURE = 1e-5
 
 _MASK64 = (1 << 64) - 1
 AllowedTokens = tuple[list[int], torch.Tensor]  # (rows, [len(rows), vocab] bool allowed tokens)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import psutil
 import torch
 
-from radixrt.runtime.config import CPU_MAX_POOL_TOKENS, EngineConfig
+from radixrt.runtime.config import EngineConfig
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.forward.attention import resolve_attention_backend
@@ -18,6 +18,10 @@ from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.shard_plan import check_tp_size
 from radixrt.runtime.worker.capacity import kv_bytes_per_token, pool_tokens
 from radixrt.runtime.worker.worker import Worker
+
+# Without an explicit max_total_tokens the pool takes mem_fraction of free memory, capped here on
+# the CPU (host RAM is shared with everything else on the machine).
+CPU_MAX_POOL_TOKENS = 1 << 15
 
 
 def resolve_device(name: str) -> torch.device:

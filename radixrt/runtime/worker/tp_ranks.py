@@ -28,18 +28,18 @@ from typing import Any
 import msgspec
 import torch
 
-from radixrt.runtime.config import (
-    LOG_FORMAT,
-    PARENT_POLL_MS,
-    TP_COLLECTIVE_TIMEOUT_S,
-    TP_HEARTBEAT_S,
-    TP_STARTUP_TIMEOUT_S,
-    EngineConfig,
-)
+from radixrt.runtime.config import LOG_FORMAT, PARENT_POLL_MS, EngineConfig
 from radixrt.runtime.distributed.group import TPGroup, bind_listener
 from radixrt.runtime.ipc import parent_alive
 from radixrt.runtime.messages import StepPlan, StepResult
 from radixrt.runtime.worker.worker import Worker
+
+# A collective that waits longer than this fails (the rank exits and the server with it); idle
+# ranks never reach it: the leader broadcasts a heartbeat plan when no plan went out for
+# TP_HEARTBEAT_S.
+TP_COLLECTIVE_TIMEOUT_S = 120.0
+TP_HEARTBEAT_S = 5.0
+TP_STARTUP_TIMEOUT_S = 600.0  # every rank must join the group (and load its shard) within this
 
 log = logging.getLogger("radixrt.worker")
 

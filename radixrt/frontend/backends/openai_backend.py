@@ -19,7 +19,9 @@ from typing import Any
 
 import httpx
 
-from radixrt.frontend.backend import (
+from radixrt.frontend.backends.http_client import HttpClient
+from radixrt.frontend.backends.next_token_scoring import NoScoringRoute, score_by_next_tokens
+from radixrt.frontend.lang.backend import (
     SEPARATE_REASONING,
     BackendError,
     ChatFormat,
@@ -27,9 +29,7 @@ from radixrt.frontend.backend import (
     GenResult,
     PieceCallback,
 )
-from radixrt.frontend.http_client import HttpClient
-from radixrt.frontend.next_token_scoring import NoScoringRoute, score_by_next_tokens
-from radixrt.frontend.runners import spawn
+from radixrt.frontend.lang.runners import spawn
 from radixrt.runtime.config import DEFAULT_MAX_TOKENS
 
 CHAT_FORMATS = {

@@ -7,10 +7,10 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
-from radixrt.frontend.ir import Expr, RoleBegin, RoleEnd, SetVar, VarScopeBegin, VarScopeEnd
+from radixrt.frontend.lang.ir import Expr, RoleBegin, RoleEnd, SetVar, VarScopeBegin, VarScopeEnd
 
 if TYPE_CHECKING:
-    from radixrt.frontend.executor import StreamExecutor
+    from radixrt.frontend.lang.executor import StreamExecutor
 
 
 class ProgramState:

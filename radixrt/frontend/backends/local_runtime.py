@@ -17,8 +17,8 @@ import tempfile
 import weakref
 from typing import Any
 
-from radixrt.frontend.backend import BackendError
-from radixrt.frontend.runtime_endpoint import RuntimeEndpoint
+from radixrt.frontend.backends.runtime_endpoint import RuntimeEndpoint
+from radixrt.frontend.lang.backend import BackendError
 from radixrt.runtime.config import DRAIN_TIMEOUT_S, STARTUP_TIMEOUT_S
 
 _LOG_TAIL_CHARS = 4000

@@ -24,15 +24,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from radixrt.frontend.backend import (
+from radixrt.frontend.backends.program_replica import ProgramReplica
+from radixrt.frontend.backends.replica_choice import ChoiceRule, ReplicaChooser
+from radixrt.frontend.backends.zmq_endpoint import ZmqRuntimeEndpoint
+from radixrt.frontend.lang.backend import (
     ChatFormat,
     ChoiceLogprobs,
     GenResult,
     PieceCallback,
     RuntimeUnreachable,
 )
-from radixrt.frontend.program_replica import ProgramReplica
-from radixrt.frontend.replica_choice import ChoiceRule, ReplicaChooser
 from radixrt.runtime.config import DSL_CONNECT_TIMEOUT_S
 
 # server_info counters that add up over replicas (the rest is per replica, under "replicas")
@@ -57,8 +58,6 @@ class ReplicaEndpoint:
         """addresses: each replica's tcp:// or ipc:// DSL address (`radixrt serve --dsl-port`),
         or a connected RuntimeEndpoint / rx.Runtime (left open by close()). rule: the placement
         rule's thresholds (ChoiceRule(); the router's defaults)."""
-        from radixrt.frontend.runtime_endpoint import RuntimeEndpoint
-
         if isinstance(addresses, str) or not addresses:
             raise ValueError("give a list of replica addresses, e.g. RuntimeEndpoint("
                              '["tcp://127.0.0.1:30001", "tcp://127.0.0.1:30002"])')
@@ -70,7 +69,7 @@ class ReplicaEndpoint:
                     if not item.startswith(("tcp://", "ipc://")):
                         raise ValueError(f"replica {item!r}: give its DSL address, tcp://HOST:"
                                          "PORT or ipc://PATH (`radixrt serve --dsl-port PORT`)")
-                    item = RuntimeEndpoint(item, connect_timeout, alive, api_key)
+                    item = ZmqRuntimeEndpoint(item, connect_timeout, alive, api_key)
                     self._owned.append(item)
                 missing = [m for m in ASYNC_TWINS if not hasattr(item, m)]
                 if missing:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from radixrt.frontend.backend import BackendError, ChoiceLogprobs
+from radixrt.frontend.lang.backend import BackendError, ChoiceLogprobs
 
 TOP_K = 100  # alternatives asked for at each scored position
 

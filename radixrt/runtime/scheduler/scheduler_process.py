@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 import zmq
 
-from radixrt.runtime.config import LOG_FORMAT, LOG_INTERVAL_S, PARENT_POLL_MS, EngineConfig
+from radixrt.runtime.config import LOG_FORMAT, PARENT_POLL_MS, EngineConfig
 from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.ipc import (
     RESULTS_IN,
@@ -45,6 +45,8 @@ from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.scheduler.loop import StepLoop
 from radixrt.runtime.scheduler.request import Request
 from radixrt.runtime.scheduler.scheduler import Scheduler
+
+LOG_INTERVAL_S = 10.0  # the scheduler's periodic status line
 
 log = logging.getLogger("radixrt.scheduler")
 

@@ -1,5 +1,5 @@
 """HttpClient: an HTTP backend's requests, blocking where a program runs on a thread (`run`), and
-made on the event loop where it runs as a greenlet (`arun`: runners.py), so that thousands of
+made on the event loop where it runs as a greenlet (`arun`: lang/runners.py), so that thousands of
 asyncio programs on an OpenAI-compatible server wait without a thread each.
 
 The backend's code is written once, blocking: `request` and `stream` look at the greenlet they
@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from radixrt.frontend.runners import await_, in_loop_program
+from radixrt.frontend.lang.runners import await_, in_loop_program
 
 
 class HttpClient:

@@ -30,7 +30,7 @@ from radixrt.runtime.constrained.structural import (
 )
 from radixrt.runtime.server.openai_protocol import APIError, ChatRequest
 from radixrt.runtime.server.tool_protocol import NamedToolChoice
-from radixrt.runtime.tokenizer.chat_tools import template_renders_tools
+from radixrt.runtime.tokenizer.chat_tool_prompts import template_renders_tools
 
 _RESERVED_TEMPLATE_KWARGS = ("messages", "tools", "tokenize", "add_generation_prompt",
                              "conversation", "documents", "return_dict")

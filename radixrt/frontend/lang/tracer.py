@@ -11,9 +11,9 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from radixrt.frontend.backend import ChatFormat
-from radixrt.frontend.ir import Concat, Expr, RoleBegin, RoleEnd, Text, as_expr, flatten
-from radixrt.frontend.transcript import Transcript
+from radixrt.frontend.lang.backend import ChatFormat
+from radixrt.frontend.lang.ir import Concat, Expr, RoleBegin, RoleEnd, Text, as_expr, flatten
+from radixrt.frontend.lang.transcript import Transcript
 
 
 class _TraceStop(Exception):

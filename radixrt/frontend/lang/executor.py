@@ -13,8 +13,8 @@ import functools
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from radixrt.frontend.backend import SEPARATE_REASONING, Backend, BackendError
-from radixrt.frontend.ir import (
+from radixrt.frontend.lang.backend import SEPARATE_REASONING, Backend, BackendError
+from radixrt.frontend.lang.ir import (
     Gen,
     RoleBegin,
     RoleEnd,
@@ -27,10 +27,10 @@ from radixrt.frontend.ir import (
     as_expr,
     flatten,
 )
-from radixrt.frontend.runners import LoopCondition, LoopRunner, ThreadRunner
-from radixrt.frontend.select_methods import pick
-from radixrt.frontend.tools import parse_calls
-from radixrt.frontend.transcript import Transcript
+from radixrt.frontend.lang.runners import LoopCondition, LoopRunner, ThreadRunner
+from radixrt.frontend.lang.select_methods import pick
+from radixrt.frontend.lang.tools import parse_calls
+from radixrt.frontend.lang.transcript import Transcript
 
 _END = object()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from radixrt.frontend.backend import ChatFormat
+from radixrt.frontend.lang.backend import ChatFormat
 
 
 @dataclass

@@ -4,7 +4,7 @@ A program's calls build on each other: a fork pins its prefix on a replica and t
 must read it there; a `select` scores choices after text that an earlier `gen` computed; a pin
 is a lease on one replica's cache. So a program must not be spread: all of its calls go to one
 replica. `run`, `arun` and each program of `run_batch` / `arun_batch` wrap the endpoint with
-`for_program()` (program.py: `program_backend`), and every state of the program, its forks'
+`for_program()` (lang/program.py: `program_backend`), and every state of the program, its forks'
 included, shares that one wrapper (`StreamExecutor.child` passes its backend on).
 
 The wrapper chooses lazily: at the program's first call, whose text is what the program has
@@ -21,9 +21,10 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-from radixrt.frontend.backend import (
+from radixrt.frontend.backends.replica_choice import NoReplicaUp, ReplicaChooser
+from radixrt.frontend.lang.backend import (
     BackendError,
     ChatFormat,
     ChoiceLogprobs,
@@ -31,14 +32,24 @@ from radixrt.frontend.backend import (
     PieceCallback,
     RuntimeUnreachable,
 )
-from radixrt.frontend.replica_choice import NoReplicaUp
 
-if TYPE_CHECKING:
-    from radixrt.frontend.replica_endpoint import ReplicaEndpoint
+
+class Replicas(Protocol):
+    """What a program's wrapper needs of the endpoint that made it (ReplicaEndpoint provides it):
+    the replicas' backends and addresses, index for index, and the chooser that places programs
+    on them. The endpoint knows its wrappers; a wrapper knows only this."""
+
+    backends: list[Any]
+    addresses: list[str]
+    chooser: ReplicaChooser
+
+    def chat_format(self) -> ChatFormat: ...
+
+    def info(self) -> dict[str, Any]: ...
 
 
 class ProgramReplica:
-    def __init__(self, endpoint: ReplicaEndpoint) -> None:
+    def __init__(self, endpoint: Replicas) -> None:
         self._endpoint = endpoint
         self._lock = threading.Lock()
         self.replica: int | None = None  # chosen at the first call

@@ -24,9 +24,12 @@ import msgspec
 import zmq
 import zmq.asyncio
 
-from radixrt.frontend.backend import BackendError, RuntimeUnreachable
-from radixrt.runtime.config import DSL_PING_AFTER_S, DSL_PING_TIMEOUT_S, DSL_POLL_S
+from radixrt.frontend.lang.backend import BackendError, RuntimeUnreachable
 from radixrt.runtime.messages import DslReply, DslRequest
+
+DSL_POLL_S = 0.5  # a waiting DSL call wakes this often to check the runtime is still there
+DSL_PING_AFTER_S = 20.0  # a call with no reply this long pings the runtime ...
+DSL_PING_TIMEOUT_S = 30.0  # ... and fails if the ping gets no answer this long
 
 
 class DslClient:

@@ -16,9 +16,9 @@ from typing import Any
 
 import httpx
 
-from radixrt.frontend.backend import PREFILL_ONLY, BackendError
-from radixrt.frontend.lease_keeper import LeaseKeeper
-from radixrt.frontend.openai_backend import OpenAICompatible, error_message
+from radixrt.frontend.backends.lease_keeper import LeaseKeeper
+from radixrt.frontend.backends.openai_backend import OpenAICompatible, error_message
+from radixrt.frontend.lang.backend import PREFILL_ONLY, BackendError
 from radixrt.runtime.config import PIN_LEASE_TTL_S, PIN_RENEWALS_PER_TTL
 
 

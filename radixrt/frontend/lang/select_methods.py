@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixrt.frontend.backend import ChoiceLogprobs
+from radixrt.frontend.lang.backend import ChoiceLogprobs
 
 METHODS = ("token_length_normalized", "greedy", "unconditional_likelihood_normalized")
 

@@ -12,16 +12,17 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from radixrt.frontend.api import DEFAULT_BACKEND, check_priority
-from radixrt.frontend.backend import Backend, program_backend
-from radixrt.frontend.executor import StreamExecutor
-from radixrt.frontend.runners import LoopRunner, spawn
-from radixrt.frontend.sglang_names import is_sampling_option, sampling_fields
-from radixrt.frontend.state import ProgramState
-from radixrt.frontend.tracer import constant_prefix
-from radixrt.frontend.transcript import Transcript
-from radixrt.runtime.config import MAX_BATCH_THREADS
+from radixrt.frontend.lang.api import DEFAULT_BACKEND, check_priority
+from radixrt.frontend.lang.backend import Backend, program_backend
+from radixrt.frontend.lang.executor import StreamExecutor
+from radixrt.frontend.lang.runners import LoopRunner, spawn
+from radixrt.frontend.lang.sglang_names import is_sampling_option, sampling_fields
+from radixrt.frontend.lang.state import ProgramState
+from radixrt.frontend.lang.tracer import constant_prefix
+from radixrt.frontend.lang.transcript import Transcript
 from radixrt.runtime.sampling_params import SamplingParams
+
+MAX_BATCH_THREADS = 64  # run_batch: programs in flight at once by default
 
 
 class Program:

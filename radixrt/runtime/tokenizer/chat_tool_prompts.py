@@ -23,9 +23,11 @@ from typing import Any
 
 from jinja2 import TemplateError
 
-from radixrt.runtime.config import TOOL_RESPONSE_CLOSER, TOOL_RESPONSE_OPENER
 from radixrt.runtime.constrained.structural import ToolFormat
 from radixrt.runtime.tokenizer.chat_roles import chat_roles
+
+TOOL_RESPONSE_OPENER = "<tool_response>"  # a tool's result, in the built-in tool prompt
+TOOL_RESPONSE_CLOSER = "</tool_response>"
 
 _PROBE_NAME = "rx_probe_tool_name"
 _PROBE_TOOL = {"type": "function", "function": {

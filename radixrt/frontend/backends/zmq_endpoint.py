@@ -1,4 +1,4 @@
-"""RuntimeEndpoint: run DSL programs on a radixrt runtime over ZeroMQ (`radixrt serve`).
+"""ZmqRuntimeEndpoint: run DSL programs on a radixrt runtime over ZeroMQ (`radixrt serve`).
 
 The frontend sends text; the runtime tokenizes it and its radix tree finds what earlier calls
 already computed. `select` is one call (all choices scored in one batch), and a fork's prefix is
@@ -11,7 +11,9 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from radixrt.frontend.backend import (
+from radixrt.frontend.backends.lease_keeper import LeaseKeeper
+from radixrt.frontend.backends.zmq_client import DslClient
+from radixrt.frontend.lang.backend import (
     PREFILL_ONLY,
     SEPARATE_REASONING,
     BackendError,
@@ -20,8 +22,6 @@ from radixrt.frontend.backend import (
     GenResult,
     PieceCallback,
 )
-from radixrt.frontend.lease_keeper import LeaseKeeper
-from radixrt.frontend.zmq_client import DslClient
 from radixrt.runtime.config import DSL_CONNECT_TIMEOUT_S, PIN_LEASE_TTL_S, PIN_RENEWALS_PER_TTL
 from radixrt.runtime.messages import TokenLogprob
 
@@ -37,29 +37,11 @@ def logprob_meta(output: list[TokenLogprob], prompt: list[TokenLogprob]) -> dict
     return meta
 
 
-class RuntimeEndpoint:
-    """`RuntimeEndpoint("tcp://127.0.0.1:PORT")` for `radixrt serve --dsl-port PORT`, or the
-    ipc:// address its log names; `api_key`: the server's `--api-key`, if it has one.
-    `RuntimeEndpoint("http://host:port")` (SGLang's form) talks to the HTTP port instead: it
-    returns an HttpRuntimeEndpoint (http_endpoint.py). A list of addresses, one per replica
-    (`RuntimeEndpoint(["tcp://127.0.0.1:A", "tcp://127.0.0.1:B"])`), returns a ReplicaEndpoint
-    (replica_endpoint.py): each program runs on one replica, chosen by cached prefix and load."""
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        address = args[0] if args else kwargs.get("address")
-        if cls is RuntimeEndpoint and isinstance(address, (list, tuple)):
-            from radixrt.frontend.replica_endpoint import ReplicaEndpoint
-
-            kwargs.pop("address", None)
-            return ReplicaEndpoint(address, *args[1:], **kwargs)
-        if cls is RuntimeEndpoint and isinstance(address, str) and address.startswith(
-                ("http://", "https://")):
-            from radixrt.frontend.http_endpoint import HttpRuntimeEndpoint
-
-            if args[1:] or set(kwargs) - {"api_key", "address"}:
-                raise TypeError("RuntimeEndpoint(http://...) takes only api_key=")
-            return HttpRuntimeEndpoint(address, kwargs.get("api_key"))
-        return super().__new__(cls)
+class ZmqRuntimeEndpoint:
+    """One radixrt runtime over ZeroMQ: `radixrt serve --dsl-port PORT` at "tcp://127.0.0.1:PORT",
+    or the ipc:// address its log names; `api_key`: the server's `--api-key`, if it has one.
+    Users write `rx.RuntimeEndpoint(address)` (runtime_endpoint.py), which is this class for a
+    tcp:// or ipc:// address."""
 
     def __init__(self, address: str, connect_timeout: float = DSL_CONNECT_TIMEOUT_S,
                  alive: Callable[[], bool] | None = None, api_key: str | None = None) -> None:
@@ -183,7 +165,7 @@ class RuntimeEndpoint:
         self._leases.stop()
         self._client.close()
 
-    def __enter__(self) -> RuntimeEndpoint:
+    def __enter__(self) -> ZmqRuntimeEndpoint:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from radixrt.frontend.ir import (
+from radixrt.frontend.lang.ir import (
     Concat,
     Expr,
     Gen,
@@ -17,9 +17,9 @@ from radixrt.frontend.ir import (
     ToolPrompt,
     as_expr,
 )
-from radixrt.frontend.select_methods import SelectMethod, method_name
-from radixrt.frontend.sglang_names import dtype_regex, sampling_fields
-from radixrt.frontend.tools import tool_call_spec, tools_listing
+from radixrt.frontend.lang.select_methods import SelectMethod, method_name
+from radixrt.frontend.lang.sglang_names import dtype_regex, sampling_fields
+from radixrt.frontend.lang.tools import tool_call_spec, tools_listing
 from radixrt.runtime.messages import Scheduling
 from radixrt.runtime.sampling_params import SamplingParams
 

@@ -1,6 +1,6 @@
 """Which replica a program goes to: the SGLang router's cache_aware rule, for DSL programs.
 
-The rule, as the router applies it to each request (defaults from radixrt.runtime.config, the
+The rule, as the router applies it to each request (defaults: the REPLICA_* constants below, the
 router's own):
 
 1. Imbalanced? The loads (calls in flight from this client, per replica) are imbalanced when
@@ -29,13 +29,19 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from radixrt.frontend.prefix_tree import PrefixTree
-from radixrt.runtime.config import (
-    REPLICA_BALANCE_ABS_THRESHOLD,
-    REPLICA_BALANCE_REL_THRESHOLD,
-    REPLICA_CACHE_THRESHOLD,
-    REPLICA_TREE_MAX_CHARS,
-)
+from radixrt.frontend.backends.prefix_tree import PrefixTree
+
+# The DSL over several replicas (`rx.RuntimeEndpoint([address, ...])`) places each program the
+# way the SGLang router's cache_aware policy places a request, with its defaults (sglang_router
+# RouterArgs): balanced loads, the replica whose approximate prefix tree holds more than
+# REPLICA_CACHE_THRESHOLD of the text, else the one with the smallest tree; imbalanced (in-flight
+# calls max - min > REPLICA_BALANCE_ABS_THRESHOLD and max > min * REPLICA_BALANCE_REL_THRESHOLD),
+# the least loaded. Each replica's tree keeps at most REPLICA_TREE_MAX_CHARS characters (least
+# recently used leaves go first).
+REPLICA_CACHE_THRESHOLD = 0.3
+REPLICA_BALANCE_ABS_THRESHOLD = 64
+REPLICA_BALANCE_REL_THRESHOLD = 1.5
+REPLICA_TREE_MAX_CHARS = 2**26
 
 BALANCE, CACHE, CAPACITY = "balance", "cache", "capacity"  # Choice.reason: which step chose
 
