@@ -17,7 +17,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "radixrt"
 
 LAYERS = [  # (layer name, module prefixes), top to bottom
-    ("cli", ["radixrt", "radixrt.__main__", "radixrt.cli", "radixrt.plan_cli"]),
+    ("cli", ["radixrt", "radixrt.__main__", "radixrt.cli", "radixrt.plan_cli",
+             "radixrt.config_flags"]),
     ("launcher", ["radixrt.runtime.launcher", "radixrt.runtime.replicas"]),
     ("server", ["radixrt.runtime.server"]),
     ("engine", ["radixrt.runtime.engine", "radixrt.runtime.engine_manager"]),
