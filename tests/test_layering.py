@@ -3,8 +3,8 @@ frontend stands on nothing of the runtime but its wire messages and constants (a
 
 Layer order, top to bottom (README, "Architecture"): cli -> launcher -> server -> engine ->
 tokenizer -> scheduler -> worker -> constrained -> models -> forward -> kernels. The ground
-(config, messages, errors, sampling_params, outputs, ipc, distributed) stands beneath every
-layer and imports only itself. An import within one layer is always allowed.
+(config, server_options, messages, errors, sampling_params, outputs, ipc, distributed) stands
+beneath every layer and imports only itself. An import within one layer is always allowed.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ LAYERS = [  # (layer name, module prefixes), top to bottom
 ]
 GROUND = [
     "radixrt.runtime.config",
+    "radixrt.runtime.server_options",
     "radixrt.runtime.messages",
     "radixrt.runtime.errors",
     "radixrt.runtime.sampling_params",

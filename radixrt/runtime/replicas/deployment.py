@@ -39,7 +39,7 @@ from radixrt.runtime.config import (
     EngineConfig,
 )
 from radixrt.runtime.ipc import parent_alive
-from radixrt.runtime.launcher import ServerOptions, served_name
+from radixrt.runtime.launcher import served_name
 from radixrt.runtime.replicas.plan import (
     ReplicaSpec,
     free_ports,
@@ -54,6 +54,7 @@ from radixrt.runtime.replicas.router import (
     router_version,
     run_router,
 )
+from radixrt.runtime.server_options import ServerOptions
 
 log = logging.getLogger("radixrt.replicas")
 
