@@ -10,14 +10,19 @@ import argparse
 import json
 import re
 import sys
+from dataclasses import dataclass, field
 from typing import Any
 
-from radixrt.runtime.config import DEFAULT_MODEL, EngineConfig
+from radixrt.config_flags import add_flags, as_flags, from_flags
+from radixrt.runtime.config import EngineConfig
 
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+PLAN_DTYPES = tuple(sorted(DTYPE_BYTES))
 _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "mb": 1000**2,
           "mib": 1 << 20, "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4,
           "tb": 1000**4, "tib": 1 << 40}
+# the server's flags `radixrt plan` takes too, validated as the server validates them
+ENGINE_FIELDS = ("model", "page_size", "mem_fraction", "context_length")
 
 
 def parse_memory(text: str) -> int:
@@ -32,28 +37,48 @@ def parse_memory(text: str) -> int:
     return size
 
 
+@dataclass(frozen=True)
+class PlanOptions:
+    """`radixrt plan`'s own flags (the device and the workload), validated once."""
+
+    memory: str = field(metadata={
+        "help": "device memory, e.g. 80GiB (the weights come off it)"})
+    dtype: str = field(default="bfloat16", metadata={
+        "choices": PLAN_DTYPES, "help": "of the weights and the KV cache"})
+    prompt_tokens: int = field(default=512, metadata={"help": "of each request"})
+    mean_output_tokens: int = field(default=256, metadata={"help": "of each request, on average"})
+    max_output_tokens: int = field(default=1024, metadata={
+        "help": "of each request at most (what contiguous reservation sets aside)"})
+    shared_prefix_tokens: int = field(default=0, metadata={
+        "help": "of the prompt, the same for every request (a system prompt, few-shot examples)"})
+    requests: int = field(default=64, metadata={"help": "requests that share that prefix"})
+    json: bool = field(default=False, metadata={"help": "print the figures as JSON"})
+
+    def __post_init__(self) -> None:
+        parse_memory(self.memory)
+        if self.dtype not in DTYPE_BYTES:
+            raise ValueError(f"PlanOptions.dtype={self.dtype!r} is invalid: use one of "
+                             f"{PLAN_DTYPES}")
+        for name in ("prompt_tokens", "mean_output_tokens", "max_output_tokens",
+                     "shared_prefix_tokens"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"PlanOptions.{name}={getattr(self, name)} is invalid: must be "
+                                 ">= 0")
+        if self.requests < 1:
+            raise ValueError(f"PlanOptions.requests={self.requests} is invalid: must be >= 1")
+
+    @property
+    def memory_bytes(self) -> int:
+        return parse_memory(self.memory)
+
+
 def add_plan_parser(sub: Any) -> None:
-    defaults = EngineConfig()
     plan = sub.add_parser(
         "plan", help="KV capacity and concurrency for a model on a device, without loading it",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add = plan.add_argument
-    add("--model", default=DEFAULT_MODEL, help="'default', a .gguf file, or a folder with "
-        "config.json (only the config is read)")
-    add("--memory", required=True, help="device memory, e.g. 80GiB (the weights come off it)")
-    add("--dtype", default="bfloat16", choices=sorted(DTYPE_BYTES),
-        help="of the weights and the KV cache")
-    add("--page-size", type=int, default=defaults.page_size)
-    add("--mem-fraction", type=float, default=defaults.mem_fraction,
-        help="of the memory left after the weights given to the KV pool (the server's flag)")
-    add("--context-length", type=int, default=None, help="default: the model's")
-    add("--prompt-tokens", type=int, default=512)
-    add("--mean-output-tokens", type=int, default=256)
-    add("--max-output-tokens", type=int, default=1024)
-    add("--shared-prefix-tokens", type=int, default=0,
-        help="of the prompt, the same for every request (a system prompt, few-shot examples)")
-    add("--requests", type=int, default=64, help="requests that share that prefix")
-    add("--json", action="store_true", help="print the figures as JSON")
+    add_flags(plan, EngineConfig, "the server's flags (only the model's config is read)",
+              only=ENGINE_FIELDS)
+    add_flags(plan, PlanOptions, "the device and the workload")
 
 
 def run_plan(args: argparse.Namespace) -> int:
@@ -61,20 +86,22 @@ def run_plan(args: argparse.Namespace) -> int:
     from radixrt.runtime.worker.capacity import Workload, plan
 
     try:
-        config = inspect_model(args.model)
-        memory = parse_memory(args.memory)
-        if args.page_size < 1 or not 0 < args.mem_fraction <= 1:
-            raise ValueError("--page-size must be >= 1 and --mem-fraction in (0, 1]")
-        context = args.context_length or config.max_position_embeddings
-        work = Workload(args.prompt_tokens, args.mean_output_tokens, args.max_output_tokens,
-                        args.shared_prefix_tokens, args.requests)
-        figures = plan(config, memory, DTYPE_BYTES[args.dtype], args.page_size,
-                       args.mem_fraction, context, work)
+        engine = from_flags(EngineConfig, args, only=ENGINE_FIELDS)
+        options = from_flags(PlanOptions, args)
+        config = inspect_model(engine.model)
+        memory = options.memory_bytes
+        context = engine.context_length or config.max_position_embeddings
+        work = Workload(options.prompt_tokens, options.mean_output_tokens,
+                        options.max_output_tokens, options.shared_prefix_tokens,
+                        options.requests)
+        figures = plan(config, memory, DTYPE_BYTES[options.dtype], engine.page_size,
+                       engine.mem_fraction, context, work)
     except (ValueError, OSError) as exc:
-        print(f"radixrt plan: {exc}", file=sys.stderr)
+        print(f"radixrt plan: {as_flags(str(exc), (EngineConfig, PlanOptions))}",
+              file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps({"model": args.model, "memory_bytes": memory, "dtype": args.dtype,
+    if options.json:
+        print(json.dumps({"model": engine.model, "memory_bytes": memory, "dtype": options.dtype,
                           "context_length": context, **figures}, indent=2))
     else:
         print(report(args, config.architecture, memory, context, figures))

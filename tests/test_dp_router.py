@@ -213,7 +213,7 @@ def test_without_the_router_dp_size_exits_2_saying_what_to_install():
 
 
 @pytest.mark.parametrize("args, fragment", [
-    (["--dp-size", "0"], "--dp-size=0: use 1..64"),
+    (["--dp-size", "0"], "--dp-size=0 is invalid: use 1..64"),
     (["--dp-size", "2", "--dist-init-addr", "127.0.0.1:29999"], "--dist-init-addr"),
     (["--dp-size", "2", "--port", "31001", "--dsl-port", "31000"], "dsl-port + i"),
 ])

@@ -4,8 +4,8 @@ config.py holds only the constants two or more modules share.
 
 Layer order, top to bottom (README, "Architecture"): cli -> launcher -> server -> engine ->
 tokenizer -> scheduler -> worker -> constrained -> models -> forward -> kernels. The ground
-(config, messages, errors, sampling_params, outputs, ipc, distributed) stands beneath every
-layer and imports only itself. The DSL frontend has layers of its own: its public API
+(config, server_options, messages, errors, sampling_params, outputs, ipc, distributed) stands
+beneath every layer and imports only itself. The DSL frontend has layers of its own: its public API
 (radixrt.frontend) -> backends (where programs run) -> lang (the DSL, which knows no backend);
 it stands on nothing of the runtime but its wire messages and constants (and never torch).
 An import within one layer is allowed, as long as it closes no circle.
@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1] / "radixrt"
 REPO = ROOT.parent
 
 LAYERS = [  # (layer name, module prefixes), top to bottom
-    ("cli", ["radixrt", "radixrt.__main__", "radixrt.cli", "radixrt.plan_cli"]),
+    ("cli", ["radixrt", "radixrt.__main__", "radixrt.cli", "radixrt.plan_cli",
+             "radixrt.config_flags"]),
     ("launcher", ["radixrt.runtime.launcher", "radixrt.runtime.replicas"]),
     ("server", ["radixrt.runtime.server"]),
     ("engine", ["radixrt.runtime.engine", "radixrt.runtime.engine_manager"]),
@@ -39,6 +40,7 @@ LAYERS = [  # (layer name, module prefixes), top to bottom
 ]
 GROUND = [
     "radixrt.runtime.config",
+    "radixrt.runtime.server_options",
     "radixrt.runtime.messages",
     "radixrt.runtime.errors",
     "radixrt.runtime.sampling_params",

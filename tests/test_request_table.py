@@ -106,7 +106,8 @@ def make_table(num_pages: int = 64) -> RequestTable:
 def running(table: RequestTable, rid: int, prompt: list[int], **params: object) -> Request:
     """A request admitted with its whole prompt reserved, as the planner starts one."""
     sp = SamplingParams(**params)
-    req = Request(rid=rid, prompt_ids=prompt, params=sp, max_tokens=sp.max_tokens or 16, arrival=rid)
+    req = Request(rid=rid, prompt_ids=prompt, params=sp, max_tokens=sp.max_tokens or 16,
+                  arrival=rid)
     table.enqueue(req)
     table.kv.admit(req)
     assert table.kv.reserve(req, req.remaining, []) is not None
@@ -163,9 +164,9 @@ def test_plan_fork_names_the_children_and_fork_starts_them_after_the_parent() ->
     assert len(child_rids) == 3 and all(rid < 0 for rid in child_rids)
     assert table.children == {2: child_rids} and parent.forking
     assert table.abort(2) == [] and parent.abort_requested  # its children arrive with the fold
-    children = [Request(rid=rid, prompt_ids=parent.prompt_ids, params=parent.params, max_tokens=parent.max_tokens,
-                        arrival=parent.arrival, seed_offset=i, parent_rid=2,
-                        phase=Phase.RUNNING, admitted_at=parent.admitted_at)
+    children = [Request(rid=rid, prompt_ids=parent.prompt_ids, params=parent.params,
+                        max_tokens=parent.max_tokens, arrival=parent.arrival, seed_offset=i,
+                        parent_rid=2, phase=Phase.RUNNING, admitted_at=parent.admitted_at)
                 for i, rid in enumerate(child_rids)]
     pages = list(parent.pages)
     table.fork(parent, children)

@@ -4,7 +4,7 @@ two or more modules share (a constant that one module uses lives in that module)
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 # --- engine ------------------------------------------------------------------------------------
@@ -33,10 +33,6 @@ DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
 DEFAULT_MAX_PINNED_FRACTION = 0.5  # of the KV pool that pins (leases) may keep locked
 # The finish reason of a request that waited past its timeout starts "error: " + this.
 QUEUE_TIMEOUT = "queue timeout"
-# ... and of one refused past a queue cap after it was accepted (the Engine, a grammar compiled).
-QUEUE_FULL = "queue full"
-# A request refused because a queue is full is told to retry after this many seconds.
-QUEUE_FULL_RETRY_AFTER_S = 1
 # /metrics labels at most this many distinct tenants and priorities; the rest are "other".
 MAX_METRIC_LABELS = 32
 # Stands for a token a step in flight will sample (overlap scheduling); never reaches the worker.
@@ -72,49 +68,84 @@ MAX_NAME_CHARS = 256  # model, user, a message's name
 
 @dataclass(frozen=True)
 class EngineConfig:
-    model: str = DEFAULT_MODEL
-    dtype: str = "auto"  # float32 on the CPU, bfloat16 on CUDA
-    device: str = "auto"  # cuda when available, else cpu
-    load_format: str = "auto"
-    attention_backend: str = "auto"
-    page_size: int = 1
-    max_total_tokens: int | None = None  # KV pool size in tokens; None = from mem_fraction
-    mem_fraction: float = 0.5  # of free device memory given to the KV pool
-    context_length: int | None = None  # None = the model's max_position_embeddings
-    max_running_requests: int = 256
-    # token budget of one forward pass (chunked prefill); the default is chosen from the
-    # trade-off measured by benchmarks/chunked_prefill.py (README)
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
-    schedule_policy: str = "lpm"
-    preemption: str = "recompute"
-    disable_radix_cache: bool = False
-    disable_jump_forward: bool = False  # decode grammar-forced tokens one step at a time
-    check_integrity: bool = False  # run the KV invariant check after every step (tests)
-    seed: int = 0  # seed of unseeded sampling
-    swap_space_tokens: int = 1 << 16  # host slots for preemption by swap
-    cuda_graph_max_bs: int = DEFAULT_CUDA_GRAPH_MAX_BS  # 0 = no CUDA graphs
-    # pins (DSL forks, HTTP pin: true) may keep at most this fraction of the KV pool locked;
-    # a pin past it is refused (the request still runs; its prefix is just not kept)
-    max_pinned_fraction: float = DEFAULT_MAX_PINNED_FRACTION
-    # a waiting request may preempt running requests of a strictly less urgent priority
-    priority_preemption: bool = True
-    # interleave tenants' admissions by the tokens each was served (within a priority level)
-    fair_share: bool = True
-    # decode requests sharing a cached prefix read it once per step (cascade attention), in
-    # groups that save at least this many KV position reads per layer
-    cascade_attention: bool = True
-    cascade_min_saved_reads: int = CASCADE_MIN_SAVED_READS
-    # waiting requests (in all, per tenant) past which a new request is refused (QueueFull, 429)
-    max_queued_requests: int | None = None
-    max_queued_per_tenant: int | None = None
+    """Every knob of the engine; the field metadata is also `radixrt serve`'s flags
+    (radixrt/config_flags.py): help text, and where needed choices and exclusive groups."""
+
+    model: str = field(default=DEFAULT_MODEL, metadata={
+        "help": "'default' (SmolLM2-135M-Instruct, embedded), a .gguf file, or a checkpoint "
+        "folder with config.json and safetensors"})
+    dtype: str = field(default="auto", metadata={
+        "choices": DTYPES, "help": "weights and KV dtype; auto = float32 on CPU, bfloat16 on CUDA"})
+    device: str = field(default="auto", metadata={
+        "help": "cpu, cuda, cuda:N; auto = cuda when available"})
+    load_format: str = field(default="auto", metadata={
+        "choices": LOAD_FORMATS,
+        "help": "dummy = random weights from config.json (benchmarks of big shapes)"})
+    attention_backend: str = field(default="auto", metadata={
+        "choices": ATTENTION_BACKENDS, "help": "auto = triton on CUDA, torch elsewhere"})
+    page_size: int = field(default=1, metadata={
+        "help": "tokens per KV page: a power of two from 1 to 64 (1 or 16 are typical)"})
+    max_total_tokens: int | None = field(default=None, metadata={
+        "exclusive": "kv pool", "help": "KV pool size in tokens (default: from --mem-fraction)"})
+    mem_fraction: float = field(default=0.5, metadata={
+        "exclusive": "kv pool", "help": "share of free device memory given to the KV pool"})
+    context_length: int | None = field(default=None, metadata={
+        "help": "longest prompt + output; default: the model's (max_position_embeddings)"})
+    max_running_requests: int = field(default=256, metadata={
+        "help": "requests decoding at once"})
+    # the default is chosen from the trade-off measured by benchmarks/chunked_prefill.py (README)
+    max_num_batched_tokens: int = field(default=DEFAULT_MAX_NUM_BATCHED_TOKENS, metadata={
+        "help": "token budget of one forward pass (prefill is chunked to fit): larger favours a "
+        "long prompt's time to first token, smaller the other requests' inter-token latency"})
+    schedule_policy: str = field(default="lpm", metadata={
+        "choices": SCHEDULE_POLICIES,
+        "help": "waiting-queue order: fcfs, longest cached prefix first, or radix-tree DFS"})
+    preemption: str = field(default="recompute", metadata={
+        "choices": PREEMPTION_MODES,
+        "help": "when KV runs out: recompute (cache hit on re-prefill) or swap to host memory"})
+    disable_radix_cache: bool = field(default=False, metadata={
+        "help": "no prefix reuse (for comparison)"})
+    disable_jump_forward: bool = field(default=False, metadata={
+        "help": "constrained decoding: sample grammar-forced tokens one step at a time"})
+    check_integrity: bool = field(default=False, metadata={
+        "help": "check the KV invariants after every step; a violation stops the server (debug)"})
+    seed: int = field(default=0, metadata={"help": "seed of unseeded sampling"})
+    swap_space_tokens: int = field(default=1 << 16, metadata={
+        "expose": False, "help": "host slots for preemption by swap"})
+    cuda_graph_max_bs: int = field(default=DEFAULT_CUDA_GRAPH_MAX_BS, metadata={
+        "help": "decode batches up to this size replay CUDA graphs (triton on CUDA); 0 disables"})
+    max_pinned_fraction: float = field(default=DEFAULT_MAX_PINNED_FRACTION, metadata={
+        "help": "share of the KV pool that pinned prefixes (DSL forks, HTTP pin: true) may keep "
+        "locked; a pin past it is refused with a message and the request runs unpinned"})
+    priority_preemption: bool = field(default=True, metadata={
+        "help": "a waiting request may preempt running requests of a less urgent (larger) "
+        "priority; equal priorities never preempt each other"})
+    fair_share: bool = field(default=True, metadata={
+        "help": "within a priority, interleave tenants' admissions by the tokens each was served"})
+    cascade_attention: bool = field(default=True, metadata={
+        "help": "decode requests that share a cached prefix read it once per step, together "
+        "(attention over the shared prefix and over each request's own tokens, merged)"})
+    cascade_min_saved_reads: int = field(default=CASCADE_MIN_SAVED_READS, metadata={
+        "expose": False, "help": "cascade attention runs for groups that save at least this "
+        "many KV position reads per layer"})
+    max_queued_requests: int | None = field(default=None, metadata={
+        "help": "waiting requests past which a new one is refused with 429 and Retry-After"})
+    max_queued_per_tenant: int | None = field(default=None, metadata={
+        "help": "the same cap for each tenant's waiting requests"})
     # tensor parallelism: tp_size worker ranks over torch.distributed, nnodes machines of
-    # tp_size // nnodes ranks each; node_rank > 0 runs worker ranks only
-    tp_size: int = 1
-    nnodes: int = 1
-    node_rank: int = 0
-    dist_init_addr: str | None = None  # HOST:PORT where the ranks meet; None: a loopback port
-    dist_backend: str = "auto"
-    base_gpu_id: int = 0  # on CUDA, local rank i takes cuda:(base_gpu_id + i)
+    # tp_size // nnodes ranks each; node_rank > 0 runs worker ranks only (SGLang's flag names)
+    tp_size: int = field(default=1, metadata={
+        "help": "tensor-parallel worker ranks (torch.distributed: nccl on CUDA, gloo on the CPU)"})
+    nnodes: int = field(default=1, metadata={"help": "machines the tensor-parallel ranks span"})
+    node_rank: int = field(default=0, metadata={
+        "help": "this machine's index among --nnodes; node 0 serves, the others run ranks only"})
+    dist_init_addr: str | None = field(default=None, metadata={
+        "help": "HOST:PORT where the ranks meet (node 0's address, the same on every node); "
+        "default: a free loopback port"})
+    dist_backend: str = field(default="auto", metadata={
+        "choices": DIST_BACKENDS, "help": "auto = nccl on CUDA, gloo on the CPU"})
+    base_gpu_id: int = field(default=0, metadata={
+        "help": "on CUDA, local rank i uses cuda:(N + i)"})
 
     def __post_init__(self) -> None:
         def bad(field: str, value: Any, allowed: str) -> ValueError:

@@ -12,7 +12,6 @@ import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from multiprocessing.process import BaseProcess
 from typing import Any
 
@@ -23,32 +22,13 @@ from radixrt.runtime.config import (
     DEFAULT_MODEL,
     DRAIN_TIMEOUT_S,
     LOG_FORMAT,
-    PIN_LEASE_TTL_S,
     STARTUP_TIMEOUT_S,
     EngineConfig,
 )
 from radixrt.runtime.ipc import Addresses, parent_alive
+from radixrt.runtime.server_options import ServerOptions
 
 log = logging.getLogger("radixrt.serve")
-
-
-@dataclass(frozen=True)
-class ServerOptions:
-    host: str = "127.0.0.1"
-    port: int = 30000
-    api_key: str | None = None
-    api_key_file: str | None = None  # named keys (`name:key` lines): each names a tenant
-    served_model_name: str | None = None
-    log_level: str = "info"
-    dsl_port: int | None = None  # also serve DSL clients on tcp://host:dsl_port
-    exit_with_parent: bool = False  # stop when the process that started the server is gone
-    pin_lease_ttl_s: float = PIN_LEASE_TTL_S  # a pin its client stops renewing is released
-    tool_call_parser: str = "auto"  # how tool calls are written and parsed (auto: the template's)
-    reasoning_parser: str | None = None  # qwen3 | deepseek-r1: thinking apart from the answer
-    tool_call_enforcement: bool = True  # the grammar makes every tool call well-formed
-    dp_size: int = 1  # complete replicas behind the SGLang router (runtime/replicas/)
-    router_policy: str = "cache_aware"
-    replica_name: str | None = None  # one of --dp-size's replicas: named in every response
 
 
 def served_name(config: EngineConfig, options: ServerOptions) -> str:

@@ -38,7 +38,7 @@ from radixrt.runtime.config import (
     EngineConfig,
 )
 from radixrt.runtime.ipc import parent_alive
-from radixrt.runtime.launcher import ServerOptions, served_name
+from radixrt.runtime.launcher import served_name
 from radixrt.runtime.replicas.plan import (
     ReplicaSpec,
     free_ports,
@@ -53,6 +53,7 @@ from radixrt.runtime.replicas.router import (
     router_version,
     run_router,
 )
+from radixrt.runtime.server_options import ServerOptions
 
 REPLICA_STOP_GRACE_S = 10.0  # after DRAIN_TIMEOUT_S, a replica or the router still up is killed
 

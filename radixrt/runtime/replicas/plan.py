@@ -10,9 +10,8 @@ import socket
 from dataclasses import dataclass, replace
 
 from radixrt.runtime.config import EngineConfig
-from radixrt.runtime.launcher import ServerOptions
+from radixrt.runtime.server_options import ServerOptions
 
-MAX_DP_SIZE = 64
 # `radixrt serve --dp-size N` (runtime/replicas/): N replicas named REPLICA_NAME_FORMAT behind the
 # SGLang router (the optional dependency `radixrt[router]`), in a process of its own.
 REPLICA_NAME_FORMAT = "replica-{index}"
@@ -31,9 +30,8 @@ class ReplicaSpec:
 
 
 def plan_problem(config: EngineConfig, options: ServerOptions) -> str | None:
-    """Why this deployment cannot be planned (a command-line mistake), or None."""
-    if not 1 <= options.dp_size <= MAX_DP_SIZE:
-        return f"--dp-size={options.dp_size}: use 1..{MAX_DP_SIZE}"
+    """Why this deployment cannot be planned (a command-line mistake), or None (dp_size itself
+    is bounded by ServerOptions)."""
     if config.nnodes > 1:
         return ("--dp-size > 1 runs every replica on this machine; with --nnodes > 1 start one "
                 "`radixrt serve` per replica (each its own --dist-init-addr) and run the router "

@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from radixrt.runtime.config import DRAIN_TIMEOUT_S, ROUTER_READY_TIMEOUT_S
-from radixrt.runtime.launcher import ServerOptions
+from radixrt.runtime.server_options import ServerOptions
 
 ROUTER_INSTALL_HINT = "pip install 'radixrt[router]'"
 

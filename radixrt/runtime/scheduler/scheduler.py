@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from radixrt.runtime.config import QUEUE_FULL_RETRY_AFTER_S, EngineConfig
+from radixrt.runtime.config import EngineConfig
 from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.messages import (
     OutputDelta,
@@ -37,6 +37,9 @@ from radixrt.runtime.scheduler.request import Request
 from radixrt.runtime.scheduler.request_table import RequestTable
 from radixrt.runtime.scheduler.stats import SchedulerStats
 from radixrt.runtime.worker.capacity import Capacity, typical_request_tokens
+
+# A request refused because a queue is full is told to retry after this many seconds.
+QUEUE_FULL_RETRY_AFTER_S = 1
 
 
 class Scheduler:

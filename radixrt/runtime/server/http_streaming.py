@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from radixrt.runtime.config import QUEUE_FULL, QUEUE_FULL_RETRY_AFTER_S, QUEUE_TIMEOUT
+from radixrt.runtime.config import QUEUE_TIMEOUT
 from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.messages import Scheduling, TokenLogprob
 from radixrt.runtime.outputs import StreamChunk
@@ -82,8 +82,6 @@ async def open_stream(
         await PrimedStream(source, None).aclose()
         if message.startswith(QUEUE_TIMEOUT):
             raise APIError(message, status=408, code="queue_timeout", param="timeout")
-        if message.startswith(QUEUE_FULL):
-            raise queue_full(message, QUEUE_FULL_RETRY_AFTER_S)
         raise APIError(message)
     return PrimedStream(source, first)
 
