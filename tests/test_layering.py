@@ -1,9 +1,9 @@
 """The package layering: every import inside radixrt/ points down the layer order, and the DSL
 frontend stands on nothing of the runtime but its wire messages and constants (and never torch).
 
-Layer order, top to bottom (README, "Architecture"): cli -> launcher -> server -> engine ->
-tokenizer -> scheduler -> worker -> constrained -> models -> forward -> kernels. The ground
-(config, messages, errors, sampling_params, outputs, ipc, distributed) stands beneath every
+Layer order, top to bottom (README and docs/architecture.md): cli -> launcher -> server ->
+engine -> tokenizer -> scheduler -> worker -> constrained -> models -> forward -> kernels. The
+ground (config, messages, errors, sampling_params, outputs, ipc, distributed) stands beneath every
 layer and imports only itself. An import within one layer is always allowed.
 """
 

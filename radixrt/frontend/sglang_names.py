@@ -1,6 +1,6 @@
 """SGLang's spellings, accepted beside radixrt's own, so that a program written for SGLang's
 frontend runs with only its import changed (`import radixrt as sgl`). radixrt's names stay the
-primary ones; the README's "Coming from SGLang" table lists every alias here.
+primary ones; the "Coming from SGLang" table of docs/dsl.md lists every alias here.
 
 Sampling options (of `gen` and of `run` / `run_batch` / a direct call) are translated to
 SamplingParams fields by `sampling_fields`; `dtype=` becomes a regex constraint (`DTYPE_REGEX`,

@@ -28,14 +28,14 @@ LPM_FALLBACK_QUEUE_LEN = 128
 # this many not-yet-cached tokens with it: next step those tokens are in the radix tree.
 IN_BATCH_PREFIX_MIN = 32
 # The token budget of one forward pass: long prompts' TTFT against decoders' ITL p99, measured on
-# this engine by benchmarks/chunked_prefill.py (README): 1024 gave the best TTFT and half the ITL
-# p99 of 2048, with 2048's offline throughput; 512 halves ITL p99 again for 7% more TTFT and 11%
-# less offline throughput on random prompts.
+# this engine by benchmarks/chunked_prefill.py (docs/benchmarks.md): 1024 gave the best TTFT and
+# half the ITL p99 of 2048, with 2048's offline throughput; 512 halves ITL p99 again for 7% more
+# TTFT and 11% less offline throughput on random prompts.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 1024
 # Cascade attention: decode requests whose slot tables begin with at least this many common slots
 # (a radix-tree prefix they hold) read that prefix once per step, together, when the group saves
 # at least `cascade_min_saved_reads` position reads per layer ((members - 1) x prefix). Measured
-# on the CPU path (README, "Cascade attention"): 32 requests behind a 512-token prefix (15,872
+# on the CPU path (docs/design-notes.md): 32 requests behind a 512-token prefix (15,872
 # saved) decode 17% faster; 8 behind 420 (2,940) 3%; groups of up to 7 behind 400 (<= 2,400) a
 # little slower than without.
 CASCADE_MIN_PREFIX = 32
@@ -172,7 +172,7 @@ class EngineConfig:
     context_length: int | None = None  # None = the model's max_position_embeddings
     max_running_requests: int = 256
     # token budget of one forward pass (chunked prefill); the default is chosen from the
-    # trade-off measured by benchmarks/chunked_prefill.py (README)
+    # trade-off measured by benchmarks/chunked_prefill.py (docs/benchmarks.md)
     max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
     schedule_policy: str = "lpm"
     preemption: str = "recompute"
