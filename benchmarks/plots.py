@@ -1,4 +1,4 @@
-"""PNG plots of benchmark results for the README: grouped bars or curves, one panel per measure.
+"""PNG plots of benchmark results for the docs: grouped bars or curves, one panel per measure.
 
 matplotlib comes with the `bench` extra (`make bench`, or `pip install -e '.[bench]'`); without it
 a benchmark still prints its tables and says the plot was skipped.
@@ -18,13 +18,13 @@ Panel = tuple[str, Mapping[str, Sequence[float]]]  # (y label, series name -> on
 
 
 def plot_path(name: str, directory: str | None = None) -> str:
-    """Where a benchmark's plot goes: docs/plots/ (the README's), or --plot-dir."""
+    """Where a benchmark's plot goes: docs/plots/ (shown in docs/benchmarks.md), or --plot-dir."""
     return os.path.normpath(os.path.join(directory or PLOT_DIR, f"{name}.png"))
 
 
 def add_plot_dir(parser: Any) -> None:
     parser.add_argument("--plot-dir", default=None,
-                        help="write the PNG plot here instead of docs/plots/ (the README's)")
+                        help="write the PNG plot here instead of docs/plots/ (the docs')")
 
 
 def bar_panels(path: str, title: str, groups: Sequence[str], panels: Sequence[Panel],

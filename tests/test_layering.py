@@ -2,7 +2,7 @@
 import each other in a circle (inside one layer either), every module's file name is unique, and
 config.py holds only the constants two or more modules share.
 
-Layer order, top to bottom (README, "Architecture"): cli -> launcher -> server -> engine ->
+Layer order, top to bottom (README and docs/architecture.md): cli -> launcher -> server -> engine ->
 tokenizer -> scheduler -> worker -> constrained -> models -> forward -> kernels. The ground
 (config, server_options, messages, errors, sampling_params, outputs, ipc, distributed) stands
 beneath every layer and imports only itself. The DSL frontend has layers of its own: its public API

@@ -143,7 +143,7 @@ def test_mixed_extend_and_decode_batch(
     torch.testing.assert_close(alone_b[0], expected_b, atol=1e-3, rtol=0)
 
 
-# --- the engine's output logprobs vs HF, in each configuration the README lists -----------------
+# --- the engine's output logprobs vs HF, in each configuration docs/testing.md lists -----------
 
 SHARED = "You are a helpful assistant. Answer every question in one short sentence. Question: "
 ENGINE_PROMPTS = [SHARED + q for q in ("What is the capital of France?", "Why is the sky blue?",

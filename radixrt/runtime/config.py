@@ -16,13 +16,13 @@ LOAD_FORMATS = ("auto", "dummy")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 SUPPORTED_PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 # The token budget of one forward pass: long prompts' TTFT against decoders' ITL p99, measured on
-# this engine by benchmarks/chunked_prefill.py (README): 1024 gave the best TTFT and half the ITL
-# p99 of 2048, with 2048's offline throughput; 512 halves ITL p99 again for 7% more TTFT and 11%
-# less offline throughput on random prompts.
+# this engine by benchmarks/chunked_prefill.py (docs/benchmarks.md): 1024 gave the best TTFT and
+# half the ITL p99 of 2048, with 2048's offline throughput; 512 halves ITL p99 again for 7% more
+# TTFT and 11% less offline throughput on random prompts.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 1024
 # Cascade attention: a group of decode requests behind one cached prefix reads it once per step
 # when the group saves at least this many position reads per layer ((members - 1) x prefix; the
-# planner's CASCADE_MIN_PREFIX, measured in the README, "Cascade attention").
+# planner's CASCADE_MIN_PREFIX, measured in docs/design-notes.md).
 CASCADE_MIN_SAVED_READS = 4096
 # On the CPU, small batches' linear layers run block of output rows by block of output rows, this
 # many rows per block (models/linear.py: CPU_BLOCKED_LINEAR_ROWS; the LM head's in decoder.py).
@@ -93,7 +93,7 @@ class EngineConfig:
         "help": "longest prompt + output; default: the model's (max_position_embeddings)"})
     max_running_requests: int = field(default=256, metadata={
         "help": "requests decoding at once"})
-    # the default is chosen from the trade-off measured by benchmarks/chunked_prefill.py (README)
+    # the default: the trade-off measured by benchmarks/chunked_prefill.py (docs/benchmarks.md)
     max_num_batched_tokens: int = field(default=DEFAULT_MAX_NUM_BATCHED_TOKENS, metadata={
         "help": "token budget of one forward pass (prefill is chunked to fit): larger favours a "
         "long prompt's time to first token, smaller the other requests' inter-token latency"})

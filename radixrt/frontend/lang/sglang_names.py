@@ -1,6 +1,6 @@
 """SGLang's spellings, accepted beside radixrt's own, so that a program written for SGLang's
 frontend runs with only its import changed (`import radixrt as sgl`). radixrt's names stay the
-primary ones; the README's "Coming from SGLang" table lists every alias here.
+primary ones; the "Coming from SGLang" table of docs/dsl.md lists every alias here.
 
 Sampling options (of `gen` and of `run` / `run_batch` / a direct call) are translated to
 SamplingParams fields by `sampling_fields`; `dtype=` becomes a regex constraint (`DTYPE_REGEX`,
@@ -10,7 +10,6 @@ are refused with a message that names them and says what to use instead.
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Any
 
 from radixrt.runtime.sampling_params import SamplingParams
@@ -38,7 +37,7 @@ UNSUPPORTED = {
     "video": "radixrt runs text-only models",
     "spaces_between_special_tokens": "radixrt has no such option",
 }
-SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))
+SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)
 
 
 def sampling_fields(options: dict[str, Any], where: str) -> dict[str, Any]:

@@ -9,7 +9,7 @@ for eight; the LM head 4.3 ms and 15.6 ms). Splitting the weight's output rows i
 9.4 ms; from 16 rows on the plain product is faster again. Each output element is the same dot
 product over the same inputs; the results equal F.linear's to float rounding (MKL picks its
 kernel, and with it the summation order, by shape; the tests check the tolerance). The figures
-and how they were measured are in the README's benchmark section.
+and how they were measured are in docs/design-notes.md ("The CPU step").
 """
 
 from __future__ import annotations

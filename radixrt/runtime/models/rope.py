@@ -15,7 +15,7 @@ an attention factor that multiplies cos and sin (1 for all but YaRN and LongRoPE
   A server cannot re-rotate cached keys, so here the factors are fixed per served context, as
   llama.cpp does: `long_factor` when the context served (the model's positions unless given)
   exceeds the original one, else `short_factor`. Either way a sequence that fits the choice is
-  exact with transformers (the README's Models section says this).
+  exact with transformers (docs/models.md says this).
 
 Partial rotary (Phi-4-mini, partial_rotary_factor < 1) rotates the first rotary_dim dimensions of
 each head and passes the rest through. The layout is rotate-half (NeoX / transformers).

@@ -30,7 +30,7 @@ IN_BATCH_PREFIX_MIN = 32
 # Cascade attention: decode requests whose slot tables begin with at least this many common slots
 # (a radix-tree prefix they hold) read that prefix once per step, together, when the group saves
 # at least `cascade_min_saved_reads` position reads per layer ((members - 1) x prefix). Measured
-# on the CPU path (README, "Cascade attention"): 32 requests behind a 512-token prefix (15,872
+# on the CPU path (docs/design-notes.md): 32 requests behind a 512-token prefix (15,872
 # saved) decode 17% faster; 8 behind 420 (2,940) 3%; groups of up to 7 behind 400 (<= 2,400) a
 # little slower than without.
 CASCADE_MIN_PREFIX = 32

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import AsyncGenerator
-from dataclasses import fields
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
@@ -48,7 +47,7 @@ from radixrt.runtime.server.openai_protocol import (
 from radixrt.runtime.server.tenants import scheduling_for
 from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 
-SAMPLING_FIELDS = frozenset(f.name for f in fields(SamplingParams))
+SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)
 
 
 class GenerateRequest(BaseModel):

@@ -24,7 +24,7 @@ class ModelFamily:
     (used when "architectures" is missing); gguf_architectures: GGUF general.architecture
     values. read_config turns config.json (a dict) and the architecture name into ModelConfig;
     rename maps one checkpoint tensor to the decoder's names (splitting fused tensors).
-    features: what the README's model table says of it."""
+    features: what the Models table of docs/models.md says of it."""
 
     name: str
     architectures: tuple[str, ...]
