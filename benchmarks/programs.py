@@ -189,13 +189,13 @@ class HFBackend:
         if p.temperature != 0:
             raise BackendError("the HF baseline is greedy only (temperature=0)")
         ids = self._encode(text)
-        p = p.for_prompt(len(ids), self.model.config.max_position_embeddings)  # radixrt's rule
+        max_tokens = p.resolved_max_tokens(len(ids), self.model.config.max_position_embeddings)
         stops = StoppingCriteriaList([StopStrings(self.tokenizer, len(ids), p.stop)])
         prompt = torch.tensor([ids])  # [1, len]
         with self._lock:
             out = self.model.generate(
                 input_ids=prompt, attention_mask=torch.ones_like(prompt),
-                max_new_tokens=p.max_tokens, min_new_tokens=p.max_tokens if p.ignore_eos else 0,
+                max_new_tokens=max_tokens, min_new_tokens=max_tokens if p.ignore_eos else 0,
                 do_sample=False, eos_token_id=self._eos, pad_token_id=self._eos,
                 stopping_criteria=stops if p.stop else None,
             )  # [1, len(ids) + new]

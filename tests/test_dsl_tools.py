@@ -105,12 +105,11 @@ def test_completions_backends_refuse_tools_by_name() -> None:
 def endpoint(loaded_model: Any) -> Iterator[rx.RuntimeEndpoint]:
     """A DSL endpoint on its own loop thread, with a DeepSeek-R1-style template."""
     from radixrt import Engine
-    from radixrt.runtime.engine_manager import EngineManager
     from radixrt.runtime.server.chat_tool_plan import ChatFeatures
     from radixrt.runtime.server.dsl_endpoint import DslEndpoint
 
     engine = Engine(model=loaded_model, max_total_tokens=8192, check_integrity=True)
-    manager = EngineManager(engine, model_name="smollm2")
+    manager = engine.tokenizer_manager("smollm2")
     manager.tokenizer = with_template(manager.tokenizer,
                                       "{{ '<|im_start|>assistant\n<think>\n' }}")
     with socket.socket() as probe:

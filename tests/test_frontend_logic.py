@@ -107,8 +107,8 @@ def test_failures_surface_from_run_and_from_run_batch():
     with pytest.raises(rx.BackendError, match="refused"):
         bad.run(tokens=7, backend=backend)
     assert backend.unpinned == 1  # the fork's prefix is released on failure too
-    with pytest.raises(ValueError, match="max_tokens=0"):  # checked in the program itself
-        bad.run(tokens=0, backend=backend)
+    with pytest.raises(ValueError, match="max_tokens=-1"):  # checked in the program itself
+        bad.run(tokens=-1, backend=backend)
     with pytest.raises(rx.BackendError, match="refused"):
         bad.run_batch([{"tokens": 3}, {"tokens": 7}], backend=backend)
     with pytest.raises(TypeError, match="bad"):

@@ -1,5 +1,5 @@
 """The HTTP layer over a real socket: the official openai client and httpx against create_app,
-served by uvicorn in a background thread, on an in-process EngineManager."""
+served by uvicorn in a background thread, on an in-process Engine (engine.tokenizer_manager())."""
 
 from __future__ import annotations
 
@@ -63,12 +63,11 @@ def serve_in_thread(apps: list[Any]) -> tuple[list[int], Callable[[], None]]:
 @pytest.fixture(scope="module")
 def served(loaded_model: Any) -> Iterator[Served]:
     from radixrt import Engine
-    from radixrt.runtime.engine_manager import EngineManager
     from radixrt.runtime.server.http_server import create_app
     from radixrt.runtime.tokenizer.pin_leases import PinService
 
     engine = Engine(model=loaded_model, max_total_tokens=4096, check_integrity=True)
-    manager = EngineManager(engine, model_name="smollm2")
+    manager = engine.tokenizer_manager("smollm2")
     pins = PinService(manager, ttl_s=PIN_TTL_S)  # both apps: one set of leases
     ports, stop = serve_in_thread([create_app(manager, pins=pins),
                                    create_app(manager, api_key=API_KEY, pins=pins)])
@@ -122,7 +121,6 @@ def test_max_tokens_left_out_means_the_same_at_every_entry_point(loaded_model: A
     """One default rule: the rest of the context (here a 40-token context), at most 256, for
     the Engine, /v1/completions, /v1/chat/completions and /generate alike."""
     from radixrt import Engine, SamplingParams
-    from radixrt.runtime.engine_manager import EngineManager
     from radixrt.runtime.server.http_server import create_app
 
     engine = Engine(model=loaded_model, max_total_tokens=512, context_length=40,
@@ -130,7 +128,7 @@ def test_max_tokens_left_out_means_the_same_at_every_entry_point(loaded_model: A
     prompt = "One, two, three,"
     out = engine.generate(prompt, SamplingParams(ignore_eos=True, temperature=0))[0]
     assert out.prompt_tokens + out.completion_tokens == 40
-    ports, stop = serve_in_thread([create_app(EngineManager(engine, model_name="smollm2"))])
+    ports, stop = serve_in_thread([create_app(engine.tokenizer_manager("smollm2"))])
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{ports[0]}", timeout=120) as http:
             completion = http.post("/v1/completions", json={
@@ -497,6 +495,8 @@ BAD_REQUESTS: list[Bad] = [Bad(*case) for case in [
     ("/v1/completions", {"model": MODEL, "prompt": "x", "top_p": 0}, "top_p=0.0"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "n": 0}, "n=0"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "max_tokens": 0}, "max_tokens=0"),
+    ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                              "max_tokens": 0}, "max_tokens=0"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "logprobs": 21}, "logprobs"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": {"a": 1}}, "logit_bias"),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "logit_bias": {"99999999": 1}},

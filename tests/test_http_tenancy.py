@@ -1,7 +1,8 @@
-"""Sharing one server over HTTP, in process (the app over an EngineManager, real uvicorn sockets,
-the official openai client): named API keys become tenants, queue caps answer 429 with
-Retry-After and the server keeps serving, a queue timeout is a 408, /health_generate reports
-overload, cache_salt separates cached prefixes, and /metrics counts by priority and tenant."""
+"""Sharing one server over HTTP, in process (the app over an Engine's TokenizerManager, real
+uvicorn sockets, the official openai client): named API keys become tenants, queue caps
+answer 429 with Retry-After and the server keeps serving, a queue timeout is a 408,
+/health_generate reports overload, cache_salt separates cached prefixes, and /metrics counts by
+priority and tenant."""
 
 from __future__ import annotations
 
@@ -40,14 +41,13 @@ class Tenancy:
 @pytest.fixture(scope="module")
 def tenancy(loaded_model: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Tenancy]:
     from radixrt import Engine
-    from radixrt.runtime.engine_manager import EngineManager
     from radixrt.runtime.server.http_server import create_app
 
     key_file = tmp_path_factory.mktemp("keys") / "keys.txt"
     key_file.write_text("# name:key\n" + "".join(f"{n}:{k}\n" for n, k in KEYS.items()))
     engine = Engine(model=loaded_model, max_total_tokens=4096, check_integrity=True,
                     max_running_requests=1, max_queued_requests=QUEUE_CAP)
-    manager = EngineManager(engine, model_name="smollm2")
+    manager = engine.tokenizer_manager("smollm2")
     ports, stop = serve_in_thread([create_app(manager, keys=ApiKeys.from_file(key_file))])
     yield Tenancy(engine, ports[0])
     stop()

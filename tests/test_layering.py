@@ -29,7 +29,7 @@ LAYERS = [  # (layer name, module prefixes), top to bottom
              "radixrt.config_flags"]),
     ("launcher", ["radixrt.runtime.launcher", "radixrt.runtime.replicas"]),
     ("server", ["radixrt.runtime.server"]),
-    ("engine", ["radixrt.runtime.engine", "radixrt.runtime.engine_manager"]),
+    ("engine", ["radixrt.runtime.engine", "radixrt.runtime.engine_link"]),
     ("tokenizer", ["radixrt.runtime.tokenizer"]),
     ("scheduler", ["radixrt.runtime.scheduler"]),
     ("worker", ["radixrt.runtime.worker"]),

@@ -120,9 +120,10 @@ def test_a_bad_value_is_a_400_naming_its_field(field: str, value: Any) -> None:
     assert err.message.startswith(f"{field}=") and "is invalid" in err.message
 
 
-def test_max_tokens_below_one_is_refused() -> None:
-    with pytest.raises(APIError, match=r"max_tokens=0 is invalid: must be >= 1") as info:
-        params_of(completion(), max_tokens=0)
+def test_max_tokens_zero_is_prefill_only_and_below_zero_refused() -> None:
+    assert params_of(completion(), max_tokens=0).prefill_only  # echo's prompt scoring
+    with pytest.raises(APIError, match=r"max_tokens=-1 is invalid: must be >= 1, 0") as info:
+        params_of(completion(), max_tokens=-1)
     assert info.value.param == "max_tokens"
 
 
@@ -225,10 +226,10 @@ def test_every_passed_through_field_arrives() -> None:
 
 def test_max_tokens_left_out_is_left_to_the_runtime_rule() -> None:
     """The OpenAI layer passes None on: the one default rule applies where the request is
-    queued (SamplingParams.for_prompt), as for the Engine and the DSL."""
+    queued (SamplingParams.resolved_max_tokens), as for the Engine and the DSL."""
     fields = completion()
     assert to_sampling_params(fields, None).max_tokens is None
-    assert to_sampling_params(fields, None).for_prompt(10, 100).max_tokens == 90
+    assert to_sampling_params(fields, None).resolved_max_tokens(10, 100) == 90
     assert to_sampling_params(fields, 7).max_tokens == 7  # given: kept
 
 

@@ -127,11 +127,10 @@ def named_endpoints(text: str) -> set[tuple[str, str]]:
 @pytest.fixture(scope="module")
 def served(loaded_model: Any) -> set[tuple[str, str]]:
     from radixrt import Engine
-    from radixrt.runtime.engine_manager import EngineManager
     from radixrt.runtime.server.http_server import create_app
 
     engine = Engine(model=loaded_model, max_total_tokens=256)
-    app = create_app(EngineManager(engine, model_name="default"))
+    app = create_app(engine.tokenizer_manager("default"))
     return {(method, route.path) for route in app.routes
             for method in getattr(route, "methods", ())}
 

@@ -37,14 +37,13 @@ def with_template(tokenizer: Any, generation: str) -> Any:
 @pytest.fixture(scope="module")
 def clients(loaded_model: Any) -> Iterator[dict[str, openai.OpenAI]]:
     from radixrt import Engine
-    from radixrt.runtime.engine_manager import EngineManager
     from radixrt.runtime.server.chat_tool_plan import ChatFeatures
     from radixrt.runtime.server.http_server import create_app
 
     engine = Engine(model=loaded_model, max_total_tokens=8192, check_integrity=True)
-    r1 = EngineManager(engine, model_name="smollm2")
+    r1 = engine.tokenizer_manager("smollm2")
     r1.tokenizer = with_template(r1.tokenizer, "{{ '<|im_start|>assistant\n<think>\n' }}")
-    qwen = EngineManager(engine, model_name="smollm2")
+    qwen = engine.tokenizer_manager("smollm2")
     qwen.tokenizer = with_template(qwen.tokenizer, (
         "{{ '<|im_start|>assistant\n' }}{% if enable_thinking is defined and not "
         "enable_thinking %}{{ '<think>\n\n</think>\n\n' }}{% endif %}"))

@@ -66,12 +66,11 @@ class Apps:
 @pytest.fixture(scope="module")
 def apps(loaded_model: Any) -> Iterator[Apps]:
     from radixrt import Engine
-    from radixrt.runtime.engine_manager import EngineManager
     from radixrt.runtime.server.chat_tool_plan import ChatFeatures
     from radixrt.runtime.server.http_server import create_app
 
     engine = Engine(model=loaded_model, max_total_tokens=8192, check_integrity=True)
-    manager = EngineManager(engine, model_name="smollm2")
+    manager = engine.tokenizer_manager("smollm2")
     tok = manager.tokenizer
     ports, stop = serve_in_thread([
         create_app(manager, features=ChatFeatures.of(tok)),

@@ -65,8 +65,8 @@ def two_ranks(folder: Path, timeout_s: float,
 def run_pair(folder: Path, heartbeat_s: float) -> dict[str, Any]:
     """Rank 0 idles IDLE_S, then runs one real plan (a 3-token prefill that samples), then
     closes; rank 1 follows. Returns what each rank produced or raised."""
-    params = SamplingParams(max_tokens=4, temperature=0).to_dict()
-    new = WorkerRequest(rid=7, prompt_ids=[1, 2, 3], output_ids=[], params=params)
+    params = SamplingParams(max_tokens=4, temperature=0)
+    new = WorkerRequest(rid=7, prompt_ids=[1, 2, 3], output_ids=[], params=params, max_tokens=4)
     plan = StepPlan(step_id=1, new_requests=[new],
                     runs=[Run(rid=7, start=0, num_new=3, new_slots=[0, 1, 2], sample=True)])
 

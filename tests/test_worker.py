@@ -122,14 +122,15 @@ class Slots:
         return out
 
 
-def params(**changes: Any) -> dict:
+def params(**changes: Any) -> SamplingParams:
     base = {"temperature": 0.0, "max_tokens": 64, "top_logprobs": TOP}
-    return SamplingParams(**{**base, **changes}).to_dict()
+    return SamplingParams(**{**base, **changes})
 
 
 def request(rid: int, prompt: list[int], **extra: Any) -> WorkerRequest:
     fields = {"output_ids": [], "params": params()} | extra
-    return WorkerRequest(rid=rid, prompt_ids=prompt, **fields)
+    return WorkerRequest(rid=rid, prompt_ids=prompt, max_tokens=fields["params"].max_tokens,
+                         **fields)
 
 
 def execute(worker: Worker, **parts: Any) -> StepResult:

@@ -61,7 +61,7 @@ MAX_TOP_LOGPROBS = 20
 
 # --- HTTP server (helper F) ----------------------------------------------------------------------
 # max_tokens when a request leaves it out, at every entry point (Engine, HTTP, DSL): the rest of
-# the context, capped here (SamplingParams.for_prompt applies it when the request is queued).
+# the context, capped here (SamplingParams.resolved_max_tokens, when the request is queued).
 DEFAULT_MAX_TOKENS = 256
 MAX_NAME_CHARS = 256  # model, user, a message's name
 

@@ -5,7 +5,6 @@ For tests and offline batch jobs; the server runs the same classes as separate p
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import wait as futures_wait
@@ -14,13 +13,8 @@ from typing import Any
 from radixrt.runtime.config import EngineConfig
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.constrained.token_table import TokenTable
-from radixrt.runtime.messages import (
-    DeltaBatch,
-    Scheduling,
-    SubmitError,
-    ToScheduler,
-    ToTokenizer,
-)
+from radixrt.runtime.engine_link import EngineLink
+from radixrt.runtime.messages import Scheduling, ToScheduler, ToTokenizer
 from radixrt.runtime.models.loader import LoadedModel
 from radixrt.runtime.outputs import RequestOutput, StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
@@ -29,6 +23,7 @@ from radixrt.runtime.scheduler.loop import StepLoop
 from radixrt.runtime.scheduler.scheduler import Scheduler
 from radixrt.runtime.tokenizer.prompts import Prompt, is_single_prompt
 from radixrt.runtime.tokenizer.request_front import RequestFront, refusal_error
+from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 from radixrt.runtime.worker.setup import build_worker
 from radixrt.runtime.worker.step_executor import InlineExecutor, ThreadExecutor
 from radixrt.runtime.worker.tp_ranks import EngineRanks
@@ -90,7 +85,7 @@ class Engine:
         self.intake = SchedulerIntake(self.scheduler, ready)
         self._grammars: GrammarCompiler | None = None
         self.front = RequestFront(self.tokenizer, self._to_scheduler, lambda: self.grammars)
-        self._queues: dict[int, asyncio.Queue] = {}  # rid -> chunks of a running stream
+        self.link = EngineLink(self)  # generate_stream's steps, and any TokenizerManager's
 
     # --- the scheduler's side, by direct calls (EngineLink drives the same two) -----------
     def handle(self, msg: ToScheduler) -> list[ToTokenizer]:
@@ -106,13 +101,7 @@ class Engine:
             self._from_scheduler(reply)
 
     def _from_scheduler(self, reply: ToTokenizer) -> list[StreamChunk]:
-        assert isinstance(reply, (DeltaBatch, SubmitError)), reply
-        chunks = self.front.receive(reply)
-        for chunk in chunks:
-            queue = self._queues.get(chunk.rid)
-            if queue is not None:
-                queue.put_nowait(chunk)
-        return chunks
+        return self.front.receive(reply)
 
     # --- submission ----------------------------------------------------------------------
     def submit(
@@ -156,7 +145,7 @@ class Engine:
         """The output of a request from submit(), once it has finished (the Engine then forgets
         it: take each once); None while it still runs. KeyError: unknown, or taken already."""
         tracker = self.front.tracker(rid)
-        if tracker is None or rid in self._queues:  # a stream owns the ones it started
+        if tracker is None or self.front.stream(rid) is not None:  # a stream owns its own
             raise KeyError(f"request {rid} is unknown to this Engine, or its output was taken")
         if not tracker.finished:
             return None
@@ -167,7 +156,7 @@ class Engine:
         once; requests streamed by generate_stream are not among them). An Engine driven by
         submit() and step() holds each output until it is taken."""
         done = [rid for rid in self.front.held
-                if self.front.finished(rid) and rid not in self._queues]
+                if self.front.finished(rid) and self.front.stream(rid) is None]
         return [self.front.take(rid) for rid in done]
 
     def unpin(self, rid: int) -> bool:
@@ -227,30 +216,26 @@ class Engine:
         blocks the loop while it runs; with overlap=True the forward pass itself runs on the
         worker thread, but planning and folding still run here). With pin, the final chunk says
         whether the prefix was pinned; a stream closed before that chunk was taken unpins it."""
-        rid = self.submit(prompt, params, extra_key, pin, priority, tenant, timeout)
-        tracker = self.front.tracker(rid)
-        assert tracker is not None
-        queue: asyncio.Queue[StreamChunk] = asyncio.Queue()
-        self._queues[rid] = queue
+        scheduling = Scheduling(priority=priority, tenant=tenant, extra_key=extra_key,
+                                timeout_s=timeout)
+        rid = self.front.submit(self.front.encode(prompt), params or SamplingParams(),
+                                scheduling, pin, stream=True)
         handed = False  # the chunk that hands the pin over was taken
         try:
-            while True:
-                while queue.empty() and not tracker.finished:
-                    self.step()
-                    await asyncio.sleep(0)
-                while not queue.empty():
-                    chunk = queue.get_nowait()
-                    handed = handed or chunk.pinned
-                    yield chunk
-                if tracker.finished:
-                    return
+            async for chunk in self.front.read(rid, self.link.progress):
+                handed = handed or chunk.pinned
+                yield chunk
         finally:
-            if not tracker.finished:
+            if not self.front.finished(rid):
                 self.abort(rid)
             if pin and not handed:
                 self.unpin(rid)  # nobody took the pin over (a no-op when nothing was pinned)
             self.front.forget(rid)
-            self._queues.pop(rid, None)
+
+    def tokenizer_manager(self, model_name: str = "default") -> TokenizerManager:
+        """A TokenizerManager over this Engine: serve it over HTTP and the DSL socket in one
+        process (`create_app(engine.tokenizer_manager())`), as the tests do."""
+        return TokenizerManager(self.link, model_name)
 
     def close(self) -> None:
         """Stop the worker thread of an overlapping Engine (an inline one holds none) and the

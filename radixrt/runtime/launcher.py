@@ -46,7 +46,8 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
 
     from radixrt.runtime.models.loader import load_tokenizer
     from radixrt.runtime.scheduler.scheduler_process import run_scheduler
-    from radixrt.runtime.tokenizer.zmq_manager import ZmqTokenizerManager
+    from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
+    from radixrt.runtime.tokenizer.zmq_link import ZmqSchedulerLink
     from radixrt.runtime.worker.worker_process import run_worker
 
     logging.basicConfig(level=options.log_level.upper(), format=LOG_FORMAT)
@@ -80,10 +81,8 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
             if options.dsl_port is not None:
                 dsl.append(f"tcp://{options.host}:{options.dsl_port}")
             return asyncio.run(
-                _serve_http(
-                    lambda: ZmqTokenizerManager(tokenizer, name, addrs), procs, options, dsl,
-                    owner,
-                )
+                _serve_http(lambda: TokenizerManager(ZmqSchedulerLink(tokenizer, addrs), name),
+                            procs, options, dsl, owner)
             )
         finally:
             _stop(procs)

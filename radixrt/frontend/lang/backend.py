@@ -6,8 +6,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-# what a pin runs: the prefix is computed (and kept), one greedy token sampled and dropped
-PREFILL_ONLY = {"max_tokens": 1, "temperature": 0.0}
+# what a pin runs: the prefix is computed (and kept), nothing sampled
+PREFILL_ONLY = {"max_tokens": 0}
 # a generate's params key (not a sampling field) asking for the thinking apart (gen's
 # separate_reasoning=True); backends without reasoning support refuse it
 SEPARATE_REASONING = "separate_reasoning"

@@ -262,7 +262,10 @@ class RequestTable:
 
     @property
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.swapped or self.pending_free)
+        """Anything to plan: a request waiting only for its grammar is not (the scheduler
+        process then waits for messages instead of spinning)."""
+        return bool(self.running or self.swapped or self.pending_free
+                    or any(r.grammar_ready for r in self.waiting))
 
     # --- outputs -----------------------------------------------------------------------------
     def take_deltas(self, touched: Sequence[Request]) -> list[OutputDelta]:

@@ -183,13 +183,13 @@ class Scheduler:
         if self.vocab_size is not None:
             check_token_ids(prompt_ids, self.vocab_size)
             params.validate_for_vocab(self.vocab_size)
-        max_tokens = params.resolved_max_tokens(len(prompt_ids), self.context_length)
         limit = self.context_length
         if len(prompt_ids) >= limit:
             raise ValueError(
-                f"prompt has {len(prompt_ids)} tokens but the context length is {limit}: "
-                f"shorten the prompt to at most {limit - 1} tokens"
+                f"the prompt has {len(prompt_ids)} tokens but the context length is {limit}: "
+                f"shorten it to at most {limit - 1} tokens"
             )
+        max_tokens = params.resolved_max_tokens(len(prompt_ids), limit)
         if len(prompt_ids) + max_tokens > limit:
             raise ValueError(
                 f"max_tokens={max_tokens} plus the prompt's {len(prompt_ids)} tokens "

@@ -1,6 +1,6 @@
-"""Process 2: the scheduler. Takes requests from the tokenizer process, runs the step loop
-(loop.py) with overlap over the ZeroMQ link to the worker process, and streams output deltas
-back.
+"""Process 2: the scheduler. Takes requests from the tokenizer process (intake.py, as the
+Engine does by direct calls), runs the step loop (loop.py) with overlap over the ZeroMQ link to
+the worker process, and streams output deltas back.
 
 While it waits for a step's result, the scheduler keeps taking in the tokenizer's messages (new
 requests, aborts, stop-string finishes, control calls): the link's `take` polls both sockets.
@@ -12,13 +12,10 @@ import logging
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
 
-import msgspec
 import zmq
 
 from radixrt.runtime.config import LOG_FORMAT, PARENT_POLL_MS, EngineConfig
-from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.ipc import (
     RESULTS_IN,
     SCHEDULER_IN,
@@ -29,21 +26,14 @@ from radixrt.runtime.ipc import (
     push,
 )
 from radixrt.runtime.messages import (
-    AbortRequest,
-    ControlReply,
-    ControlRequest,
-    DeltaBatch,
     SchedulerReady,
     StepPlan,
     StepResult,
-    SubmitError,
-    SubmitRequest,
-    UnpinRequest,
+    ToTokenizer,
     WorkerReady,
 )
-from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.scheduler.intake import SchedulerIntake
 from radixrt.runtime.scheduler.loop import StepLoop
-from radixrt.runtime.scheduler.request import Request
 from radixrt.runtime.scheduler.scheduler import Scheduler
 
 LOG_INTERVAL_S = 10.0  # the scheduler's periodic status line
@@ -94,7 +84,7 @@ class SchedulerService:
         parent_pid: int,
     ) -> None:
         self.scheduler = scheduler
-        self.ready = ready
+        self.intake = SchedulerIntake(scheduler, ready)
         self.inbox = inbox
         self.outbox = outbox
         self.parent_pid = parent_pid
@@ -110,67 +100,12 @@ class SchedulerService:
         """Handle every queued message; wait up to timeout_ms for the first one."""
         msg = self.inbox.recv(timeout_ms=timeout_ms)
         while msg is not None:
-            self.handle(msg)
+            self._send(self.intake.handle(msg))
             msg = self.inbox.recv(timeout_ms=0)
 
-    def handle(self, msg: Any) -> None:
-        if isinstance(msg, SubmitRequest):
-            self._submit(msg)
-        elif isinstance(msg, AbortRequest):
-            if msg.reason == "abort":
-                self._send(self.scheduler.abort(msg.rid))
-            else:
-                self._send(self.scheduler.finish(msg.rid, msg.reason))
-        elif isinstance(msg, UnpinRequest):
-            self.scheduler.unpin(msg.rid)
-        elif isinstance(msg, ControlRequest):
-            self.outbox.send(ControlReply(call_id=msg.call_id, result=self._control(msg.op)))
-
-    def _submit(self, msg: SubmitRequest) -> None:
-        try:
-            params = SamplingParams.from_dict(msg.params)
-            params.validate_for_vocab(self.ready.vocab_size)
-            bad = [t for t in msg.prompt_ids if not 0 <= t < self.ready.vocab_size]
-            if bad:
-                raise ValueError(
-                    f"prompt token ids {bad[:5]} are outside the vocabulary "
-                    f"[0, {self.ready.vocab_size})"
-                )
-            self.scheduler.add_request(msg.prompt_ids, params, msg.scheduling, rid=msg.rid,
-                                       pin=msg.pin)
-        except QueueFull as exc:
-            self.outbox.send(SubmitError(rid=msg.rid, message=str(exc),
-                                         retry_after_s=exc.retry_after_s))
-        except (ValueError, TypeError) as exc:
-            self.outbox.send(SubmitError(rid=msg.rid, message=str(exc)))
-
-    def _control(self, op: str) -> dict:
-        if op == "flush_cache":
-            return {"freed_tokens": self.scheduler.flush_cache()}
-        if op == "check_integrity":
-            try:
-                self.scheduler.check_integrity()
-            except RuntimeError as exc:
-                return {"ok": False, "error": str(exc)}
-            return {"ok": True}
-        info = self.scheduler.stats_dict()
-        info.update(
-            device=self.ready.device,
-            dtype=self.ready.dtype,
-            context_length=self.scheduler.context_length,
-            schedule_policy=self.scheduler.config.schedule_policy,
-            preemption=self.scheduler.config.preemption,
-            disable_radix_cache=self.scheduler.config.disable_radix_cache,
-            vocab_size=self.ready.vocab_size,
-            eos_token_ids=list(self.ready.eos_token_ids),
-            tensor_parallel=msgspec.to_builtins(self.ready.tp) if self.ready.tp else None,
-        )
-        return info
-
-    def _send(self, touched: list[Request]) -> None:
-        deltas = self.scheduler.take_deltas(touched)
-        if deltas:
-            self.outbox.send(DeltaBatch(deltas=deltas))
+    def _send(self, replies: list[ToTokenizer]) -> None:
+        for reply in replies:
+            self.outbox.send(reply)
 
     # --- the loop ------------------------------------------------------------------------
     def run(self) -> None:
@@ -180,7 +115,7 @@ class SchedulerService:
             self.drain_inbox(PARENT_POLL_MS if self.loop.idle else 0)
             if not parent_alive(self.parent_pid):
                 sys.exit(0)
-            self._send(self.loop.step())
+            self._send(self.intake.deltas(self.loop.step()))
             self._maybe_log()
 
     def _maybe_log(self) -> None:
@@ -226,7 +161,7 @@ def run_scheduler(config: EngineConfig, addrs: Addresses, parent_pid: int, log_l
     assert isinstance(ready, WorkerReady), ready
     scheduler = Scheduler.for_worker(config, ready)
     service = SchedulerService(scheduler, ready, inbox, outbox, plans, results, parent_pid)
-    outbox.send(SchedulerReady(info=service._control("info")))
+    outbox.send(SchedulerReady(info=service.intake.info()))
     log.info("scheduler ready: %s policy, %s preemption", config.schedule_policy,
              config.preemption)
     service.run()

@@ -26,8 +26,8 @@ from radixrt.runtime.server.reasoning_parsers import split_reasoning
 from radixrt.runtime.server.tenants import ApiKeys
 from radixrt.runtime.server.tool_parsers import parse_tool_calls
 from radixrt.runtime.tokenizer.chat_tool_prompts import dsl_chat_info
-from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 from radixrt.runtime.tokenizer.pin_leases import PinService
+from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 
 log = logging.getLogger("radixrt.dsl")
 
@@ -153,7 +153,7 @@ class DslEndpoint:
 
     async def _generate(self, identity: bytes, req: DslRequest,
                         scheduling: Scheduling) -> None:
-        params = self._with_features(SamplingParams.from_dict(req.params),
+        params = self._with_features(SamplingParams.from_fields(req.params),
                                      req.separate_reasoning)
         prompt: Any = req.input_ids if req.input_ids is not None else req.text
         if prompt is None:

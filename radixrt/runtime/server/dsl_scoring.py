@@ -13,9 +13,9 @@ from typing import Any
 
 from radixrt.runtime.messages import DslChoice, Scheduling, TokenLogprob
 from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.tokenizer.manager_base import TokenizerManager
+from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 
-_GREEDY_ONE = SamplingParams(max_tokens=1, temperature=0.0)
+PREFILL_ONLY = SamplingParams(max_tokens=0)  # the prompt's logprobs (and cache entry) only
 
 
 async def score_choices(
@@ -78,7 +78,7 @@ def _alone(manager: TokenizerManager, choice: str) -> list[int]:
 async def _prompt_logprobs(
     manager: TokenizerManager, ids: list[int], start: int | None, scheduling: Scheduling
 ) -> list[TokenLogprob]:
-    params = _GREEDY_ONE if start is None else _GREEDY_ONE.with_(prompt_logprobs_start=start)
+    params = PREFILL_ONLY if start is None else PREFILL_ONLY.with_(prompt_logprobs_start=start)
     logprobs: list[TokenLogprob] = []
     async with contextlib.aclosing(manager.generate(ids, params, scheduling=scheduling)) as stream:
         async for chunk in stream:

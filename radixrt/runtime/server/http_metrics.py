@@ -23,8 +23,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 
 from radixrt.runtime.config import MAX_METRIC_LABELS
 from radixrt.runtime.scheduler.stats import OTHER_LABEL
-from radixrt.runtime.tokenizer.manager_base import RequestMetrics, TokenizerManager
 from radixrt.runtime.tokenizer.pin_leases import PinService
+from radixrt.runtime.tokenizer.request_metrics import RequestMetrics
+from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 
 # Buckets (seconds) of the latency histograms on /metrics.
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)

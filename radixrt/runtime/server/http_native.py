@@ -45,7 +45,7 @@ from radixrt.runtime.server.openai_protocol import (
     parse_logit_bias,
 )
 from radixrt.runtime.server.tenants import scheduling_for
-from radixrt.runtime.tokenizer.manager_base import TokenizerManager
+from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 
 SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)
 
@@ -81,15 +81,10 @@ class NativeServing:
             raise APIError("give exactly one of 'text' and 'input_ids'", param="text")
         prompt = body.text if body.text is not None else body.input_ids
         param = "text" if body.text is not None else "input_ids"
-        try:
-            ids = self.manager.encode(prompt)  # type: ignore[arg-type]
+        try:  # the limits that need the model are checked where the request is queued
+            return self.manager.encode(prompt)  # type: ignore[arg-type]
         except ValueError as exc:
             raise APIError(str(exc), param=param) from None
-        limit = self.manager.context_length
-        if len(ids) >= limit:
-            raise APIError(f"the prompt has {len(ids)} tokens but the context length is "
-                           f"{limit}: shorten it to at most {limit - 1} tokens", param=param)
-        return ids
 
     @staticmethod
     def check_pin(params: SamplingParams) -> None:

@@ -23,7 +23,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from radixrt.runtime.tokenizer.manager_base import TokenizerManager
+from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 
 # The response header naming the replica that served a request (`radixrt serve --dp-size N`).
 REPLICA_HEADER = "x-radixrt-replica"

@@ -52,8 +52,8 @@ from radixrt.runtime.server.openai_protocol import (
 from radixrt.runtime.server.openai_serving import OpenAIServing, model_card
 from radixrt.runtime.server.tenants import TENANT_STATE, ApiKeys
 from radixrt.runtime.tokenizer.chat_tool_prompts import dsl_chat_info
-from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 from radixrt.runtime.tokenizer.pin_leases import PinService
+from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 
 # A larger request body is refused with 413 while it is read.
 MAX_REQUEST_BODY_BYTES = 4 << 20

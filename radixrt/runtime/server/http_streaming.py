@@ -8,7 +8,6 @@ task that iterates it, reaches manager.generate's generator and aborts the reque
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +23,7 @@ from radixrt.runtime.messages import Scheduling, TokenLogprob
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.server.openai_protocol import APIError, error_message, param_of
-from radixrt.runtime.tokenizer.manager_base import TokenizerManager
+from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 
 DISCONNECT_POLL_S = 0.05  # how often a non-streaming request checks that its client is still there
 
@@ -191,27 +190,9 @@ class PromptOutput:
         self.pinned = self.pinned or chunk.pinned
         self.pin_error = self.pin_error or chunk.pin_error
 
-    def drop_generated(self) -> None:
-        """Forget what the samples generated (a prompt-scoring request: max_tokens=0)."""
-        for sample in self.samples:
-            sample.text, sample.token_ids, sample.logprobs = "", [], []
-            sample.finish_reason = scoring_reason(sample.finish_reason)
-
     @property
     def completion_tokens(self) -> int:
         return sum(len(s.token_ids) for s in self.samples)
-
-
-def scoring_reason(reason: str | None) -> str | None:
-    """A prompt-scoring request's finish reason: "length" (it generates nothing) once the one
-    token the runtime needs is done, unless it was aborted or failed."""
-    return "length" if reason in ("stop", "length") else reason
-
-
-def without_generated(chunk: StreamChunk) -> StreamChunk:
-    """The chunk of a prompt-scoring request: its prompt logprobs, none of its output."""
-    reason = scoring_reason(chunk.finish_reason)
-    return dataclasses.replace(chunk, text="", token_ids=[], logprobs=[], finish_reason=reason)
 
 
 async def collect(stream: PrimedStream, prompt_tokens: int, n: int) -> PromptOutput:

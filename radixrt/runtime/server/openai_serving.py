@@ -30,7 +30,6 @@ from radixrt.runtime.server.http_streaming import (
     open_streams,
     sse,
     until_disconnected,
-    without_generated,
 )
 from radixrt.runtime.server.openai_protocol import (
     APIError,
@@ -54,8 +53,8 @@ from radixrt.runtime.server.openai_protocol import (
 )
 from radixrt.runtime.server.tenants import scheduling_for
 from radixrt.runtime.tokenizer.chat_tool_prompts import render_chat
-from radixrt.runtime.tokenizer.manager_base import TokenizerManager
 from radixrt.runtime.tokenizer.prompts import Prompt
+from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 
 # Bounds of a request as a whole, checked before it runs: a completion may batch this many
 # prompts, n samples each, up to this many samples; a chat has at most this many messages.
@@ -83,17 +82,10 @@ class OpenAIServing:
             )
 
     def encode(self, prompt: Prompt, param: str) -> list[int]:
-        try:
-            ids = self.manager.encode(prompt)
+        try:  # the limits that need the model are checked where the request is queued
+            return self.manager.encode(prompt)
         except ValueError as exc:
             raise APIError(str(exc), param=param) from None
-        limit = self.manager.context_length
-        if len(ids) >= limit:
-            raise APIError(
-                f"the {param} has {len(ids)} tokens but the context length is {limit}: "
-                f"shorten it to at most {limit - 1} tokens", param=param,
-            )
-        return ids
 
     def params_for(
         self, fields: SamplingFields, max_tokens: int | None, top: int | None,
@@ -152,8 +144,6 @@ class OpenAIServing:
         self, body: CompletionRequest, first_index: int, out: PromptOutput, echo: Echo | None
     ) -> list[CompletionChoice]:
         """The n choices of one prompt, numbered from first_index."""
-        if scores_only(body):
-            out.drop_generated()
         if echo is not None:
             echo.logprobs = out.prompt_logprobs
         return [
@@ -163,11 +153,9 @@ class OpenAIServing:
         ]
 
     def completion_params(self, body: CompletionRequest) -> SamplingParams:
-        """max_tokens=0 with echo scores the prompt only: the runtime generates one token
-        (it needs at least one), which the response leaves out."""
-        max_tokens = 1 if scores_only(body) else body.max_tokens
+        """max_tokens=0 with echo scores the prompt only: a prefill-only request."""
         start = 1 if body.echo and body.logprobs is not None else None  # position 0: no logprob
-        return self.params_for(body, max_tokens, body.logprobs, body.logprobs is not None,
+        return self.params_for(body, body.max_tokens, body.logprobs, body.logprobs is not None,
                                prompt_logprobs_start=start)
 
     def echo_of(self, body: CompletionRequest, prompt: Prompt, ids: list[int]) -> Echo | None:
@@ -200,8 +188,6 @@ class OpenAIServing:
         tally = StreamTally([len(ids) for ids in ids_list])
         offsets: dict[int, int] = {}  # choice index -> characters of its text sent
         async for i, chunk in merge_streams(streams):
-            if scores_only(body):
-                chunk = without_generated(chunk)
             tally.add(i, chunk)
             index = i * n + chunk.index
             echo = echoes[i] if index not in offsets else None
@@ -235,6 +221,9 @@ class OpenAIServing:
         max_tokens = body.max_completion_tokens
         if max_tokens is None:
             max_tokens = body.max_tokens
+        if max_tokens == 0:  # prefill only: /v1/completions' echo scores a prompt
+            raise APIError("max_tokens=0 is invalid: must be >= 1 (a chat completion generates "
+                           "at least one token)", param="max_tokens")
         params = self.params_for(body, max_tokens, body.top_logprobs, body.logprobs,
                                  constraint=plan.constraint)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
@@ -316,11 +305,6 @@ class Echo:
     text: str
     ids: list[int]
     logprobs: list[TokenLogprob] = field(default_factory=list)
-
-
-def scores_only(body: CompletionRequest) -> bool:
-    """max_tokens=0 with echo: score the prompt, generate nothing (refused without echo)."""
-    return body.echo and body.max_tokens == 0
 
 
 def split_prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[Prompt]:

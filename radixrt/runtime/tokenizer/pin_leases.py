@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from radixrt.runtime.config import MAX_PINS_PER_RENEWAL, PIN_LEASE_TTL_S, PIN_RENEWALS_PER_TTL
-from radixrt.runtime.tokenizer.manager_base import TokenizerManager
+from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 
 log = logging.getLogger("radixrt.pins")
 

@@ -12,9 +12,11 @@ clients over either link) both run a request through this one class:
    once with `grammar_ready=False` (so it counts against the queue caps) and `poll` sends
    GrammarReady once the grammar is compiled -- or ends it with the compile error;
 3. `receive`: the scheduler's DeltaBatch becomes StreamChunks (incremental detokenization per
-   sample); a stop string ends the sample here and on the scheduler's side (AbortRequest
-   "stop"); a SubmitError is kept as the request's refusal;
-4. `abort`, and `take` / `forget` once the output was read.
+   sample), appended to the request's `Stream` when a reader waits on one; a stop string ends
+   the sample here and on the scheduler's side (AbortRequest "stop"); a SubmitError is the
+   request's refusal; a ControlReply answers a `call`; a pinned prefix is announced to the
+   callback its request was submitted with, even after its reader left;
+4. `abort`, `unpin`, and `take` / `forget` once the output was read.
 
 `send` delivers a message to the scheduler: a socket (the tokenizer process) or a direct call
 into the scheduler's intake (the Engine), which may answer at once by calling `receive`.
@@ -22,8 +24,10 @@ into the scheduler's intake (the Engine), which may answer at once by calling `r
 
 from __future__ import annotations
 
+import asyncio
 import itertools
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
@@ -31,12 +35,16 @@ from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.messages import (
     AbortRequest,
+    ControlReply,
+    ControlRequest,
     DeltaBatch,
     GrammarReady,
     Scheduling,
     SubmitError,
     SubmitRequest,
     ToScheduler,
+    ToTokenizer,
+    UnpinRequest,
 )
 from radixrt.runtime.outputs import RequestOutput, StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
@@ -52,17 +60,43 @@ def refusal_error(refusal: SubmitError) -> Exception:
     return ValueError(refusal.message)
 
 
+class Stream:
+    """One request's output as it arrives (StreamChunks, or the SubmitError that refused it),
+    for a reader that waits on an event loop."""
+
+    def __init__(self) -> None:
+        self.items: deque[StreamChunk | SubmitError] = deque()
+        self._arrived = asyncio.Event()
+
+    def put(self, item: StreamChunk | SubmitError) -> None:
+        self.items.append(item)
+        self._arrived.set()
+
+    async def wait(self) -> None:
+        """Return once an item is there (at once if one is)."""
+        if not self.items:
+            self._arrived.clear()
+            await self._arrived.wait()
+
+
 class RequestFront:
     def __init__(self, tokenizer: Any, send: Callable[[ToScheduler], None],
-                 grammars: Callable[[], GrammarCompiler]) -> None:
-        """grammars: the compiler shared with the worker (made on first use)."""
+                 grammars: Callable[[], GrammarCompiler], rids: Iterator[int] | None = None
+                 ) -> None:
+        """send: delivers a message to the scheduler; grammars: the compiler shared with the
+        worker (made on first use); rids: where request ids come from (one scheduler, one
+        source)."""
         self.tokenizer = tokenizer
         self._send = send
         self._grammars = grammars
-        self._rids = itertools.count()
+        self._rids = rids if rids is not None else itertools.count()
+        self._call_ids = itertools.count()
         self._trackers: dict[int, OutputTracker] = {}
+        self._streams: dict[int, Stream] = {}
         self._compiling: dict[int, Future] = {}  # rid -> its grammar, compiling
         self._refusals: dict[int, SubmitError] = {}
+        self._pin_callbacks: dict[int, Callable[[int], None]] = {}  # rid -> told once pinned
+        self._calls: dict[int, Future] = {}  # call_id -> its ControlReply's result
 
     # --- intake ------------------------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:
@@ -70,15 +104,21 @@ class RequestFront:
         return encode_prompt(self.tokenizer, prompt)
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams,
-               scheduling: Scheduling | None = None, pin: bool = False) -> int:
+               scheduling: Scheduling | None = None, pin: bool = False, stream: bool = False,
+               on_pinned: Callable[[int], None] | None = None) -> int:
         """Send one request to the scheduler; returns its rid. Raises ValueError for a broken
         grammar (before anything is queued). A refusal by the scheduler arrives through
-        `receive` (at once for the Engine): see `refusal`."""
+        `receive` (at once for the Engine): into the request's stream (stream=True), else see
+        `refusal`. on_pinned(rid): called once the scheduler pinned its prefix (pin=True)."""
         constraint = None if params.prefill_only else params.constraint
         grammar = self._grammars().compile_async(constraint) if constraint else None
         rid = next(self._rids)
         ids = [int(t) for t in prompt_ids]
         self._trackers[rid] = OutputTracker(self.tokenizer, rid, ids, params)
+        if stream:
+            self._streams[rid] = Stream()
+        if pin and on_pinned is not None:
+            self._pin_callbacks[rid] = on_pinned
         if grammar is not None:
             self._compiling[rid] = grammar
         self._send(SubmitRequest(rid=rid, prompt_ids=ids, params=params,
@@ -105,6 +145,10 @@ class RequestFront:
         """The grammars that queued requests wait for."""
         return list(self._compiling.values())
 
+    def grammar(self, rid: int) -> Future | None:
+        """The grammar request `rid` waits for, while it compiles."""
+        return self._compiling.get(rid)
+
     def abort(self, rid: int) -> None:
         """Abort a request (and all its samples) wherever it is."""
         tracker = self._trackers.get(rid)
@@ -112,24 +156,77 @@ class RequestFront:
             self._compiling.pop(rid, None)
             self._send(AbortRequest(rid=rid))
 
+    def unpin(self, rid: int) -> None:
+        """Release the prefix a request submitted with pin=True kept."""
+        self._send(UnpinRequest(rid=rid))
+
+    def call(self, op: str) -> Future:
+        """A control call ("info", "flush_cache", "check_integrity"); its result arrives with
+        the ControlReply (at once for the Engine)."""
+        call_id = next(self._call_ids)
+        future: Future = Future()
+        self._calls[call_id] = future
+        self._send(ControlRequest(call_id=call_id, op=op))
+        return future
+
     # --- outputs -----------------------------------------------------------------------------
-    def receive(self, msg: DeltaBatch | SubmitError) -> list[StreamChunk]:
+    def receive(self, msg: ToTokenizer) -> list[StreamChunk]:
         """Fold in what the scheduler sent; returns the new stream pieces."""
+        if isinstance(msg, ControlReply):
+            future = self._calls.pop(msg.call_id, None)
+            if future is not None:
+                future.set_result(dict(msg.result))
+            return []
         if isinstance(msg, SubmitError):
+            self._pin_callbacks.pop(msg.rid, None)
             if self._trackers.pop(msg.rid, None) is not None:
                 self._compiling.pop(msg.rid, None)
-                self._refusals[msg.rid] = msg
+                stream = self._streams.get(msg.rid)
+                if stream is not None:
+                    stream.put(msg)
+                else:
+                    self._refusals[msg.rid] = msg
             return []
+        assert isinstance(msg, DeltaBatch), msg
         chunks: list[StreamChunk] = []
         for delta in msg.deltas:
+            if delta.finish_reason is not None and delta.rid in self._pin_callbacks:
+                on_pinned = self._pin_callbacks.pop(delta.rid)
+                if delta.pinned:  # told whether or not its reader is still there
+                    on_pinned(delta.rid)
             tracker = self._trackers.get(delta.owner)
             if tracker is None:
                 continue
             new, stopped = tracker.apply(delta)
             chunks += new
+            stream = self._streams.get(delta.owner)
+            if stream is not None:
+                for chunk in new:
+                    stream.put(chunk)
             if stopped:  # a stop string: the scheduler ends that sample now
                 self._send(AbortRequest(rid=delta.rid, reason="stop"))
         return chunks
+
+    def stream(self, rid: int) -> Stream | None:
+        """The stream of a request submitted with stream=True (until `forget`)."""
+        return self._streams.get(rid)
+
+    async def read(self, rid: int, progress: Callable[[Stream], Awaitable[None]]
+                   ) -> AsyncIterator[StreamChunk]:
+        """The chunks of request `rid` (submitted with stream=True) as they arrive, until its
+        last; raises its refusal (QueueFull or ValueError). progress(stream) returns once the
+        stream may have grown (the Engine takes a step; the tokenizer process waits)."""
+        stream = self._streams[rid]
+        while True:
+            if not stream.items:
+                if self.finished(rid):
+                    return
+                await progress(stream)
+                continue
+            item = stream.items.popleft()
+            if isinstance(item, SubmitError):
+                raise refusal_error(item)
+            yield item
 
     def refusal(self, rid: int) -> SubmitError | None:
         """Why the scheduler refused request `rid` (then forgotten), or None."""
@@ -144,10 +241,13 @@ class RequestFront:
 
     def take(self, rid: int) -> RequestOutput:
         """A request's output (finished or not); the front forgets it."""
+        self._streams.pop(rid, None)
         return self._trackers.pop(rid).output
 
     def forget(self, rid: int) -> None:
+        """Drop what the front holds of request `rid` (its pin callback stays until it ends)."""
         self._trackers.pop(rid, None)
+        self._streams.pop(rid, None)
         self._refusals.pop(rid, None)
 
     @property

@@ -1,4 +1,4 @@
-"""The tokenizer process's manager (ZmqTokenizerManager) over the real scheduler and worker
+"""The tokenizer process's TokenizerManager, over its ZeroMQ link to the real scheduler and worker
 processes, driven directly from a test event loop: what HTTP and DSL handlers rely on when they
 read streams at their own pace."""
 
@@ -40,7 +40,8 @@ def trio(tokenizer: Any) -> Iterator[Trio]:
     import multiprocessing
 
     from radixrt.runtime.scheduler.scheduler_process import run_scheduler
-    from radixrt.runtime.tokenizer.zmq_manager import ZmqTokenizerManager
+    from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
+    from radixrt.runtime.tokenizer.zmq_link import ZmqSchedulerLink
     from radixrt.runtime.worker.worker_process import run_worker
 
     config = EngineConfig(max_total_tokens=2048, check_integrity=True)
@@ -54,7 +55,7 @@ def trio(tokenizer: Any) -> Iterator[Trio]:
     loop = asyncio.new_event_loop()
     try:
         async def start() -> Any:
-            manager = ZmqTokenizerManager(tokenizer, "default", addrs)
+            manager = TokenizerManager(ZmqSchedulerLink(tokenizer, addrs), "default")
             await manager.wait_ready(lambda: all(p.is_alive() for p in procs), 300)
             return manager
 

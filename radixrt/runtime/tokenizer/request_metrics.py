@@ -1,0 +1,42 @@
+"""What the TokenizerManager measures of each request, for /metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from radixrt.runtime.outputs import StreamChunk
+
+
+@dataclass
+class RequestMetrics:
+    """Per-request timings the manager records for /metrics (seconds, monotonic clock)."""
+
+    arrival: float
+    first_token: float | None = None
+    last_token: float | None = None
+    finished: float | None = None
+    prompt_tokens: int = 0
+    priority: int = 0
+    tenant: str = ""
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    queue: float | None = None  # submission to first admission, as the scheduler measured it
+    prefill: float | None = None  # first admission to first token
+    inter_token: list[float] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)  # one per sample, as they end
+
+    def record(self, chunk: StreamChunk, now: float) -> None:
+        """Account for one streamed chunk."""
+        self.cached_tokens = chunk.cached_tokens
+        if self.queue is None and chunk.queue_s >= 0:
+            self.queue, self.prefill = chunk.queue_s, chunk.prefill_s
+        if chunk.finish_reason is not None:
+            self.finish_reasons.append(chunk.finish_reason)
+        if not chunk.token_ids:
+            return
+        if self.first_token is None:
+            self.first_token = now
+        elif self.last_token is not None:
+            self.inter_token.append(now - self.last_token)
+        self.last_token = now
+        self.completion_tokens += len(chunk.token_ids)

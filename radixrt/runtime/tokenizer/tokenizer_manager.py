@@ -1,0 +1,193 @@
+"""The TokenizerManager: what the HTTP and DSL endpoints call, on an event loop.
+
+It is the request front (request_front.py) made asynchronous, over a link to the scheduler:
+`ZmqSchedulerLink` (tokenizer/zmq_link.py: `radixrt serve`'s tokenizer process, the scheduler a
+process of its own) or `EngineLink` (runtime/engine_link.py: an in-process Engine, for tests and
+embedding). Either way a request takes the same path: encoded and submitted by the front,
+its grammar compiled off the loop, its output streamed from the front's Stream; the endpoints
+above are written once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol
+
+from radixrt.runtime.errors import QueueFull
+from radixrt.runtime.messages import Scheduling
+from radixrt.runtime.outputs import StreamChunk
+from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.tokenizer.prompts import Prompt
+from radixrt.runtime.tokenizer.request_front import RequestFront, Stream
+from radixrt.runtime.tokenizer.request_metrics import RequestMetrics
+
+
+class SchedulerLink(Protocol):
+    """How a TokenizerManager reaches the scheduler."""
+
+    front: RequestFront  # its `send` reaches the scheduler; the link feeds its `receive`
+    info: dict[str, Any]  # the scheduler's info (SchedulerIntake.info) once started
+
+    async def start(self, alive: Callable[[], bool], timeout_s: float) -> None:
+        """Return once the scheduler is ready (RuntimeError if `alive()` turns False,
+        TimeoutError after timeout_s)."""
+        ...
+
+    async def progress(self, stream: Stream) -> None:
+        """Return once `stream` may have new items (the Engine takes a step to get them)."""
+        ...
+
+    async def close(self) -> None: ...
+
+
+class ClientIds:
+    """The ids clients see (`cmpl-...`, `chatcmpl-...`, `gen-...`, given to `generate` as
+    rid_hint) -> the runtime ids of their running requests (one per prompt of a request), so
+    that /abort takes either."""
+
+    def __init__(self) -> None:
+        self._rids: dict[str, set[int]] = {}
+
+    def add(self, hint: str | None, rid: int) -> None:
+        if hint is not None:
+            self._rids.setdefault(hint, set()).add(rid)
+
+    def remove(self, hint: str | None, rid: int) -> None:
+        rids = self._rids.get(hint) if hint is not None else None
+        if rids is not None:
+            rids.discard(rid)
+            if not rids:
+                del self._rids[hint]  # type: ignore[arg-type]
+
+    def resolve(self, rid: int | str) -> list[int]:
+        """The runtime ids a client's id stands for (an int is one already)."""
+        if isinstance(rid, int):
+            return [rid]
+        return sorted(self._rids.get(rid, ()))
+
+
+class TokenizerManager:
+    def __init__(self, link: SchedulerLink, model_name: str = "default") -> None:
+        """model_name: the name clients must send as `model`."""
+        self.link = link
+        self.front = link.front
+        self.model_name = model_name
+        self.tokenizer = link.front.tokenizer
+        self._client_ids = ClientIds()
+        self._callbacks: list[Callable[[RequestMetrics], None]] = []
+        self._pin_callbacks: list[Callable[[int], None]] = []
+
+    @property
+    def context_length(self) -> int:
+        return int(self.link.info["context_length"])
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.link.info["vocab_size"])
+
+    async def wait_ready(self, alive: Callable[[], bool], timeout_s: float) -> None:
+        """Wait for the scheduler (which waits for the worker's model load)."""
+        await self.link.start(alive, timeout_s)
+
+    async def close(self) -> None:
+        await self.link.close()
+
+    # --- requests ------------------------------------------------------------------------------
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Text, token ids or chat messages -> token ids. Raises ValueError on bad input."""
+        return self.front.encode(prompt)
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        rid_hint: str | None = None,
+        pin: bool = False,
+        scheduling: Scheduling | None = None,
+    ) -> AsyncIterator[StreamChunk]:
+        """Submit and stream, with `scheduling`'s priority, tenant, cache namespace and queue
+        timeout. With pin, the finished prompt stays cached until `unpin(rid)` when the final
+        chunk says `pinned` (else its `pin_error` says why not); the on_pinned callbacks hear
+        of the pin even when the stream was closed before that chunk.
+        Raises QueueFull when a queue is at its cap, ValueError (both before yielding
+        anything) when the runtime refuses the request: prompt or max_tokens past the
+        context, ids outside the vocabulary, bad params, a grammar that does not compile.
+        Closing the iterator early (client gone) aborts the request and frees its KV. Every
+        sample ends with a chunk whose finish_reason is set."""
+        scheduling = scheduling or Scheduling()
+        front = self.front
+        rid = front.submit(prompt_ids, params, scheduling, pin, stream=True,
+                           on_pinned=self._pinned)
+        self._client_ids.add(rid_hint, rid)
+        metrics = RequestMetrics(arrival=time.monotonic(), prompt_tokens=len(prompt_ids),
+                                 priority=scheduling.priority, tenant=scheduling.tenant)
+        refused = False
+        try:
+            grammar = front.grammar(rid)
+            if grammar is not None:  # queued meanwhile; a failed compile ends it (front.poll)
+                try:
+                    await asyncio.wrap_future(grammar)
+                finally:
+                    front.poll()
+            async for chunk in front.read(rid, self.link.progress):
+                metrics.record(chunk, time.monotonic())
+                yield chunk
+        except (ValueError, QueueFull):  # its grammar, or the scheduler, refused it
+            refused = True
+            raise
+        finally:
+            self._client_ids.remove(rid_hint, rid)
+            if not front.finished(rid):
+                front.abort(rid)  # the client went away: free its KV
+            front.forget(rid)
+            metrics.finished = time.monotonic()
+            if not refused:  # refused requests are not in the latency figures
+                for callback in self._callbacks:
+                    callback(metrics)
+
+    async def abort(self, rid: int | str) -> int:
+        """Abort by the runtime's id or by the id the client saw (`cmpl-...`); returns how many
+        running requests that id named."""
+        rids = self._client_ids.resolve(rid)
+        for one in rids:
+            self.front.abort(one)
+        return len(rids)
+
+    async def unpin(self, rid: int) -> None:
+        """Release the prefix of a request generated with pin=True."""
+        self.front.unpin(rid)
+
+    # --- control -------------------------------------------------------------------------------
+    async def flush_cache(self) -> int:
+        """Drop every unlocked cached KV page; returns the tokens freed."""
+        return int((await self._call("flush_cache"))["freed_tokens"])
+
+    async def server_info(self) -> dict[str, Any]:
+        """Config and live counters: running, waiting, kv_total/free/evictable/locked/private,
+        cache_hit_rate, prompt/cached/generated tokens, steps, preemptions."""
+        info = await self._call("info")
+        info["model"] = self.model_name
+        return info
+
+    async def check_integrity(self) -> dict[str, Any]:
+        """{"ok": True}, or {"ok": False, "error": ...} naming the leak or miscount."""
+        return await self._call("check_integrity")
+
+    async def _call(self, op: str) -> dict[str, Any]:
+        return dict(await asyncio.wrap_future(self.front.call(op)))
+
+    # --- callbacks -----------------------------------------------------------------------------
+    def on_finish(self, callback: Callable[[RequestMetrics], None]) -> None:
+        """Register callback(RequestMetrics) called once per finished request (for /metrics)."""
+        self._callbacks.append(callback)
+
+    def on_pinned(self, callback: Callable[[int], None]) -> None:
+        """Register callback(rid), called once per request whose prefix the runtime pinned, as
+        soon as the manager learns of it (the pin service puts the pin under a lease)."""
+        self._pin_callbacks.append(callback)
+
+    def _pinned(self, rid: int) -> None:
+        for callback in self._pin_callbacks:
+            callback(rid)
