@@ -668,14 +668,14 @@ def test_an_internal_error_is_a_500_with_a_body_and_the_connection_stays_usable(
         served: Served, good_answer: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """A bug (here: server_info made to raise) answers 500 in OpenAI's error format; the
     server keeps the connection (it used to close it after the app raised)."""
-    engine = served.engine  # the manager's server_info reads the engine's stats
+    intake = served.engine.intake  # the manager's server_info asks the scheduler's intake
 
     def broken() -> dict:
         raise RuntimeError("injected fault")
 
     with httpx.Client(base_url=served.url, timeout=120) as http:
         first = http.get("/health")
-        monkeypatch.setattr(engine, "stats", broken)
+        monkeypatch.setattr(intake, "info", broken)
         response = http.get("/server_info")
         monkeypatch.undo()
         assert response.status_code == 500
@@ -734,13 +734,13 @@ DISCONNECT_MAX_TOKENS = 2000  # a request that is never aborted runs for a long 
 def spy_aborts(monkeypatch: pytest.MonkeyPatch, engine: Any) -> list[str | None]:
     """Record the finish reason of every request the engine is asked to abort."""
     reasons: list[str | None] = []
-    real = engine.abort
+    real = engine.front.abort
 
     def abort(rid: int) -> None:
         real(rid)
-        reasons.append(engine._trackers[rid].output.finish_reason)
+        reasons.append(engine.front.tracker(rid).output.finish_reason)
 
-    monkeypatch.setattr(engine, "abort", abort)
+    monkeypatch.setattr(engine.front, "abort", abort)
     return reasons
 
 

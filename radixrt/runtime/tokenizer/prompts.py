@@ -8,6 +8,7 @@ from typing import Any
 from radixrt.runtime.tokenizer.chat_tool_prompts import render_chat
 
 Prompt = str | Sequence[int] | Sequence[Mapping[str, Any]]
+MAX_TOKEN_ID = 1 << 32  # tokenizers take token ids as unsigned 32-bit integers
 
 
 def is_single_prompt(value: Any) -> bool:
@@ -28,6 +29,11 @@ def encode_prompt(tokenizer: Any, prompt: Prompt) -> list[int]:
     if not isinstance(prompt, Sequence) or not prompt:
         raise ValueError("prompt must be a non-empty str, list of token ids or list of messages")
     if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        # the model's vocabulary bounds them where the request is queued (the scheduler); here
+        # only what the detokenizer can take at all
+        bad = [t for t in prompt if not 0 <= t < MAX_TOKEN_ID]
+        if bad:
+            raise ValueError(f"prompt token ids {bad[:5]} are outside the vocabulary")
         return list(prompt)  # type: ignore[arg-type]
     if all(isinstance(m, Mapping) for m in prompt):
         for i, m in enumerate(prompt):

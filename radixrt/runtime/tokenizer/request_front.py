@@ -166,7 +166,11 @@ class RequestFront:
         call_id = next(self._call_ids)
         future: Future = Future()
         self._calls[call_id] = future
-        self._send(ControlRequest(call_id=call_id, op=op))
+        try:
+            self._send(ControlRequest(call_id=call_id, op=op))
+        except BaseException:
+            del self._calls[call_id]
+            raise
         return future
 
     # --- outputs -----------------------------------------------------------------------------
