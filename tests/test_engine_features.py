@@ -179,6 +179,27 @@ def test_prompt_logprobs_match_hf_and_bypass_the_cache(make_engine, hf_model, to
     assert out.cached_tokens <= start - 1
 
 
+def test_prefill_only_scores_the_prompt_and_caches_it(make_engine, hf_model, tokenizer):
+    """max_tokens=0: the prompt's logprobs (as HF computes them) and its radix-tree entry, no
+    token sampled, finish "length"; n samples all end so; the next request hits the cache."""
+    engine = make_engine(check_integrity=True)
+    prompt = SYSTEM + "Question: what is 2 + 2?"
+    ids = tokenizer.encode(prompt)
+    out = engine.generate(prompt, SamplingParams(max_tokens=0, prompt_logprobs_start=1, n=2))[0]
+    assert [(s.token_ids, s.text, s.finish_reason) for s in out.samples] == [([], "", "length")] * 2
+    with torch.no_grad():
+        ref = torch.log_softmax(hf_model(torch.tensor([ids])).logits[0].float(), -1)
+    assert [p.token_id for p in out.prompt_logprobs] == ids[1:]
+    for pos, p in enumerate(out.prompt_logprobs, start=1):
+        assert abs(p.logprob - ref[pos - 1, ids[pos]].item()) < 1e-3
+    warm = engine.generate(prompt, SamplingParams(max_tokens=0))[0]
+    assert warm.finish_reason == "length" and warm.token_ids == []
+    again = engine.generate(prompt + " Answer:", SamplingParams(max_tokens=1, temperature=0))[0]
+    assert again.cached_tokens >= len(ids) - 1  # the prefill-only request left it in the tree
+    stats = engine.stats()
+    assert stats["kv_free"] + stats["kv_evictable"] == stats["kv_total"]
+
+
 def test_streaming_equals_blocking(make_engine):
     engine = make_engine()
     params = SamplingParams(max_tokens=16, temperature=0)

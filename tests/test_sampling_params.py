@@ -153,6 +153,26 @@ def test_round_trips_pickle_and_msgspec() -> None:
     assert msgspec.msgpack.decode(msgspec.msgpack.encode(p), type=SamplingParams) == p
 
 
+def test_travels_typed_in_the_wire_messages() -> None:
+    """SubmitRequest and WorkerRequest carry the Struct itself: decoded straight into
+    SamplingParams (validated by its __post_init__); an unknown or ill-typed field is refused."""
+    from radixrt.runtime.messages import SubmitRequest, WorkerRequest
+
+    p = SamplingParams(max_tokens=0, prompt_logprobs_start=1, regex="[a-z]+", n=2)
+    msg = SubmitRequest(rid=3, prompt_ids=[1, 2], params=p, grammar_ready=False)
+    back = msgspec.msgpack.decode(msgspec.msgpack.encode(msg), type=SubmitRequest)
+    assert back.params == p and isinstance(back.params, SamplingParams) and back.params.prefill_only
+    work = WorkerRequest(rid=3, prompt_ids=[1], output_ids=[], params=p, max_tokens=0)
+    assert msgspec.msgpack.decode(msgspec.msgpack.encode(work), type=WorkerRequest) == work
+    raw = msgspec.msgpack.encode({"max_tokens": 3, "temprature": 0.5})
+    with pytest.raises(msgspec.ValidationError, match="temprature"):
+        msgspec.msgpack.decode(raw, type=SamplingParams)
+    with pytest.raises(msgspec.ValidationError, match="top_p"):  # __post_init__'s check
+        msgspec.msgpack.decode(msgspec.msgpack.encode({"top_p": 0.0}), type=SamplingParams)
+    with pytest.raises(ValueError, match="unknown sampling option"):
+        SamplingParams.from_fields({"temprature": 0.5})
+
+
 def test_with_returns_validated_copy() -> None:
     p = SamplingParams(max_tokens=10)
     q = p.with_(temperature=0.0, stop="a")
