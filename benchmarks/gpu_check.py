@@ -3,9 +3,10 @@
     python benchmarks/gpu_check.py          # on a CUDA machine; about 3-5 minutes on an H200
     python benchmarks/gpu_check.py --dry    # tiny shapes, Triton's interpreter, CPU (the tests)
 
-1. runs tests/test_triton_kernels.py, tests/test_cascade_kernels.py,
-   tests/test_window_kernels.py, tests/test_sink_kernels.py, tests/test_fused_moe.py and
-   tests/test_triton_model.py natively (pytest);
+1. runs tests/kernels/test_extend_attention.py, tests/kernels/test_cascade_attention.py,
+   tests/kernels/test_decode_attention_windows.py, tests/kernels/test_decode_attention_sinks.py,
+   tests/kernels/test_fused_moe.py and tests/runtime/forward/attention/test_triton_backend.py
+   natively (pytest);
 2. measures device-to-device copy bandwidth (the yardstick of "achieved bandwidth");
 3. times decode attention (batch 1-256 x context 512-8k) and extend attention against PyTorch
    SDPA over gathered K/V, on Llama-3-8B attention shapes (32 heads, 8 KV heads, head_dim 128,
@@ -63,9 +64,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # --- sections ----------------------------------------------------------------------------------
 def run_kernel_tests(sizes: Sizes, report: Report, timeout_s: float) -> None:
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-           "tests/test_triton_kernels.py", "tests/test_cascade_kernels.py",
-           "tests/test_window_kernels.py", "tests/test_sink_kernels.py",
-           "tests/test_fused_moe.py", "tests/test_triton_model.py"]  # fmt: skip
+           "tests/kernels/test_extend_attention.py", "tests/kernels/test_cascade_attention.py",
+           "tests/kernels/test_decode_attention_windows.py",
+           "tests/kernels/test_decode_attention_sinks.py", "tests/kernels/test_fused_moe.py",
+           "tests/runtime/forward/attention/test_triton_backend.py"]  # fmt: skip
     if sizes.test_filter:
         cmd += ["-k", sizes.test_filter]
     start = time.perf_counter()

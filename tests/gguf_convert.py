@@ -1,10 +1,10 @@
 """A GGUF written from a tiny transformers model the way llama.cpp's convert_hf_to_gguf.py writes
-it, for tests/test_gguf_families.py: the metadata keys of each architecture's converter class,
-llama.cpp's tensor names (gguf-py's own TensorNameMap), the Q/K row permutation of LlamaModel
-subclasses, Gemma's norms stored as w + 1, Phi-3's fused tensors and LongRoPE factor tensors,
-the experts stacked per layer (gpt-oss's de-interleaved and transposed; optionally fused gate /
-up as --fuse-gate-up-exps writes them; optionally MXFP4 as real gpt-oss files hold them), plus
-a minimal byte-level tokenizer."""
+it, for tests/runtime/models/test_gguf_loader.py: the metadata keys of each architecture's converter
+class, llama.cpp's tensor names (gguf-py's own TensorNameMap), the Q/K row permutation of LlamaModel
+subclasses, Gemma's norms stored as w + 1, Phi-3's fused tensors and LongRoPE factor tensors, the
+experts stacked per layer (gpt-oss's de-interleaved and transposed; optionally fused gate / up as
+--fuse-gate-up-exps writes them; optionally MXFP4 as real gpt-oss files hold them), plus a minimal
+byte-level tokenizer."""
 
 from __future__ import annotations
 

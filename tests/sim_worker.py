@@ -1,4 +1,5 @@
-"""A simulated worker and a driver for the scheduler simulation (tests/test_scheduler_sim.py).
+"""A simulated worker and a driver for the scheduler simulation
+(tests/runtime/scheduler/test_scheduler_sim.py).
 
 `SimWorker` keeps what the real worker keeps (each request's token ids and slot table, host copies
 of swapped-out KV), applies a plan's parts in StepPlan field order and checks every invariant it

@@ -1,6 +1,6 @@
 """The model registry: an HF `architectures` name (or `model_type`), or a GGUF
 `general.architecture`, to its family (models/families/). Adding an architecture is one family
-file, a line here and a test (tests/test_model_families.py)."""
+file, a line here and a test (tests/runtime/models/test_decoder_families.py)."""
 
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1] / "radixrt"
+ROOT = Path(__file__).resolve().parents[2] / "radixrt"
 REPO = ROOT.parent
 
 LAYERS = [  # (layer name, module prefixes), top to bottom

@@ -332,7 +332,7 @@ def test_kernels_compile_for_hopper() -> None:
     window, logit cap and sinks variants) compile for sm_90: catches what the interpreter lets
     through (tl.dot shapes and dtypes, loop types)."""
     pytest.importorskip("triton.backends.nvidia")
-    code = "import test_triton_kernels as t; t.compile_launches_for_hopper()"
+    code = "import test_extend_attention as t; t.compile_launches_for_hopper()"
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=os.path.dirname(__file__), env=env,

@@ -13,7 +13,7 @@ import sys
 import jsonschema
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 from tool_calls_workload import SCHEMAS, TOOLS, judge, make_requests  # noqa: E402

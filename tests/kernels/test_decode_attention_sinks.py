@@ -1,7 +1,7 @@
 """The Triton attention kernels with attention sinks (gpt-oss), against their PyTorch references
-(which tests/test_attention_sinks.py checks against the definition).
+(which tests/kernels/test_reference_sinks.py checks against the definition).
 
-Without CUDA they run in Triton's CPU interpreter. Cases reuse test_triton_kernels' ragged
+Without CUDA they run in Triton's CPU interpreter. Cases reuse test_extend_attention's ragged
 batches (slot tables scattered through a NaN-poisoned pool, page sizes 1 and 16, NaN-filled
 outputs and workspaces), alone and under sliding windows and logit caps. Decode runs both stage-1
 variants with one split (stage 1 adds the sink) and several (stage 2 adds it); cascade adds it in
@@ -19,8 +19,8 @@ if not torch.cuda.is_available():  # before any Triton kernel is defined (see ra
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-from test_cascade_kernels import random_case  # noqa: E402
-from test_triton_kernels import (  # noqa: E402
+from test_cascade_attention import random_case  # noqa: E402
+from test_extend_attention import (  # noqa: E402
     DEVICE,
     NUM_KV_HEADS,
     TOLERANCE,

@@ -10,7 +10,7 @@ less urgent ones along the way.
 
 A longer run, or another draw:
 
-    RADIXRT_SOAK_REQUESTS=2000 RADIXRT_SOAK_SEED=7 python -m pytest -q tests/test_soak.py
+    RADIXRT_SOAK_REQUESTS=2000 RADIXRT_SOAK_SEED=7 python -m pytest -q tests/system/test_soak.py
 """
 
 from __future__ import annotations

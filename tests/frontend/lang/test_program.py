@@ -1,5 +1,6 @@
 """The DSL's own logic on a small in-memory backend (no model): tracing of constant prefixes,
-nested fork/join, failures. Everything that needs a runtime is in tests/test_dsl.py."""
+nested fork/join, failures. Everything that needs a runtime is in
+tests/frontend/lang/test_api.py."""
 
 from __future__ import annotations
 

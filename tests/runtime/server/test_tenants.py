@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from test_http_api import serve_in_thread
+from test_http_server import serve_in_thread
 
 from radixrt.runtime.server.tenants import ApiKeys
 

@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # starts real processes
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_json_decode_bench_quick(tmp_path) -> None:

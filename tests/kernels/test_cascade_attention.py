@@ -3,7 +3,7 @@
 Without CUDA it runs in Triton's CPU interpreter. Each case draws a ragged decode batch from its
 own seed: a group whose queries fill more than one query block, smaller groups, rows in no group
 (with longer own KV), prefixes longer than one KV tile, slot tables scattered through a
-NaN-poisoned pool (page sizes 1 and 16, as in test_triton_kernels), and NaN-filled outputs and
+NaN-poisoned pool (page sizes 1 and 16, as in test_extend_attention), and NaN-filled outputs and
 workspaces. The kernel must match cascade_decode_attention_ref and decode_attention_ref over each
 request's concatenated prefix + own KV.
 """
@@ -22,7 +22,7 @@ import sys  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 import pytest  # noqa: E402
-from test_triton_kernels import (  # noqa: E402
+from test_extend_attention import (  # noqa: E402
     DEVICE,
     NUM_KV_HEADS,
     SHAPES,
@@ -191,7 +191,7 @@ def test_prefix_split_heuristic() -> None:
 def compile_launches_for_hopper() -> None:
     """Run the launcher with its GPU settings (bfloat16 GQA-4 head_dim 128, float32 without GQA,
     float16 GQA-8, bfloat16 soft-capped, bfloat16 with sinks), recording instead of launching,
-    and compile every launch for sm_90. Needs TRITON_INTERPRET=0 (see test_triton_kernels)."""
+    and compile every launch for sm_90. Needs TRITON_INTERPRET=0 (see test_extend_attention)."""
     assert not triton_utils.interpreting(), "run with TRITON_INTERPRET=0"
     calls: list = []
     for name in ("_cascade_partial", "_cascade_merge"):
@@ -219,7 +219,7 @@ def test_cascade_kernels_compile_for_hopper() -> None:
     """The launcher's GPU settings (64-row query blocks, bfloat16/float16 dots, float32 'ieee'
     dots, a logit cap, sinks) compile for sm_90: catches what the interpreter lets through."""
     pytest.importorskip("triton.backends.nvidia")
-    code = "import test_cascade_kernels as t; t.compile_launches_for_hopper()"
+    code = "import test_cascade_attention as t; t.compile_launches_for_hopper()"
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=os.path.dirname(__file__), env=env,

@@ -19,7 +19,7 @@ import radixrt as rx
 
 pytestmark = pytest.mark.slow  # starts real processes
 
-EXAMPLES_DIR = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 
 
 def load(name: str) -> ModuleType:

@@ -283,7 +283,7 @@ def test_per_layer_head_counts_must_agree() -> None:
 
 def test_default_model_header_is_unchanged() -> None:
     """The default SmolLM2 GGUF: llama, its sizes, no scaling (its weights and tokenizer are
-    covered by tests/test_model_vs_hf.py)."""
+    covered by tests/runtime/models/families/test_llama.py)."""
     from radixrt.runtime.models.loader import default_model_path, inspect_model
 
     folder, fname = default_model_path()

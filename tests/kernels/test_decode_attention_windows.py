@@ -1,7 +1,7 @@
 """The Triton attention kernels under a sliding window and logit soft-capping, against their
-PyTorch references (which tests/test_attention_reference.py checks against naive attention).
+PyTorch references (which tests/kernels/test_reference.py checks against naive attention).
 
-Without CUDA they run in Triton's CPU interpreter. Cases reuse test_triton_kernels' ragged
+Without CUDA they run in Triton's CPU interpreter. Cases reuse test_extend_attention's ragged
 batches: slot tables scattered through a NaN-poisoned pool (page sizes 1 and 16), NaN-filled
 outputs and workspaces. Windows run from 1 (a query sees only itself) to longer than any
 request's KV; small blocks give several query blocks and key tiles per request, so a block's
@@ -19,8 +19,8 @@ if not torch.cuda.is_available():  # before any Triton kernel is defined (see ra
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-from test_cascade_kernels import random_case  # noqa: E402
-from test_triton_kernels import (  # noqa: E402
+from test_cascade_attention import random_case  # noqa: E402
+from test_extend_attention import (  # noqa: E402
     DEVICE,
     NUM_KV_HEADS,
     TOLERANCE,

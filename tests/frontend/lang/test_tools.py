@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 import jsonschema
 import pytest
-from test_reasoning import with_template
+from chat_templates import with_template
 
 import radixrt as rx
 from radixrt.frontend.backends.openai_backend import constraint_fields

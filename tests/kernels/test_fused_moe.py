@@ -23,7 +23,7 @@ from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from test_triton_kernels import DEVICE, _compile_for_hopper, _LaunchRecorder  # noqa: E402
+from test_extend_attention import DEVICE, _compile_for_hopper, _LaunchRecorder  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 from radixrt.kernels import fused_moe as moe_mod  # noqa: E402
@@ -262,7 +262,7 @@ HOPPER_LAUNCHES = 8
 def compile_launches_for_hopper() -> None:
     """Run the launcher with its GPU settings (bfloat16 decode-sized, float16 with biases and
     gpt-oss's activation at block_m 64, float32 'ieee' dots), recording instead of launching,
-    and compile every launch for sm_90. Needs TRITON_INTERPRET=0 (see test_triton_kernels)."""
+    and compile every launch for sm_90. Needs TRITON_INTERPRET=0 (see test_extend_attention)."""
     assert not triton_utils.interpreting(), "run with TRITON_INTERPRET=0"
     calls: list = []
     for name in ("_gate_up_kernel", "_down_kernel"):

@@ -13,8 +13,8 @@ import math
 
 import pytest
 import torch
-from test_attention_reference import HEAD_DIM, NUM_KV_HEADS, make_case
-from test_cascade_attention import indptr, ragged_case
+from test_reference import HEAD_DIM, NUM_KV_HEADS, make_case
+from test_reference_cascade import indptr, ragged_case
 from torch import Tensor
 
 from radixrt.kernels import reference

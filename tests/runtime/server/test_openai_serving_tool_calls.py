@@ -14,7 +14,7 @@ import httpx
 import jsonschema
 import openai
 import pytest
-from test_http_api import serve_in_thread, wait_idle
+from test_http_server import serve_in_thread, wait_idle
 
 SCHEMAS: dict[str, dict[str, Any]] = {
     "get_weather": {  # a string and an enum

@@ -8,7 +8,6 @@ the template drops the earlier thinking."""
 
 from __future__ import annotations
 
-import copy
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -16,22 +15,14 @@ from typing import Any
 import jsonschema
 import openai
 import pytest
-from test_http_api import serve_in_thread
+from chat_templates import with_template
+from test_http_server import serve_in_thread
 
 SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}},
           "required": ["answer"]}
 CLOSE_BIAS = {"9617": 6.0, "46": 6.0}  # "</" and ">": the model closes its thinking
 SHUT_BIAS = {"9617": 8.0, "46": 8.0}  # ... at once
 ASK = [{"role": "user", "content": "Is Paris in France? Think first."}]
-GENERATION = "{{ '<|im_start|>assistant\n' }}"
-
-
-def with_template(tokenizer: Any, generation: str) -> Any:
-    """A copy of the tokenizer whose chat template ends with `generation` instead."""
-    tok = copy.copy(tokenizer)
-    assert GENERATION in tokenizer.chat_template
-    tok.chat_template = tokenizer.chat_template.replace(GENERATION, generation)
-    return tok
 
 
 @pytest.fixture(scope="module")

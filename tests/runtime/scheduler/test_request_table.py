@@ -20,7 +20,7 @@ from radixrt.runtime.scheduler.request import Phase, Request
 from radixrt.runtime.scheduler.request_table import FORKED, RequestTable
 from radixrt.runtime.scheduler.scheduler import Scheduler
 
-SCHEDULER = Path(__file__).parent.parent / "radixrt" / "runtime" / "scheduler"
+SCHEDULER = Path(__file__).resolve().parents[3] / "radixrt" / "runtime" / "scheduler"
 MUTATORS = {"append", "extend", "insert", "remove", "pop", "popitem", "clear", "sort",
             "reverse", "update", "setdefault", "add", "discard", "__setitem__", "__delitem__"}
 

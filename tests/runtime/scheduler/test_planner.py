@@ -1,10 +1,10 @@
 """What the scheduler decides, pinned with small exact scenarios (no model, no tensors).
 
-tests/test_scheduler_sim.py checks that whatever the scheduler decides is carried out correctly
-(every KV slot right, outputs equal an oracle, nothing leaks). These tests check the decisions
-themselves: which request is admitted first under each policy, how many tokens a step computes,
-which request is preempted, when a request waits, what the radix cache serves and keeps. Each
-test names the rule it pins; most drive the simulated worker of tests/sim_worker.py and look at
+tests/runtime/scheduler/test_scheduler_sim.py checks that whatever the scheduler decides is carried
+out correctly (every KV slot right, outputs equal an oracle, nothing leaks). These tests check the
+decisions themselves: which request is admitted first under each policy, how many tokens a step
+computes, which request is preempted, when a request waits, what the radix cache serves and keeps.
+Each test names the rule it pins; most drive the simulated worker of tests/sim_worker.py and look at
 the plans it was handed, a few ask the scheduler for a plan and inspect it before it runs.
 """
 
