@@ -182,7 +182,7 @@ def test_prompt_logprobs_match_hf_and_bypass_the_cache(make_engine, hf_model, to
 def test_prefill_only_scores_the_prompt_and_caches_it(make_engine, hf_model, tokenizer):
     """max_tokens=0: the prompt's logprobs (as HF computes them) and its radix-tree entry, no
     token sampled, finish "length"; n samples all end so; the next request hits the cache."""
-    engine = make_engine(check_integrity=True)
+    engine = make_engine()  # check_integrity after every step, as every test engine
     prompt = SYSTEM + "Question: what is 2 + 2?"
     ids = tokenizer.encode(prompt)
     out = engine.generate(prompt, SamplingParams(max_tokens=0, prompt_logprobs_start=1, n=2))[0]
