@@ -59,7 +59,13 @@ from serving_systems import (  # noqa: E402
 from transformers import StoppingCriteria, StoppingCriteriaList  # noqa: E402
 
 import radixrt as rx  # noqa: E402
-from radixrt.frontend.lang.backend import BackendError, ChatFormat, ChoiceLogprobs, GenResult  # noqa: E402
+from radixrt.frontend.lang.backend import (  # noqa: E402
+    BackendError,
+    ChatFormat,
+    ChoiceLogprobs,
+    GenResult,
+    constraint_of,
+)
 from radixrt.runtime.models.loader import load_tokenizer  # noqa: E402
 from radixrt.runtime.sampling_params import SamplingParams  # noqa: E402
 from radixrt.runtime.server.dsl_scoring import common_len  # noqa: E402
@@ -181,9 +187,9 @@ class HFBackend:
         return list(self.tokenizer.encode(text, add_special_tokens=True))
 
     @torch.inference_mode()
-    def generate(self, text: str, params: dict[str, Any], constraint: tuple[str, Any] | None,
+    def generate(self, text: str, params: dict[str, Any],
                  on_piece: Callable[[str], None] | None, priority: int = 0) -> GenResult:
-        if constraint is not None:
+        if constraint_of(params) is not None:
             raise BackendError("the HF baseline has no constrained decoding")
         p = SamplingParams(**params)
         if p.temperature != 0:

@@ -28,9 +28,11 @@ from radixrt.frontend.lang.backend import (
     ChoiceLogprobs,
     GenResult,
     PieceCallback,
+    constraint_of,
 )
 from radixrt.frontend.lang.runners import spawn
 from radixrt.runtime.config import DEFAULT_MAX_TOKENS
+from radixrt.runtime.sampling_params import CONSTRAINT_FIELDS
 
 CHAT_FORMATS = {
     "chatml": ChatFormat({r: (f"<|im_start|>{r}\n", "<|im_end|>\n")
@@ -38,7 +40,8 @@ CHAT_FORMATS = {
     "llama-3": ChatFormat({r: (f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>")
                            for r in ("system", "user", "assistant")}),
 }
-_NOT_SENT = ("logprobs", "top_logprobs", "prompt_logprobs_start", "n")
+_NOT_SENT = ("logprobs", "top_logprobs", "prompt_logprobs_start", "n",
+             *CONSTRAINT_FIELDS)  # a constraint: sent as constraint_fields says
 HTTP_TIMEOUT_S = 600.0
 
 
@@ -61,8 +64,8 @@ class OpenAICompatible:
     def chat_format(self) -> ChatFormat:
         return self._chat
 
-    def generate(self, text: str, params: dict[str, Any], constraint: tuple[str, Any] | None,
-                 on_piece: PieceCallback | None, priority: int = 0) -> GenResult:
+    def generate(self, text: str, params: dict[str, Any], on_piece: PieceCallback | None,
+                 priority: int = 0) -> GenResult:
         if params.get(SEPARATE_REASONING):
             raise BackendError("gen(separate_reasoning=True) needs rx.RuntimeEndpoint or "
                                "rx.Runtime (a radixrt runtime with --reasoning-parser)")
@@ -77,7 +80,7 @@ class OpenAICompatible:
         if params.get("logprobs"):
             body["logprobs"] = max(top, 1)  # OpenAI's: the top k, the sampled token's as well
         body.setdefault("max_tokens", DEFAULT_MAX_TOKENS)  # the runtime's rule, as far as it goes
-        body.update(model=self.model, prompt=text, **constraint_fields(constraint))
+        body.update(model=self.model, prompt=text, **constraint_fields(params))
         if on_piece is None or "logprobs" in body:
             data = self._post(body)
             choice = data["choices"][0]
@@ -91,8 +94,7 @@ class OpenAICompatible:
                 on_piece(result.text)
         else:
             result = self._stream(body, on_piece)
-        if constraint is not None:
-            check_constrained(constraint, result, self.base_url)
+        check_constrained(params, result, self.base_url)
         return result
 
     def score(self, text: str, choices: list[str], unconditional: bool,
@@ -240,9 +242,10 @@ class OpenAICompatible:
         return GenResult("".join(pieces), reason)
 
 
-def constraint_fields(constraint: tuple[str, Any] | None) -> dict[str, Any]:
-    """A gen's constraint as request fields: `regex` and `choices` extras (radixrt's and
-    SGLang's names), a JSON schema as OpenAI's response_format."""
+def constraint_fields(params: dict[str, Any]) -> dict[str, Any]:
+    """The constraint in a gen's params as request fields: `regex` and `choices` extras
+    (radixrt's and SGLang's names), a JSON schema as OpenAI's response_format."""
+    constraint = constraint_of(params)
     if constraint is None:
         return {}
     kind, pattern = constraint
@@ -257,12 +260,14 @@ def constraint_fields(constraint: tuple[str, Any] | None) -> dict[str, Any]:
     return {kind: list(pattern) if kind == "choices" else pattern}
 
 
-def check_constrained(constraint: tuple[str, Any], result: GenResult, base_url: str) -> None:
-    """A server that ignored the constraint is caught, not trusted: a finished output must
-    match (a regex Python cannot parse, or an output cut by max_tokens, is taken as it is)."""
-    kind, pattern = constraint
-    if result.finish_reason == "length":
+def check_constrained(params: dict[str, Any], result: GenResult, base_url: str) -> None:
+    """A server that ignored the constraint in params is caught, not trusted: a finished output
+    must match (a regex Python cannot parse, or an output cut by max_tokens, is taken as it
+    is)."""
+    constraint = constraint_of(params)
+    if constraint is None or result.finish_reason == "length":
         return
+    kind, pattern = constraint
     text = result.text
     if kind == "choices":
         ok = text in pattern

@@ -63,19 +63,17 @@ class ProgramReplica:
         return self._endpoint.chat_format()
 
     # --- Backend, each call on the program's replica ----------------------------------------
-    def generate(self, text: str, params: dict[str, Any], constraint: tuple[str, Any] | None,
-                 on_piece: PieceCallback | None, priority: int = 0) -> GenResult:
+    def generate(self, text: str, params: dict[str, Any], on_piece: PieceCallback | None,
+                 priority: int = 0) -> GenResult:
         with self._call(text) as (replica, backend):
-            result = backend.generate(text, params, constraint, on_piece, priority=priority)
+            result = backend.generate(text, params, on_piece, priority=priority)
         self._endpoint.chooser.record(replica, text + result.text)
         return result
 
-    async def agenerate(self, text: str, params: dict[str, Any],
-                        constraint: tuple[str, Any] | None, on_piece: PieceCallback | None,
+    async def agenerate(self, text: str, params: dict[str, Any], on_piece: PieceCallback | None,
                         priority: int = 0) -> GenResult:
         with self._call(text) as (replica, backend):
-            result = await backend.agenerate(text, params, constraint, on_piece,
-                                             priority=priority)
+            result = await backend.agenerate(text, params, on_piece, priority=priority)
         self._endpoint.chooser.record(replica, text + result.text)
         return result
 

@@ -91,14 +91,13 @@ class ReplicaEndpoint:
     def chat_format(self) -> ChatFormat:
         return self.backends[0].chat_format()
 
-    def generate(self, text: str, params: dict[str, Any], constraint: tuple[str, Any] | None,
-                 on_piece: PieceCallback | None, priority: int = 0) -> GenResult:
-        return self.for_program().generate(text, params, constraint, on_piece, priority)
+    def generate(self, text: str, params: dict[str, Any], on_piece: PieceCallback | None,
+                 priority: int = 0) -> GenResult:
+        return self.for_program().generate(text, params, on_piece, priority)
 
-    async def agenerate(self, text: str, params: dict[str, Any],
-                        constraint: tuple[str, Any] | None, on_piece: PieceCallback | None,
+    async def agenerate(self, text: str, params: dict[str, Any], on_piece: PieceCallback | None,
                         priority: int = 0) -> GenResult:
-        return await self.for_program().agenerate(text, params, constraint, on_piece, priority)
+        return await self.for_program().agenerate(text, params, on_piece, priority)
 
     def score(self, text: str, choices: list[str], unconditional: bool,
               priority: int = 0) -> list[ChoiceLogprobs]:

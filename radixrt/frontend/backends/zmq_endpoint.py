@@ -71,15 +71,14 @@ class ZmqRuntimeEndpoint:
 
     # each call is built once and read once; `call` runs it blocking, `acall` on asyncio (the
     # async twins are what arun's programs use: runners.LoopRunner)
-    def generate(self, text: str, params: dict[str, Any], constraint: tuple[str, Any] | None,
-                 on_piece: PieceCallback | None, priority: int = 0) -> GenResult:
-        forward, fields = self._generate_call(text, params, constraint, on_piece, priority)
+    def generate(self, text: str, params: dict[str, Any], on_piece: PieceCallback | None,
+                 priority: int = 0) -> GenResult:
+        forward, fields = self._generate_call(text, params, on_piece, priority)
         return self._gen_result(self._client.call(forward, **fields))
 
-    async def agenerate(self, text: str, params: dict[str, Any],
-                        constraint: tuple[str, Any] | None, on_piece: PieceCallback | None,
+    async def agenerate(self, text: str, params: dict[str, Any], on_piece: PieceCallback | None,
                         priority: int = 0) -> GenResult:
-        forward, fields = self._generate_call(text, params, constraint, on_piece, priority)
+        forward, fields = self._generate_call(text, params, on_piece, priority)
         return self._gen_result(await self._client.acall(forward, **fields))
 
     def score(self, text: str, choices: list[str], unconditional: bool,
@@ -112,14 +111,12 @@ class ZmqRuntimeEndpoint:
         await self._client.acall(op="unpin", pin_id=int(handle))
 
     @staticmethod
-    def _generate_call(text: str, params: dict[str, Any], constraint: tuple[str, Any] | None,
-                       on_piece: PieceCallback | None, priority: int
-                       ) -> tuple[Callable[[Any], None] | None, dict[str, Any]]:
+    def _generate_call(text: str, params: dict[str, Any], on_piece: PieceCallback | None,
+                       priority: int) -> tuple[Callable[[Any], None] | None, dict[str, Any]]:
+        # the params go as they are, a constraint among them: the runtime compiles it (a broken
+        # pattern is refused); separate_reasoning is the request's own field
         params = dict(params)
         separate = bool(params.pop(SEPARATE_REASONING, False))
-        if constraint is not None:  # the runtime compiles it; a broken pattern is refused
-            kind, pattern = constraint
-            params[kind] = list(pattern) if kind == "choices" else pattern
         forward = None if on_piece is None else (lambda reply: on_piece(reply.text))
         return forward, dict(op="generate", text=text, params=params,
                              stream=on_piece is not None, priority=priority,

@@ -23,8 +23,6 @@ from radixrt.frontend.lang.tools import tool_call_spec, tools_listing
 from radixrt.runtime.messages import Scheduling
 from radixrt.runtime.sampling_params import SamplingParams
 
-CONSTRAINT_KINDS = ("regex", "json_schema", "choices", "tool_calls")
-
 
 def gen(
     name: str | None = None,
@@ -64,9 +62,6 @@ def gen(
     if not isinstance(separate_reasoning, bool):
         raise TypeError(f"separate_reasoning must be a bool, got {separate_reasoning!r}")
     sampling = sampling_fields(sampling, "gen()")
-    params = SamplingParams(**sampling)  # ValueError naming the bad value
-    if params.n != 1:
-        raise ValueError(f"gen(n={params.n}) is not supported: fork the state to get n samples")
     if dtype is not None:
         if regex is not None:
             raise ValueError("give one of dtype= and regex= (dtype is a regex constraint)")
@@ -79,16 +74,16 @@ def gen(
         raise ValueError(
             f"give at most one of regex=, json_schema=, choices=, tools= (got {sorted(given)})"
         )
-    constraint = None
-    if given:
-        kind, pattern = next(iter(given.items()))
+    for kind, pattern in given.items():  # the constraint is a params field, as on the wire
         if kind == "choices":
-            pattern = _check_choices(pattern)
+            pattern = list(_check_choices(pattern))
         if kind == "json_schema" and not isinstance(pattern, str):
             pattern = json.dumps(pattern)
-        SamplingParams(**{**sampling, kind: pattern})  # the same checks the runtime makes
-        constraint = (kind, pattern)
-    return Gen(name, sampling, constraint, priority, separate_reasoning)
+        sampling[kind] = pattern
+    params = SamplingParams(**sampling)  # the runtime's checks: a ValueError naming the value
+    if params.n != 1:
+        raise ValueError(f"gen(n={params.n}) is not supported: fork the state to get n samples")
+    return Gen(name, sampling, priority, separate_reasoning)
 
 
 def gen_int(name: str | None = None, **options: Any) -> Gen:

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from radixrt.runtime.sampling_params import CONSTRAINT_FIELDS
 
 # what a pin runs: the prefix is computed (and kept), nothing sampled
 PREFILL_ONLY = {"max_tokens": 0}
 # a generate's params key (not a sampling field) asking for the thinking apart (gen's
 # separate_reasoning=True); backends without reasoning support refuse it
 SEPARATE_REASONING = "separate_reasoning"
+
+
+def constraint_of(params: Mapping[str, Any]) -> tuple[str, Any] | None:
+    """The constrained decoding a generate's params ask for, as (kind, pattern): kind one of
+    regex / json_schema (JSON text) / choices / tool_calls (gen puts at most one in), or None."""
+    for kind in CONSTRAINT_FIELDS:
+        if params.get(kind) is not None:
+            return kind, params[kind]
+    return None
 
 
 class BackendError(RuntimeError):
@@ -76,11 +87,12 @@ class Backend(Protocol):
     def chat_format(self) -> ChatFormat: ...
 
     def generate(
-        self, text: str, params: dict[str, Any], constraint: tuple[str, Any] | None,
-        on_piece: PieceCallback | None, priority: int = 0,
+        self, text: str, params: dict[str, Any], on_piece: PieceCallback | None,
+        priority: int = 0,
     ) -> GenResult:
-        """Continue `text`; stream pieces of the output to on_piece when given. priority:
-        lower is more urgent in the runtime's queue."""
+        """Continue `text` under `params` (SamplingParams fields, a constraint among them:
+        constraint_of(params); SEPARATE_REASONING as well); stream pieces of the output to
+        on_piece when given. priority: lower is more urgent in the runtime's queue."""
         ...
 
     def score(self, text: str, choices: list[str], unconditional: bool,

@@ -223,11 +223,11 @@ class StreamExecutor:
             streamed.append(piece)
             self._log_piece(leaf.name, piece)
 
-        params = {**self.defaults, **leaf.params}  # the gen's own options win
+        params = {**self.defaults, **leaf.params}  # the gen's own options (its constraint) win
         if leaf.separate_reasoning:  # not a sampling field: the runtime's endpoint takes it
             params[SEPARATE_REASONING] = True
         result = self.runner.call(self.backend, "generate", self.transcript.text, params,
-                                  leaf.constraint, on_piece if self.stream else None,
+                                  on_piece if self.stream else None,
                                   priority=self._priority(leaf.priority))
         reason = result.finish_reason or ""
         what = f"gen {leaf.name!r}" if leaf.name else "gen"
@@ -238,7 +238,7 @@ class StreamExecutor:
         if leaf.separate_reasoning:
             value = result.content if result.content is not None else result.text
             extra["reasoning"] = result.reasoning
-        if leaf.constraint is not None and leaf.constraint[0] == "tool_calls":
+        if leaf.constraint_kind == "tool_calls":
             try:
                 value = parse_calls(result.tool_calls)
             except ValueError as exc:

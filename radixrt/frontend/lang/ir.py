@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixrt.frontend.lang.backend import constraint_of
+
 ROLE_NAMES = ("system", "user", "assistant")
 
 
@@ -29,15 +31,20 @@ class Text(Expr):
 
 @dataclass(frozen=True)
 class Gen(Expr):
-    """Generate text into variable `name` with SamplingParams fields `params`; `constraint` is
-    (kind, pattern) for regex / json_schema / choices / tool_calls constrained decoding; with
+    """Generate text into variable `name` with SamplingParams fields `params`, its constrained
+    decoding among them (regex / json_schema / choices / tool_calls: constraint_kind); with
     separate_reasoning the variable is the answer after a reasoning model's thinking."""
 
     name: str | None
     params: dict[str, Any] = field(default_factory=dict)
-    constraint: tuple[str, Any] | None = None
     priority: int | None = None  # None: the run's priority
     separate_reasoning: bool = False
+
+    @property
+    def constraint_kind(self) -> str | None:
+        """regex / json_schema / choices / tool_calls: the constraint params carry, if any."""
+        constraint = constraint_of(self.params)
+        return None if constraint is None else constraint[0]
 
 
 @dataclass(frozen=True)

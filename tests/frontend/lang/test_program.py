@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 import radixrt as rx
+from radixrt.frontend.lang.sglang_names import DTYPE_REGEX
 from radixrt.frontend.lang.tracer import constant_prefix
 
 CHAT = rx.ChatFormat({r: (f"<{r}>", f"</{r}>") for r in ("system", "user", "assistant")},
@@ -27,8 +28,8 @@ class EchoBackend:
     def chat_format(self) -> rx.ChatFormat:
         return CHAT
 
-    def generate(self, text: str, params: dict[str, Any], constraint: Any,
-                 on_piece: Any, priority: int = 0) -> rx.GenResult:
+    def generate(self, text: str, params: dict[str, Any], on_piece: Any,
+                 priority: int = 0) -> rx.GenResult:
         self.priorities.append(("gen", priority))
         if params.get("max_tokens") == 7:
             raise rx.BackendError("the runtime refused max_tokens=7")
@@ -169,6 +170,32 @@ def test_a_bad_priority_is_refused_where_the_program_names_it():
         prog.run(backend=EchoBackend(), priority=1 << 40)
 
 
+
+def test_a_gens_constraint_reaches_the_backend_inside_its_params():
+    seen: list[dict[str, Any]] = []
+
+    class Recording(EchoBackend):
+        def generate(self, text, params, on_piece, priority=0):
+            seen.append(dict(params))
+            return super().generate(text, params, on_piece, priority)
+
+    @rx.function
+    def prog(s):
+        s += rx.gen("a", regex="[0-9]+", max_tokens=3) + rx.gen("b", json_schema={"type": "x"})
+        s += rx.gen("c", choices=("yes", "no")) + rx.gen("d", dtype=bool)
+
+    prog.run(backend=Recording(), temperature=0)
+    assert seen == [
+        {"temperature": 0, "regex": "[0-9]+", "max_tokens": 3},
+        {"temperature": 0, "json_schema": '{"type": "x"}'},
+        {"temperature": 0, "choices": ["yes", "no"]},
+        {"temperature": 0, "regex": DTYPE_REGEX[bool]},
+    ]
+    assert rx.gen("c", choices=["y"]).constraint_kind == "choices"
+    assert rx.gen("x").constraint_kind is None
+    with pytest.raises(ValueError, match="cannot be combined with regex"):
+        rx.gen("x", regex="a", ignore_eos=True)  # checked once, with the sampling fields
+
 # --- asyncio ------------------------------------------------------------------------------------
 class AsyncEcho(EchoBackend):
     """EchoBackend whose answers depend on the text only, with async twins that wait on the
@@ -180,8 +207,8 @@ class AsyncEcho(EchoBackend):
         self.cancelled = 0
         self.in_flight = 0
 
-    def generate(self, text: str, params: dict[str, Any], constraint: Any,
-                 on_piece: Any, priority: int = 0) -> rx.GenResult:
+    def generate(self, text: str, params: dict[str, Any], on_piece: Any,
+                 priority: int = 0) -> rx.GenResult:
         return rx.GenResult(f"<{len(text) % 97}>", "length")
 
     async def agenerate(self, *args: Any) -> rx.GenResult:
@@ -316,7 +343,7 @@ def test_a_blocking_backend_streams_into_arun_from_its_worker_thread():
     import asyncio
 
     class Streaming(EchoBackend):
-        def generate(self, text, params, constraint, on_piece, priority=0):
+        def generate(self, text, params, on_piece, priority=0):
             pieces = ["a", "b", "c"]
             for piece in pieces if on_piece is not None else []:
                 on_piece(piece)
@@ -361,7 +388,7 @@ def test_review_regressions_of_the_async_and_sglang_paths():
         def pin(self, text):  # type: ignore[override]
             return super().pin(text)
 
-        def generate(self, text, params, constraint, on_piece):  # type: ignore[override]
+        def generate(self, text, params, on_piece):  # type: ignore[override]
             return rx.GenResult("<old>", "length")
 
     assert len(prog.run(backend=OldBackend())["y"]) == 2

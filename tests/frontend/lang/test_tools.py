@@ -95,7 +95,7 @@ def test_gen_with_tools_checks_its_options_where_the_program_names_them() -> Non
 
 def test_completions_backends_refuse_tools_by_name() -> None:
     with pytest.raises(BackendError, match="gen\\(tools=...\\) needs rx.RuntimeEndpoint"):
-        constraint_fields(("tool_calls", "{}"))
+        constraint_fields({"tool_calls": "{}"})
 
 
 # --- on a DSL endpoint ---------------------------------------------------------------------------
