@@ -44,10 +44,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"radixrt serve: {as_flags(str(exc), SERVE_OPTIONS)}", file=sys.stderr)
             return 2
         if options.api_key_file is not None:
-            from radixrt.runtime.server.tenants import ApiKeys
+            from radixrt.runtime.server.tenants import ApiKeys, with_key_weights
 
             try:
-                ApiKeys.from_file(options.api_key_file)
+                with_key_weights(config, ApiKeys.from_file(options.api_key_file))
             except (ValueError, OSError) as exc:
                 print(f"radixrt serve: --api-key-file: {exc}", file=sys.stderr)
                 return 2

@@ -26,7 +26,9 @@ SERVE_FLAGS = {
     "--max-num-batched-tokens", "--schedule-policy", "--preemption", "--disable-radix-cache",
     "--disable-jump-forward", "--check-integrity", "--seed", "--cuda-graph-max-bs",
     "--max-pinned-fraction", "--priority-preemption", "--no-priority-preemption", "--fair-share",
-    "--no-fair-share", "--cascade-attention", "--no-cascade-attention", "--max-queued-requests",
+    "--no-fair-share", "--fair-share-preemption", "--no-fair-share-preemption",
+    "--fair-share-quantum", "--tenant-weights", "--cascade-attention", "--no-cascade-attention",
+    "--max-queued-requests",
     "--max-queued-per-tenant", "--tp-size", "--nnodes", "--node-rank", "--dist-init-addr",
     "--dist-backend", "--base-gpu-id",  # EngineConfig's
     "--host", "--port", "--api-key", "--api-key-file", "--served-model-name", "--log-level",
@@ -170,6 +172,8 @@ def test_every_flag_has_help_and_every_field_a_flag_or_a_reason() -> None:
     (["--reasoning-parser", "o1"], ServerOptions, {"reasoning_parser": "o1"}),
     (["--router-policy", "sticky"], ServerOptions, {"router_policy": "sticky"}),
     (["--dp-size", "0"], ServerOptions, {"dp_size": 0}),
+    (["--tenant-weights", "a:0"], EngineConfig, {"tenant_weights": "a:0"}),
+    (["--fair-share-quantum", "0"], EngineConfig, {"fair_share_quantum": 0}),
     (["--api-key", "k", "--api-key-file", "keys.txt"], ServerOptions,
      {"api_key": "k", "api_key_file": "keys.txt"}),
 ])

@@ -31,10 +31,18 @@ LINEAR_BLOCK_ROWS = 256
 DEFAULT_CUDA_GRAPH_MAX_BS = 128
 DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
 DEFAULT_MAX_PINNED_FRACTION = 0.5  # of the KV pool that pins (leases) may keep locked
+# Fair-share preemption leaves a request alone for this many steps after its admission, so a
+# request preempted for fairness makes progress before it can be preempted again (measured by
+# benchmarks/fair_share.py: docs/benchmarks.md).
+DEFAULT_FAIR_SHARE_QUANTUM = 8
 # The finish reason of a request that waited past its timeout starts "error: " + this.
 QUEUE_TIMEOUT = "queue timeout"
 # /metrics labels at most this many distinct tenants and priorities; the rest are "other".
 MAX_METRIC_LABELS = 32
+# A tenant's weight (--tenant-weights, the weight column of --api-key-file): its share of the
+# running slots, the KV pool and the fair queue's service is proportional to it.
+MIN_TENANT_WEIGHT, MAX_TENANT_WEIGHT = 1e-3, 1e3
+MAX_WEIGHTED_TENANTS = 1024
 # Stands for a token a step in flight will sample (overlap scheduling); never reaches the worker.
 PLACEHOLDER_TOKEN = -1
 
@@ -122,6 +130,17 @@ class EngineConfig:
         "priority; equal priorities never preempt each other"})
     fair_share: bool = field(default=True, metadata={
         "help": "within a priority, interleave tenants' admissions by the tokens each was served"})
+    fair_share_preemption: bool = field(default=True, metadata={
+        "help": "a tenant with waiting requests and less than its share of the running slots "
+        "or KV pages preempts a request of a tenant over its share (same priority; with "
+        "--fair-share)"})
+    fair_share_quantum: int = field(default=DEFAULT_FAIR_SHARE_QUANTUM, metadata={
+        "help": "steps a request runs after its admission before fair share may preempt it "
+        "(no ping-pong)"})
+    tenant_weights: str = field(default="", metadata={
+        "metavar": "NAME:WEIGHT,...",
+        "help": "tenants' weights (default 1): shares of slots, KV pages and service follow "
+        "them; also a weight column in --api-key-file"})
     cascade_attention: bool = field(default=True, metadata={
         "help": "decode requests that share a cached prefix read it once per step, together "
         "(attention over the shared prefix and over each request's own tokens, merged)"})
@@ -187,6 +206,12 @@ class EngineConfig:
             cap = getattr(self, name)
             if cap is not None and cap < 1:
                 raise bad(name, cap, "must be >= 1 (None: unbounded)")
+        if self.fair_share_quantum < 1:
+            raise bad("fair_share_quantum", self.fair_share_quantum, "must be >= 1")
+        try:
+            parse_tenant_weights(self.tenant_weights)
+        except ValueError as exc:
+            raise bad("tenant_weights", self.tenant_weights, str(exc)) from None
         if self.cuda_graph_max_bs < 0:
             raise bad("cuda_graph_max_bs", self.cuda_graph_max_bs, "must be >= 0 (0 disables)")
         self._check_distributed(bad)
@@ -238,3 +263,40 @@ GRAMMAR_END_MARKER = 0x00  # the byte every grammar is indexed with at its end (
 MAX_TOOLS = 128  # function tools per request
 MAX_TOOL_CALL_ID_CHARS = 256  # an assistant message's tool_calls[i].id, a tool message's id
 REASONING_FORMAT_NAMES = ("qwen3", "deepseek-r1")  # constrained/structural.py defines them
+
+
+def parse_tenant_weights(text: str) -> dict[str, float]:
+    """`name:weight,name:weight` (EngineConfig.tenant_weights) as a dict; raises ValueError
+    saying what is wrong. An empty text: no weights (every tenant weighs 1)."""
+    weights: dict[str, float] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = (part.strip() for part in item.rpartition(":"))
+        if not sep or not name:
+            raise ValueError(f"expected name:weight, got {item!r}")
+        weights[check_tenant_name(name)] = check_tenant_weight(name, value)
+    if len(weights) > MAX_WEIGHTED_TENANTS:
+        raise ValueError(f"at most {MAX_WEIGHTED_TENANTS} tenants may be weighted")
+    return weights
+
+
+def check_tenant_name(name: str) -> str:
+    """`name` as a weighted tenant's name (no comma: the weights are a comma-separated list)."""
+    if "," in name:
+        raise ValueError(f"the tenant name {name[:32]!r} has a comma: a weighted tenant's name "
+                         "may not")
+    if len(name) > MAX_NAME_CHARS:
+        raise ValueError(f"the tenant name {name[:32]!r}... is longer than {MAX_NAME_CHARS} "
+                         "characters")
+    return name
+
+
+def check_tenant_weight(name: str, value: str) -> float:
+    """`value` as tenant `name`'s weight (a number in [MIN_TENANT_WEIGHT, MAX_TENANT_WEIGHT])."""
+    try:
+        weight = float(value)
+    except ValueError:
+        weight = float("nan")
+    if not MIN_TENANT_WEIGHT <= weight <= MAX_TENANT_WEIGHT:
+        raise ValueError(f"tenant {name!r}: the weight {value!r} is not a number from "
+                         f"{MIN_TENANT_WEIGHT:g} to {MAX_TENANT_WEIGHT:g}")
+    return weight

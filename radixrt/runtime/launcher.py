@@ -13,7 +13,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 
@@ -27,6 +27,9 @@ from radixrt.runtime.config import (
 )
 from radixrt.runtime.ipc import Addresses, parent_alive
 from radixrt.runtime.server_options import ServerOptions
+
+if TYPE_CHECKING:
+    from radixrt.runtime.server.tenants import ApiKeys
 
 log = logging.getLogger("radixrt.serve")
 
@@ -46,6 +49,7 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
 
     from radixrt.runtime.models.loader import load_tokenizer
     from radixrt.runtime.scheduler.scheduler_process import run_scheduler
+    from radixrt.runtime.server.tenants import api_keys, with_key_weights
     from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
     from radixrt.runtime.tokenizer.zmq_link import ZmqSchedulerLink
     from radixrt.runtime.worker.worker_process import run_worker
@@ -54,6 +58,8 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
     if config.node_rank > 0:
         return serve_worker_node(config, options)
     setproctitle.setproctitle("radixrt::tokenizer")
+    keys = api_keys(options.api_key, options.api_key_file)
+    config = with_key_weights(config, keys)  # the scheduler weighs the tenants the keys name
     owner = os.getppid() if options.exit_with_parent else None
     addrs, ipc_dir = Addresses.in_private_dir()
     try:
@@ -82,7 +88,7 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
                 dsl.append(f"tcp://{options.host}:{options.dsl_port}")
             return asyncio.run(
                 _serve_http(lambda: TokenizerManager(ZmqSchedulerLink(tokenizer, addrs), name),
-                            procs, options, dsl, owner)
+                            procs, options, keys, dsl, owner)
             )
         finally:
             _stop(procs)
@@ -152,13 +158,13 @@ async def _serve_http(
     make_manager: Callable[[], Any],
     procs: dict[str, BaseProcess],
     options: ServerOptions,
+    keys: ApiKeys | None,
     dsl_addresses: list[str],
     owner: int | None,
 ) -> int:
     from radixrt.runtime.server.chat_tool_plan import ChatFeatures
     from radixrt.runtime.server.dsl_endpoint import DslEndpoint
     from radixrt.runtime.server.http_server import create_app
-    from radixrt.runtime.server.tenants import ApiKeys
     from radixrt.runtime.tokenizer.pin_leases import PinService
 
     def alive() -> bool:
@@ -172,8 +178,6 @@ async def _serve_http(
         log.error("%s: %s", exc, _dead(procs) or "start-up timed out")
         return 1
     pins = PinService(manager, options.pin_lease_ttl_s)  # HTTP and DSL pins: the same leases
-    keys = ApiKeys.from_file(options.api_key_file) if options.api_key_file else (
-        ApiKeys.single(options.api_key) if options.api_key else None)
     features = ChatFeatures.of(manager.tokenizer, options.tool_call_parser,
                                options.reasoning_parser, options.tool_call_enforcement)
     app = create_app(manager, pins=pins, keys=keys, features=features,

@@ -1,5 +1,5 @@
-"""benchmarks/chunked_prefill.py, benchmarks/decode_bandwidth.py, benchmarks/moe.py and
-serving.py's replica runs:
+"""benchmarks/chunked_prefill.py, benchmarks/decode_bandwidth.py, benchmarks/moe.py,
+benchmarks/fair_share.py and serving.py's replica runs:
 their arithmetic on made-up inputs, and each one's --quick run end to end (the table's numbers
 make sense, the plot is drawn when matplotlib is there)."""
 
@@ -159,3 +159,25 @@ def test_serving_replicas_quick(tmp_path: Path) -> None:
     # cache_aware keeps each system prompt's questions together: the ideal hit rate, or near it
     assert hits["radixrt-dp2-cache_aware"] >= hits["radixrt-dp2-random"], hits
     check_png(tmp_path / "serving_scale_out.png")
+
+
+@pytest.mark.slow  # two servers, four loads
+def test_fair_share_quick(tmp_path: Path) -> None:
+    """benchmarks/fair_share.py: every request served in every run; with preemption the calm
+    tenant's first tokens come sooner than without (the flood's requests run for seconds);
+    preemptions happen only for fair share, and only where there are two tenants."""
+    out = run_quick("fair_share.py", tmp_path)
+    ttft = {(r[0], r[1]): pair(r[2]) for r in table_rows(out, "| load | class |")}
+    assert set(ttft) == {("two tenants", "calm"), ("two tenants", "flood"),
+                         ("one tenant", "flood")}, ttft
+    calm_on, calm_off = ttft[("two tenants", "calm")]
+    assert 0 < calm_on < calm_off, ttft
+    runs = {r[0]: r for r in table_rows(out, "| load | output tok/s")}
+    assert all(min(pair(r[1])) > 0 for r in runs.values()), runs
+    one, two = runs["one tenant"], runs["two tenants"]
+    assert "'fair_share': 0" in one[5] and "'memory': 0" in one[5]
+    # one tenant: the same work (the steps may differ with the order the requests arrived in)
+    assert pair(one[4])[0] == pair(one[4])[1] > 0, one
+    assert re.search(r"'fair_share': [1-9]", two[5]), runs
+    check_png(tmp_path / "fair_share.png")
+    check_png(tmp_path / "fair_share_throughput.png")

@@ -14,21 +14,59 @@ clock among the tenants already waiting, never below its own: service it got whi
 nothing waiting (a long request running alone) or time it spent away is not owed to it, and it
 cannot starve the others either.
 
+Weights: a tenant of weight w advances its clock by tokens / w, so over a busy period the tenants'
+served tokens go as their weights (default 1).
+
 With one tenant the interleaving is the identity: the order is exactly the policy's.
+
+`over_share_victim` is fair share's rule for preemption (planner.py makes room with it), for a
+tenant with waiting requests against the running requests of other tenants of its priority:
+
+- a tenant that holds no running slot takes one from any other tenant: every backlogged tenant
+  runs something within a quantum, however long the others' requests are. A tenant that gave a
+  slot up this way claims none for a quantum (it would take the next one at once, and the next
+  tenant after it, in a cascade): with more backlogged tenants than slots, the slots rotate, one
+  move a quantum;
+- otherwise it takes a slot (or KV pages) only from a tenant that, after giving it, still holds
+  at least as much per unit of weight as the taker would. Such a move can never be undone by the
+  same rule (the giver holds more per weight than the taker held before): shares settle and
+  nothing ping-pongs.
+
+The giver is the tenant holding the most per unit of weight, then the one served most (its
+clock); its request that loses least goes (least output, most recently admitted). No request
+is preempted within a quantum of its admission (planner.py). With one tenant nothing applies.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 from radixrt.runtime.scheduler.request import Request
 
 
 class FairShare:
-    def __init__(self) -> None:
-        self.virtual: dict[str, float] = {}  # tenant -> tokens served in this busy period
+    def __init__(self, weights: Mapping[str, float] | None = None, quantum: int = 1) -> None:
+        self.weights = dict(weights or {})  # tenant -> weight (absent: 1)
+        self.quantum = quantum  # steps (EngineConfig.fair_share_quantum)
+        self.virtual: dict[str, float] = {}  # tenant -> tokens served / weight, this busy period
+        self.gave_up: dict[str, int] = {}  # tenant -> step it last lost a slot to fair share
         self.busy = False  # something is waiting
+
+    def weight(self, tenant: str) -> float:
+        return self.weights.get(tenant, 1.0)
+
+    def preempted(self, tenant: str, step: int) -> None:
+        """A request of `tenant` was preempted for fair share in plan `step`."""
+        self.gave_up[tenant] = step
+
+    def may_claim_first_slot(self, tenant: str, step: int) -> bool:
+        """Whether `tenant`, holding no running slot, may take one in plan `step`: unless it
+        gave one up to fair share less than a quantum ago."""
+        gave_up = self.gave_up.get(tenant)
+        return gave_up is None or step - gave_up >= self.quantum
 
     def backlogged(self, tenant: str, waiting: Iterable[str]) -> None:
         """`tenant` has its first waiting request; `waiting`: the other tenants with waiting
@@ -41,11 +79,12 @@ class FairShare:
     def charge(self, tenant: str, tokens: int) -> None:
         """`tokens` were planned for computation for `tenant` (counted in a busy period)."""
         if self.busy:
-            self.virtual[tenant] = self.virtual.get(tenant, 0.0) + tokens
+            self.virtual[tenant] = self.virtual.get(tenant, 0.0) + tokens / self.weight(tenant)
 
     def idle(self) -> None:
         """The waiting queue is empty: the busy period ends, every clock with it."""
         self.virtual.clear()
+        self.gave_up.clear()
         self.busy = False
 
     def interleave(self, ordered: Sequence[Request]) -> list[Request]:
@@ -71,5 +110,54 @@ class FairShare:
             heads[tenant] += 1
             if heads[tenant] < len(queue):
                 nxt = queue[heads[tenant]]
-                heapq.heappush(heap, (clock + max(req.num_tokens, 1), position[id(nxt)], tenant))
+                served = max(req.num_tokens, 1) / self.weight(tenant)
+                heapq.heappush(heap, (clock + served, position[id(nxt)], tenant))
         return out
+
+
+@dataclass
+class Holdings:
+    """What each tenant of one priority holds (or would, once the requests placed ahead of the
+    one being made room for are admitted): running slots and KV tokens."""
+
+    slots: Counter[str]
+    tokens: Counter[str]
+
+    @classmethod
+    def of(cls, running: Iterable[Request]) -> Holdings:
+        holdings = cls(Counter(), Counter())
+        for req in running:
+            holdings.add(req.tenant, 1, req.kv_len)
+        return holdings
+
+    def add(self, tenant: str, slots: int, tokens: int) -> None:
+        self.slots[tenant] += slots
+        self.tokens[tenant] += tokens
+
+
+def over_share_victim(taker: str, need_slot: bool, need_tokens: int, holdings: Holdings,
+                      candidates: Iterable[Request], fair: FairShare,
+                      step: int) -> Request | None:
+    """The running request (among `candidates`, of the taker's priority) that tenant `taker`
+    may preempt for a running slot (`need_slot`) and/or `need_tokens` KV tokens (0: none), by
+    the rule in the module docstring; the one that loses least (least output, then most
+    recently admitted). `step`: the plan being made. None when no tenant is over its share."""
+    w_taker = fair.weight(taker)
+    first_slot = holdings.slots[taker] <= 0 and fair.may_claim_first_slot(taker, step)
+
+    def gives_fairly(victim: Request) -> bool:
+        if victim.tenant == taker:
+            return False
+        w = fair.weight(victim.tenant)
+        if need_slot and not first_slot and (holdings.slots[taker] + 1) / w_taker > (
+                holdings.slots[victim.tenant] - 1) / w:
+            return False
+        return not need_tokens or (holdings.tokens[taker] + need_tokens) / w_taker <= (
+            holdings.tokens[victim.tenant] - victim.kv_len) / w
+
+    def loses_least(r: Request) -> tuple[float, float, int, int]:
+        w = fair.weight(r.tenant)
+        return (-holdings.slots[r.tenant] / w, -fair.virtual.get(r.tenant, 0.0),
+                r.num_known_outputs, -r.admitted_at)
+
+    return min(filter(gives_fairly, candidates), key=loses_least, default=None)

@@ -11,10 +11,12 @@ them. Pure bookkeeping: no tensors.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from radixrt.runtime.config import PLACEHOLDER_TOKEN, QUEUE_TIMEOUT, EngineConfig
 from radixrt.runtime.messages import PrefixGroup, Run, SlotCopy, StepPlan, Swap, WorkerRequest
+from radixrt.runtime.scheduler.fair_share import Holdings, over_share_victim
 from radixrt.runtime.scheduler.in_flight import SYNC_FORK, SYNC_PREEMPT, InFlightLedger
 from radixrt.runtime.scheduler.kv_manager import KVManager
 from radixrt.runtime.scheduler.policy import SchedulePolicy
@@ -22,7 +24,13 @@ from radixrt.runtime.scheduler.prefix_groups import prefix_groups
 from radixrt.runtime.scheduler.queue_order import admission_order, most_urgent
 from radixrt.runtime.scheduler.request import Phase, Request
 from radixrt.runtime.scheduler.request_table import RequestTable
-from radixrt.runtime.scheduler.stats import SchedulerStats, count_capped
+from radixrt.runtime.scheduler.stats import (
+    FAIR_SHARE,
+    MEMORY,
+    PRIORITY,
+    SchedulerStats,
+    count_capped,
+)
 
 # A waiting request is held back one step when a request being prefilled right now shares at least
 # this many not-yet-cached tokens with it: next step those tokens are in the radix tree.
@@ -52,7 +60,8 @@ class _StepDraft:
     swapped_in: set[int] = field(default_factory=set)  # never preempted in the same plan
     prefilling: set[int] = field(default_factory=set)  # computing more than one token
     prefilling_in_flight: set[int] = field(default_factory=set)  # ... in steps not folded in
-    priority_victims: set[int] = field(default_factory=set)  # preempted for urgent requests
+    victims: set[int] = field(default_factory=set)  # preempted for waiting requests (priority,
+    # fair share): not re-admitted by this plan
     sync_reason: str | None = None  # the step in flight must be folded in first (in_flight.py)
 
 
@@ -84,6 +93,9 @@ class Planner:
         self._swap_back(draft, urgent)
         if urgent is not None and self.config.priority_preemption:
             self._preempt_for_urgent(draft)
+        if (urgent is not None and self.config.fair_share and self.config.fair_share_preemption
+                and not draft.victims):
+            self._preempt_for_fair_share(draft, urgent)
         for req in [r for r in table.running if r.is_decoding and not self._awaits_end(r)]:
             if req.phase is Phase.RUNNING and req.rid not in draft.planned:
                 self._plan_chunk(req, 1, draft)
@@ -167,13 +179,15 @@ class Planner:
         admittable = table.admittable()
         if not admittable:
             return
-        swapped = most_urgent(table.swapped)
+        # swapped-out requests come back first, but one swapped out for a waiting request in
+        # this plan does not hold back the request it made room for
+        swapped = most_urgent([r for r in table.swapped if r.rid not in draft.victims])
         held: list[Request] = []  # held back a step to share a prefix being computed
         for req in admission_order(admittable, self.kv, self.policy, fair):
             if swapped is not None and req.priority >= swapped:
                 break  # swapped-out requests come back before anything as urgent starts
-            if req.rid in draft.priority_victims:
-                continue  # preempted for a more urgent request in this very plan
+            if req.rid in draft.victims:
+                continue  # preempted for a waiting request in this very plan
             # a more urgent request held back keeps its running slot: nothing less urgent
             # takes it (it would be preempted again next step)
             reserved = sum(1 for h in held if h.priority < req.priority)
@@ -204,7 +218,7 @@ class Planner:
                 self.stats.prompt_tokens += len(req.prompt_ids)
                 self.stats.cached_tokens += req.kv_len - chunk
                 req.cached_len = req.kv_len - chunk
-            table.start(req)
+            table.start(req, self.stats.steps + 1)
             draft.new_requests.append(
                 WorkerRequest(
                     rid=req.rid,
@@ -253,7 +267,7 @@ class Planner:
                 if alone and req.rid not in self.table.dedupe:
                     self.table.fail(req, POOL_TOO_SMALL)
                 return  # others hold the memory this step; they progress, then this one
-            self._preempt(victim, draft)
+            self._preempt(victim, draft, MEMORY)
 
     def _add_run(self, req: Request, chunk: int, slots: list[int], draft: _StepDraft) -> None:
         start = req.kv_len - chunk
@@ -300,12 +314,12 @@ class Planner:
         return victim
 
     def _preempt_for_urgent(self, draft: _StepDraft) -> None:
-        """Priority preemption, before anything is planned: make room (running slots, KV pages
-        for a first chunk) for waiting requests by preempting running requests of a strictly
-        less urgent priority, least urgent and most recently admitted first. Equal priorities
-        never preempt each other, so nothing ping-pongs; a preempted request (recompute keeps
-        its tokens in the radix tree) resumes once the urgent ones leave room."""
-        table, kv = self.table, self.kv
+        """Priority preemption, before anything is planned: make room for waiting requests by
+        preempting running requests of a strictly less urgent priority, least urgent and most
+        recently admitted first. Equal priorities never preempt each other here, so nothing
+        ping-pongs; a preempted request (recompute keeps its tokens in the radix tree) resumes
+        once the urgent ones leave room."""
+        table = self.table
         least = max((r.priority for r in table.running), default=None)
         swapped = most_urgent(table.swapped)
         ceiling = least if swapped is None or least is None else min(least, swapped)
@@ -313,10 +327,51 @@ class Planner:
             return
         urgent = sorted((r for r in table.admittable() if r.priority < ceiling),
                         key=lambda r: (r.priority, r.arrival))
+        self._make_room(draft, urgent,
+                        lambda req, _holdings, _slot, _tokens: self._less_urgent_victim(req, draft))
+
+    def _preempt_for_fair_share(self, draft: _StepDraft, level: int) -> None:
+        """Fair-share preemption, within the most urgent waiting priority `level`: make room for
+        its waiting requests, in admission order, by preempting requests of tenants over their
+        share (fair_share.over_share_victim), never one admitted in the last
+        `fair_share_quantum` steps. Nothing to do with one tenant at that level, or while
+        swapped-out requests of that level wait to come back (they go first)."""
+        table, config = self.table, self.config
+        swapped = most_urgent(table.swapped)
+        if swapped is not None and swapped <= level:
+            return
+        waiting = [r for r in table.admittable() if r.priority == level]
+        running = [r for r in table.running if r.priority == level]
+        if len({r.tenant for r in waiting} | {r.tenant for r in running}) < 2:
+            return
+        if (len(table.running) < config.max_running_requests
+                and self.kv.available_pages() >= sum(self.kv.pages_for(r.num_tokens)
+                                                     for r in waiting)):
+            return  # room for every waiting request: admission alone is fair
+        ordered = admission_order(waiting, self.kv, self.policy, table.fair)
+        settled = self.stats.steps + 1 - config.fair_share_quantum  # admitted by then: fair game
+
+        def victim(req: Request, holdings: Holdings, slot: bool, tokens: int) -> Request | None:
+            candidates = [r for r in table.running if r.priority == level
+                          and r.started_step <= settled and r.rid not in draft.swapped_in]
+            return over_share_victim(req.tenant, slot, tokens, holdings, candidates, table.fair,
+                                     self.stats.steps + 1)
+
+        self._make_room(draft, ordered, victim, Holdings.of(running))
+
+    def _make_room(self, draft: _StepDraft, waiting: list[Request],
+                   victim_for: Callable[[Request, Holdings, bool, int], Request | None],
+                   holdings: Holdings | None = None) -> None:
+        """Make room (a running slot, KV pages for its first chunk) for each of `waiting` in
+        turn by preempting `victim_for(req, holdings, slot short, KV tokens short)`; stop at the
+        first one no victim makes room for (admission would stop there too). `holdings`: what
+        each tenant holds, updated with every move (fair share's rule reads it)."""
+        table, kv = self.table, self.kv
+        holdings = holdings or Holdings.of(())
         ps = kv.page_size
         pages = sum(1 for r in table.running if r.is_decoding and r.kv_len % ps == 0)
         budget = self.config.max_num_batched_tokens - sum(r.is_decoding for r in table.running)
-        for slots, req in enumerate(urgent, start=1):  # slots: the running slots they take
+        for slots, req in enumerate(waiting, start=1):  # slots: the running slots they take
             if budget <= 0:
                 return
             cached, unlocked = kv.cached_prefix(req)
@@ -324,34 +379,54 @@ class Planner:
             budget -= chunk
             # its first chunk, a copy-on-write page, and its cached prefix (evictable now,
             # locked once it is admitted)
-            pages += kv.pages_for(chunk) + 1 + unlocked
-            while (len(table.running) + slots > self.config.max_running_requests
-                   or kv.available_pages() < pages):
-                if not self._preempt_less_urgent(req, draft):
+            need = kv.pages_for(chunk) + 1 + unlocked
+            pages += need
+            while True:
+                short_slot = len(table.running) + slots > self.config.max_running_requests
+                short_tokens = need * ps if kv.available_pages() < pages else 0
+                if not (short_slot or short_tokens):
+                    break
+                victim = victim_for(req, holdings, short_slot, short_tokens)
+                held = victim.kv_len if victim is not None else 0  # before its KV is released
+                if victim is None or not self._preempt_for(req, victim, draft):
                     return
+                holdings.add(victim.tenant, -1, -held)
+            holdings.add(req.tenant, 1, cached + chunk)
+
+    def _less_urgent_victim(self, req: Request, draft: _StepDraft) -> Request | None:
+        """The least urgent, most recently admitted running request of a strictly less urgent
+        priority than `req`."""
+        victims = [r for r in self.table.running
+                   if r.priority > req.priority and r.rid not in draft.swapped_in]
+        return max(victims, key=lambda r: (r.priority, r.admitted_at), default=None)
 
     def _preempt_less_urgent(self, req: Request, draft: _StepDraft) -> bool:
-        """Preempt the least urgent, most recently admitted running request of a strictly less
-        urgent priority than `req`; False when there is none to preempt now."""
-        table = self.table
-        victims = [r for r in table.running
-                   if r.priority > req.priority and r.rid not in draft.swapped_in]
-        if not victims:
-            return False
-        victim = max(victims, key=lambda r: (r.priority, r.admitted_at))
-        if victim.pending:  # its token is in flight: preempt once that step is folded in
+        """Priority preemption for `req`; False when there is no victim to preempt now."""
+        victim = self._less_urgent_victim(req, draft)
+        return victim is not None and self._preempt_for(req, victim, draft)
+
+    def _preempt_for(self, req: Request, victim: Request, draft: _StepDraft) -> bool:
+        """Preempt `victim` to make room for waiting (or swapped-out) `req`: for its priority
+        when the victim is less urgent, else for fair share. False when its sampled token is
+        still in flight (it is preempted once that step is folded in)."""
+        if victim.pending:
             draft.sync_reason = draft.sync_reason or SYNC_PREEMPT
             return False
-        self._preempt(victim, draft)
-        draft.priority_victims.add(victim.rid)
-        self.stats.priority_preemptions += 1
-        count_capped(self.stats.preemptions_caused_by_priority, str(req.priority))
-        count_capped(self.stats.preemptions_caused_by_tenant, req.tenant)
+        if victim.priority > req.priority:
+            self._preempt(victim, draft, PRIORITY)
+            self.stats.priority_preemptions += 1
+            count_capped(self.stats.preemptions_caused_by_priority, str(req.priority))
+            count_capped(self.stats.preemptions_caused_by_tenant, req.tenant)
+        else:
+            self._preempt(victim, draft, FAIR_SHARE)
+            self.table.fair.preempted(victim.tenant, self.stats.steps + 1)
+        draft.victims.add(victim.rid)
         return True
 
-    def _preempt(self, victim: Request, draft: _StepDraft) -> None:
+    def _preempt(self, victim: Request, draft: _StepDraft, cause: str) -> None:
         table = self.table
         self.stats.preemptions += 1
+        self.stats.preemptions_by_cause[cause] += 1
         fits_swap = table.swap_used + victim.kv_len <= self.config.swap_space_tokens
         if self.config.preemption == "swap" and not fits_swap:
             self.stats.swap_fallbacks += 1  # the host swap space is full: recompute instead
@@ -363,27 +438,30 @@ class Planner:
             return
         table.preempt_recompute(victim)
 
-    def _swap_in_need(self, req: Request) -> int:
-        """Pages to swap `req` back in, and one for each running request to grow by."""
-        return self.kv.pages_for(req.kv_len_swapped) + len(self.table.running)
+    def _swap_in_room(self, req: Request) -> bool:
+        """A running slot for `req`, and pages to swap it back in plus one for each running
+        request to grow by."""
+        table = self.table
+        need = self.kv.pages_for(req.kv_len_swapped) + len(table.running)
+        return (len(table.running) < self.config.max_running_requests
+                and self.kv.available_pages() >= need)
 
     def _swap_back(self, draft: _StepDraft, urgent: int | None) -> None:
         """Swapped-out requests come back, most urgent then oldest first, unless a more urgent
-        request is waiting (it goes first); one that does not fit preempts running requests of
-        a strictly less urgent priority (priority preemption)."""
+        request is waiting (it goes first); one that finds no running slot or not enough pages
+        preempts running requests of a strictly less urgent priority (priority preemption)."""
         table = self.table
         for req in sorted(table.swapped, key=lambda r: (r.priority, r.admitted_at)):
             if urgent is not None and urgent < req.priority:
                 break
-            while (self.kv.available_pages() < self._swap_in_need(req)
-                   and self.config.priority_preemption):
+            while not self._swap_in_room(req) and self.config.priority_preemption:
                 if not self._preempt_less_urgent(req, draft):
                     break
-            if self.kv.available_pages() < self._swap_in_need(req):
+            if not self._swap_in_room(req):
                 break
             slots = self.kv.reserve(req, req.kv_len_swapped, draft.copies)
             if slots is None:
                 break
-            table.swap_in(req)
+            table.swap_in(req, self.stats.steps + 1)
             draft.swap_in.append(Swap(rid=req.rid, slots=slots))
             draft.swapped_in.add(req.rid)

@@ -46,13 +46,14 @@ from radixrt.runtime.scheduler.fair_share import FairShare
 from radixrt.runtime.scheduler.kv_manager import KVManager
 from radixrt.runtime.scheduler.radix_cache import RadixNode
 from radixrt.runtime.scheduler.request import Phase, Request
+from radixrt.runtime.scheduler.stats import count_capped
 
 FORKED = "forked"  # finish reason of an n > 1 parent once its children exist
 NORMAL_ENDINGS = ("stop", "length")  # endings that keep a pinned request's prefix
 
 
 class RequestTable:
-    def __init__(self, kv: KVManager, pin_budget_tokens: int) -> None:
+    def __init__(self, kv: KVManager, pin_budget_tokens: int, fair: FairShare) -> None:
         self.kv = kv
         self.pin_budget_tokens = pin_budget_tokens  # pins may keep at most this many locked
         self.pins_refused = 0
@@ -66,7 +67,7 @@ class RequestTable:
         self.pending_free: list[int] = []  # rids the worker forgets in the next plan
         self.finished_outside_step: list[Request] = []  # ended with no step to report them
         self.dedupe: dict[int, int] = {}  # rid -> pages that may duplicate the tree's
-        self.fair = FairShare()  # tenants' virtual times
+        self.fair = fair  # tenants' weights and virtual times
         self.waiting_by_tenant: Counter[str] = Counter()
         self._rids = itertools.count()
         self._child_rids = itertools.count(-1, -1)  # n > 1 samples: never clash with clients'
@@ -116,10 +117,18 @@ class RequestTable:
         """Waiting requests (of `tenant` only, when given)."""
         return len(self.waiting) if tenant is None else self.waiting_by_tenant[tenant]
 
-    def start(self, req: Request) -> None:
-        """WAITING -> RUNNING (its KV was admitted and reserved by the planner)."""
+    def running_by_tenant(self) -> dict[str, int]:
+        """Running requests per tenant (at most MAX_METRIC_LABELS tenants; the rest "other")."""
+        counts: dict[str, int] = {}
+        for req in self.running:
+            count_capped(counts, req.tenant)
+        return counts
+
+    def start(self, req: Request, step: int) -> None:
+        """WAITING -> RUNNING in plan `step` (its KV was admitted and reserved by the planner)."""
         self._unqueue(req)
         req.phase = Phase.RUNNING
+        req.started_step = step
         req.admitted_at = next(self._admissions)
         self.running.append(req)
 
@@ -145,12 +154,13 @@ class RequestTable:
         req.phase = Phase.SWAPPED
         self.swapped.append(req)
 
-    def swap_in(self, req: Request) -> None:
-        """SWAPPED -> RUNNING, back in its place in admission order (its KV was reserved by
-        the planner; the plan carries the copy back)."""
+    def swap_in(self, req: Request, step: int) -> None:
+        """SWAPPED -> RUNNING in plan `step`, back in its place in admission order (its KV was
+        reserved by the planner; the plan carries the copy back)."""
         self.swapped.remove(req)
         self.swap_used -= req.kv_len_swapped
         req.phase = Phase.RUNNING
+        req.started_step = step
         self.running.append(req)
         self.running.sort(key=lambda r: r.admitted_at)
 

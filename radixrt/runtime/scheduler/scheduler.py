@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from radixrt.runtime.config import EngineConfig
+from radixrt.runtime.config import EngineConfig, parse_tenant_weights
 from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.messages import (
     OutputDelta,
@@ -28,6 +28,7 @@ from radixrt.runtime.messages import (
     WorkerReady,
 )
 from radixrt.runtime.sampling_params import SamplingParams, check_token_ids
+from radixrt.runtime.scheduler.fair_share import FairShare
 from radixrt.runtime.scheduler.folding import ResultFolder
 from radixrt.runtime.scheduler.in_flight import InFlightLedger
 from radixrt.runtime.scheduler.kv_manager import KVManager
@@ -64,7 +65,8 @@ class Scheduler:
         self.policy = make_policy(config.schedule_policy)
         self.stats = SchedulerStats()
         self.table = RequestTable(
-            self.kv, int(config.max_pinned_fraction * self.kv.capacity_tokens))
+            self.kv, int(config.max_pinned_fraction * self.kv.capacity_tokens),
+            FairShare(parse_tenant_weights(config.tenant_weights), config.fair_share_quantum))
         self.planner = Planner(config, self.table, self.kv, self.policy, self.stats,
                                context_length)
         self.folder = ResultFolder(self.table, self.kv, self.stats, context_length,
@@ -267,6 +269,9 @@ class Scheduler:
             "swaps": s.swaps,
             "swap_fallbacks": s.swap_fallbacks,
             "priority_preemptions": s.priority_preemptions,
+            "preemptions_by_cause": dict(s.preemptions_by_cause),
+            "running_by_tenant": self.table.running_by_tenant(),
+            "tenant_weights": dict(self.table.fair.weights),
             "preemptions_caused_by_priority": dict(s.preemptions_caused_by_priority),
             "preemptions_caused_by_tenant": dict(s.preemptions_caused_by_tenant),
             "queue_timeouts": s.timeouts,

@@ -7,6 +7,10 @@ from dataclasses import dataclass, field
 from radixrt.runtime.config import MAX_METRIC_LABELS
 
 OTHER_LABEL = "other"  # counts past MAX_METRIC_LABELS distinct keys
+# Why a running request was preempted: KV ran out for another running request, a more urgent
+# request was waiting, or a tenant under its fair share was waiting.
+MEMORY, PRIORITY, FAIR_SHARE = "memory", "priority", "fair_share"
+PREEMPTION_CAUSES = (MEMORY, PRIORITY, FAIR_SHARE)
 
 
 def count_capped(counts: dict[str, int], key: str) -> None:
@@ -24,6 +28,8 @@ class SchedulerStats:
     computed_tokens: int = 0  # tokens through the model (prefill + decode)
     generated_tokens: int = 0
     preemptions: int = 0
+    preemptions_by_cause: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(PREEMPTION_CAUSES, 0))
     swaps: int = 0
     swap_fallbacks: int = 0  # swap mode, host swap space full: preempted by recompute instead
     # preemptions made for a more urgent waiting request, by that request's priority / tenant

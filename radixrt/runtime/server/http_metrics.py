@@ -5,8 +5,9 @@ prefixes and tokens, pins refused) are read from manager.server_info() at scrape
 counts from the pin service; latency histograms (queue, prefill, TTFT, ITL, e2e), token counters
 and finish reasons are fed by the manager's on_finish callback, once per finished request;
 refused requests are counted by the app's error handlers, by status code. Requests, tokens and
-queue time are also counted by class of service (priority, tenant), and preemptions caused by
-urgent requests by their priority and tenant.
+queue time are also counted by class of service (priority, tenant), preemptions caused by
+urgent requests by their priority and tenant, every preemption by its cause (memory, priority,
+fair share), and running requests by tenant.
 
 The same load figures are also exported under the names a Kubernetes inference gateway reads
 (GATEWAY_GAUGES): the Gateway API Inference Extension's endpoint picker (llm-d-router) scrapes
@@ -98,6 +99,14 @@ class HTTPMetrics:
         self.preemptions = Gauge(f"{PREFIX}_preemptions",
                                  "Requests preempted for KV so far, by mode", ["mode"],
                                  registry=r)
+        self.preemptions_by_cause = Gauge(f"{PREFIX}_preemptions_by_cause",
+                                          "Requests preempted so far, by cause: memory (KV ran "
+                                          "out), priority (a more urgent request waited), "
+                                          "fair_share (a tenant under its share waited)",
+                                          ["cause"], registry=r)
+        self.tenant_running = Gauge(f"{PREFIX}_tenant_running_requests",
+                                    "Requests running now, by tenant (fair share's slots)",
+                                    ["tenant"], registry=r)
         self.swap_fallbacks = Gauge(f"{PREFIX}_swap_fallbacks",
                                     "Swap preemptions done by recompute: the swap space was "
                                     "full", registry=r)
@@ -198,6 +207,11 @@ class HTTPMetrics:
         swaps = info.get("swaps", 0)
         self.preemptions.labels(mode="swap").set(swaps)
         self.preemptions.labels(mode="recompute").set(info.get("preemptions", 0) - swaps)
+        for cause, count in info.get("preemptions_by_cause", {}).items():
+            self.preemptions_by_cause.labels(cause=cause).set(count)
+        self.tenant_running.clear()  # tenants with nothing running drop out
+        for tenant, count in info.get("running_by_tenant", {}).items():
+            self.tenant_running.labels(tenant=tenant).set(count)
         self.swap_fallbacks.set(info.get("swap_fallbacks", 0))
         self.pinned.set(info.get("pinned", 0))
         self.pinned_tokens.set(info.get("pinned_tokens", 0))

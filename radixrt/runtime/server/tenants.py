@@ -1,7 +1,8 @@
 """Who a request is from, and how the scheduler should treat it.
 
 A tenant is the name of the API key a request carried when the keys come from `--api-key-file`
-(one `name:key` per line); else the OpenAI `user` field; else "" (one tenant shared by everyone).
+(one `name:key` per line, optionally followed by the tenant's fair-share weight:
+`name:key 2`); else the OpenAI `user` field; else "" (one tenant shared by everyone).
 Keys are compared in constant time, and against every key, so neither the timing of a match nor
 its position in the file tells anything about the keys.
 
@@ -12,13 +13,19 @@ Scheduling message the runtime takes (bounded there; a bad value is a 400 naming
 from __future__ import annotations
 
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from starlette.requests import Request
 
-from radixrt.runtime.config import MAX_NAME_CHARS
+from radixrt.runtime.config import (
+    MAX_NAME_CHARS,
+    EngineConfig,
+    check_tenant_name,
+    check_tenant_weight,
+    parse_tenant_weights,
+)
 from radixrt.runtime.messages import Scheduling
 from radixrt.runtime.server.openai_protocol import APIError, param_of
 
@@ -31,6 +38,7 @@ class ApiKeys:
     requests' tenant comes from `user`); keys from a file are named."""
 
     entries: tuple[tuple[str | None, bytes], ...]
+    weights: tuple[tuple[str, float], ...] = ()  # (name, fair-share weight) given in the file
 
     @classmethod
     def single(cls, key: str) -> ApiKeys:
@@ -38,9 +46,11 @@ class ApiKeys:
 
     @classmethod
     def from_file(cls, path: str | Path) -> ApiKeys:
-        """Parse `name:key` lines (blank lines and lines starting with # are skipped).
-        Raises ValueError naming the line that is wrong."""
+        """Parse `name:key` lines, each optionally followed by whitespace and the tenant's
+        weight (blank lines and lines starting with # are skipped). Raises ValueError naming
+        the line that is wrong."""
         entries: list[tuple[str | None, bytes]] = []
+        weights: list[tuple[str, float]] = []
         names: set[str] = set()
         keys: set[str] = set()
         text = Path(path).read_text(encoding="utf-8")
@@ -48,10 +58,17 @@ class ApiKeys:
             line = raw.strip()
             if not line or line.startswith("#"):
                 continue
-            name, sep, key = (part.strip() for part in line.partition(":"))
+            name, sep, rest = (part.strip() for part in line.partition(":"))
             where = f"{path}, line {number}"
-            if not sep or not name or not key:
-                raise ValueError(f"{where}: expected 'name:key'")
+            key, *weight = rest.split() or [""]
+            if not sep or not name or not key or len(weight) > 1:
+                raise ValueError(f"{where}: expected 'name:key' or 'name:key weight'")
+            if weight:
+                try:
+                    weighted = check_tenant_name(name), check_tenant_weight(name, weight[0])
+                    weights.append(weighted)
+                except ValueError as exc:
+                    raise ValueError(f"{where}: {exc}") from None
             if len(name) > MAX_NAME_CHARS:
                 raise ValueError(f"{where}: the name is longer than {MAX_NAME_CHARS} characters")
             if name in names or key in keys:
@@ -61,7 +78,7 @@ class ApiKeys:
             entries.append((name, key.encode()))
         if not entries:
             raise ValueError(f"{path}: no 'name:key' lines")
-        return cls(tuple(entries))
+        return cls(tuple(entries), tuple(weights))
 
     def match(self, given: bytes) -> tuple[bool, str | None]:
         """(whether `given` is one of the keys, the name of that key)."""
@@ -70,6 +87,28 @@ class ApiKeys:
             if hmac.compare_digest(given, key):
                 found, name = True, entry_name
         return found, name
+
+
+def api_keys(api_key: str | None, api_key_file: str | None) -> ApiKeys | None:
+    """The keys of --api-key or --api-key-file (None: no key needed)."""
+    if api_key_file:
+        return ApiKeys.from_file(api_key_file)
+    return ApiKeys.single(api_key) if api_key else None
+
+
+def with_key_weights(config: EngineConfig, keys: ApiKeys | None) -> EngineConfig:
+    """`config` with the key file's weights added to its tenant_weights; ValueError when both
+    weigh the same tenant."""
+    if keys is None or not keys.weights:
+        return config
+    given = parse_tenant_weights(config.tenant_weights)
+    both = sorted(name for name, _ in keys.weights if name in given)
+    if both:
+        raise ValueError(f"tenant(s) {both} weighed by both --tenant-weights and "
+                         "--api-key-file: give each weight once")
+    merged = [*given.items(), *keys.weights]
+    text = ",".join(f"{name}:{weight!r}" for name, weight in merged)
+    return replace(config, tenant_weights=text)
 
 
 def tenant_of(request: Request, user: str | None) -> str:

@@ -14,6 +14,7 @@ from sim_worker import CONTEXT, EOS
 from radixrt.runtime.config import EngineConfig
 from radixrt.runtime.messages import RunResult, StepPlan, StepResult, TokenLogprob
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.scheduler.fair_share import FairShare
 from radixrt.runtime.scheduler.in_flight import SYNC_FORK, SYNC_PREEMPT, InFlightLedger
 from radixrt.runtime.scheduler.kv_manager import KVManager
 from radixrt.runtime.scheduler.request import Phase, Request
@@ -100,7 +101,7 @@ def test_planner_and_folder_move_requests_only_through_table_methods() -> None:
 
 # --- transitions ---------------------------------------------------------------------------------
 def make_table(num_pages: int = 64) -> RequestTable:
-    return RequestTable(KVManager(num_pages, 1), pin_budget_tokens=num_pages)
+    return RequestTable(KVManager(num_pages, 1), pin_budget_tokens=num_pages, fair=FairShare())
 
 
 def running(table: RequestTable, rid: int, prompt: list[int], **params: object) -> Request:
@@ -111,7 +112,7 @@ def running(table: RequestTable, rid: int, prompt: list[int], **params: object) 
     table.enqueue(req)
     table.kv.admit(req)
     assert table.kv.reserve(req, req.remaining, []) is not None
-    table.start(req)
+    table.start(req, step=rid)
     return req
 
 
@@ -139,7 +140,7 @@ def test_swap_out_then_swap_in_keeps_the_accounting_and_the_admission_order() ->
     assert table.take_pending_free() == []  # the worker keeps its KV, on the host
     table.check_integrity()
     assert table.kv.reserve(first, first.kv_len_swapped, []) is not None
-    table.swap_in(first)
+    table.swap_in(first, step=9)
     assert first.phase is Phase.RUNNING and table.running == [first, second]
     assert table.swapped == [] and table.swap_used == 0
     table.check_integrity()

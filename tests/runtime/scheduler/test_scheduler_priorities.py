@@ -173,6 +173,184 @@ def test_a_flooding_tenant_does_not_delay_another_tenants_first_request() -> Non
     assert fair_steps * 5 < unfair_steps
 
 
+# --- fair-share preemption ----------------------------------------------------------------------
+def tokens_of(sim: Sim, tenant: str) -> int:
+    return sum(r.num_known_outputs for r in sim.sched.requests.values() if r.tenant == tenant)
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+@pytest.mark.parametrize("flood_tokens", [24, 240])  # 240: most of the simulated context
+def test_a_tenant_under_its_share_preempts_within_a_quantum(
+    flood_tokens: int, preemption: str, overlap: bool
+) -> None:
+    """A fills every slot with requests just admitted; B's first token comes within quantum + 3
+    steps (+1 with overlap) however long A's requests are, and every output is the oracle's."""
+    quantum = 6
+    sim = make_sim(8192, overlap, max_running_requests=4, preemption=preemption,
+                   fair_share_quantum=quantum)
+    flood = SamplingParams(max_tokens=flood_tokens, ignore_eos=True)
+    arrivals = [Arrival(0, prompt(i), flood, Scheduling(tenant="A")) for i in range(6)]
+    top = [sim.sched.add_request(list(a.prompt), a.params, a.scheduling) for a in arrivals]
+    step(sim)
+    calm = Arrival(0, prompt(50), SHORT, Scheduling(tenant="B"))
+    b = sim.sched.add_request(list(calm.prompt), calm.params, calm.scheduling)
+    assert first_token_step(sim, b) <= quantum + 3 + overlap
+    assert sim.sched.stats.preemptions_by_cause["fair_share"] >= 1
+    drain(sim)
+    check_idle(sim)
+    check_outputs(sim, [*arrivals, calm], [*top, b])
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_a_tenant_short_of_kv_pages_preempts_the_tenant_holding_the_pool(preemption: str) -> None:
+    """Slots to spare, but A's four long requests hold most of a 512-token pool: B's 100-token
+    prompt does not fit, and B takes pages from A (one request is enough: A still holds more
+    than B would); every output is the oracle's."""
+    sim = make_sim(512, max_running_requests=16, fair_share_quantum=4, preemption=preemption)
+    long = SamplingParams(max_tokens=200, ignore_eos=True)
+    arrivals = [Arrival(0, prompt(i), long, Scheduling(tenant="A")) for i in range(4)]
+    top = [sim.sched.add_request(list(a.prompt), a.params, a.scheduling) for a in arrivals]
+    for _ in range(100):
+        step(sim)
+    assert sim.sched.kv.available_pages() < 100
+    calm = Arrival(0, tuple(21 + k % 3 for k in range(100)), SHORT, Scheduling(tenant="B"))
+    b = sim.sched.add_request(list(calm.prompt), calm.params, calm.scheduling)
+    assert first_token_step(sim, b) <= 3
+    assert sim.sched.stats.preemptions_by_cause == {"memory": 0, "priority": 0, "fair_share": 1}
+    drain(sim)
+    check_idle(sim)
+    check_outputs(sim, [*arrivals, calm], [*top, b])
+
+
+def test_shares_settle_without_ping_pong() -> None:
+    """4 slots, A and B each with more long requests than slots: A starts with all four; fair
+    share moves two to B (4:0, 3:1, 2:2) and then nothing moves, over many quanta."""
+    sim = make_sim(8192, max_running_requests=4, fair_share_quantum=2)
+    for i in range(6):
+        sim.sched.add_request(list(prompt(i)), LONG, Scheduling(tenant="A"))
+    step(sim)
+    for i in range(6):
+        sim.sched.add_request(list(prompt(20 + i)), LONG, Scheduling(tenant="B"))
+    for _ in range(30):
+        step(sim)
+    assert sim.sched.stats.preemptions_by_cause == {"memory": 0, "priority": 0, "fair_share": 2}
+    assert sim.sched.table.running_by_tenant() == {"A": 2, "B": 2}
+    drain(sim)
+    check_idle(sim)
+
+
+@pytest.mark.parametrize("slots", [1, 3])
+def test_more_tenants_than_slots_rotate_a_quantum_at_a_time(slots: int) -> None:
+    """slots + 1 tenants with long requests: the last one to arrive, holding no slot, takes
+    one within quantum + 3 steps; the slots then rotate, one move a quantum, so every tenant
+    progresses alike, and every request finishes."""
+    quantum = 5
+    sim = make_sim(8192, max_running_requests=slots, fair_share_quantum=quantum)
+    long = SamplingParams(max_tokens=120, ignore_eos=True)
+    arrivals = [Arrival(0, prompt(i), long, Scheduling(tenant=f"t{i}")) for i in range(slots)]
+    top = [sim.sched.add_request(list(a.prompt), a.params, a.scheduling) for a in arrivals]
+    step(sim)
+    last = Arrival(0, prompt(40), long, Scheduling(tenant="late"))
+    late = sim.sched.add_request(list(last.prompt), last.params, last.scheduling)
+    assert first_token_step(sim, late) <= quantum + 3
+    while sim.steps < 100:
+        step(sim)
+    progress = [r.num_known_outputs for r in [*top, late]]
+    assert max(progress) - min(progress) <= 2 * quantum, progress
+    drain(sim)
+    check_idle(sim)
+    check_outputs(sim, [*arrivals, last], [*top, late])
+    # rotating, not thrashing: at most one preemption per quantum
+    assert sim.sched.stats.preemptions_by_cause["fair_share"] <= sim.steps // quantum + 1
+
+
+def record_plans(sim: Sim) -> list:
+    """Every plan the scheduler makes from now on, in order."""
+    plans: list = []
+    schedule = sim.sched.schedule
+
+    def record(*args: object, **kwargs: object) -> object:
+        plan = schedule(*args, **kwargs)  # type: ignore[arg-type]
+        plans.append(plan)
+        return plan
+
+    sim.sched.schedule = record  # type: ignore[method-assign]
+    return plans
+
+
+@pytest.mark.parametrize("weights", ["a:2", "a:1,b:0.5"])
+def test_weights_two_to_one_give_served_tokens_two_to_one(weights: str) -> None:
+    """A long run with both tenants backlogged throughout: the tokens computed for a (prompt
+    chunks and decodes) are within 10% of twice b's."""
+    sim = make_sim(1 << 14, max_running_requests=6, tenant_weights=weights,
+                   schedule_policy="fcfs", fair_share_quantum=4)
+    plans = record_plans(sim)
+    params = SamplingParams(max_tokens=20, ignore_eos=True)
+    for i in range(60):
+        for tenant in "ab":
+            sim.sched.add_request(list(prompt(i + (tenant == "b") * 100)), params,
+                                  Scheduling(tenant=tenant))
+    for _ in range(200):
+        step(sim)
+    assert any(r.tenant == "b" and not r.finished for r in sim.sched.requests.values())
+    served = {"a": 0, "b": 0}
+    for plan in filter(None, plans):
+        for run_ in plan.runs:
+            served[sim.sched.requests[run_.rid].tenant] += run_.num_new
+    assert 1.8 <= served["a"] / served["b"] <= 2.2, served
+    drain(sim)
+    check_idle(sim)
+
+
+def test_with_one_tenant_fair_share_preemption_changes_nothing() -> None:
+    """The same stream, preemption on and off: the same plans, step by step."""
+    plans = []
+    for on in (True, False):
+        sim = make_sim(160, max_running_requests=3, fair_share_preemption=on,
+                       fair_share_quantum=1)
+        arrivals = [Arrival(i % 7, prompt(i, 4 + i), SamplingParams(max_tokens=6 + 5 * i,
+                                                                     ignore_eos=True),
+                            Scheduling(tenant="only")) for i in range(8)]
+        recorded = record_plans(sim)
+        top = run(sim, arrivals)
+        check_idle(sim)
+        check_outputs(sim, arrivals, top)
+        assert sim.sched.stats.preemptions_by_cause["fair_share"] == 0
+        plans.append(recorded)
+    assert plans[0] == plans[1]
+
+
+def test_tenants_weights_and_long_generations_finish_and_keep_every_invariant() -> None:
+    @settings(max_examples=100, deadline=None)
+    @given(
+        arrivals=st.lists(
+            st.tuples(st.integers(0, 40), st.integers(0, 9), st.sampled_from([2, 8, 30, 90]),
+                      st.sampled_from([0, 0, 1]), st.sampled_from(["", "a", "b", "c"])),
+            min_size=2, max_size=16),
+        weights=st.sampled_from(["", "a:2", "a:0.5,b:3", "c:4"]),
+        quantum=st.sampled_from([1, 3, 8]),
+        preemption=st.sampled_from(["recompute", "swap"]),
+        overlap=st.booleans(),
+        pool=st.integers(128, 512),  # room for the longest request alone
+        slots=st.sampled_from([2, 3, 6]),
+    )
+    def check(arrivals: list, weights: str, quantum: int, preemption: str, overlap: bool,
+              pool: int, slots: int) -> None:
+        sim = make_sim(pool, overlap, max_running_requests=slots, preemption=preemption,
+                       max_num_batched_tokens=32, tenant_weights=weights,
+                       fair_share_quantum=quantum)
+        plan = [Arrival(at, prompt(i, 4 + i), SamplingParams(max_tokens=n, ignore_eos=True),
+                        Scheduling(priority=p, tenant=t))
+                for at, i, n, p, t in arrivals]
+        top = run(sim, plan)  # every request finishes (run asserts no hang)
+        check_idle(sim)
+        check_outputs(sim, plan, top)
+        assert all(r.finish_reason == "length" for r in top)
+
+    check()
+
+
 def test_with_one_tenant_the_order_is_the_policys() -> None:
     @settings(max_examples=80, deadline=None)
     @given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 12)), min_size=1, max_size=20),

@@ -82,6 +82,9 @@ def configs(draw: st.DrawFn) -> dict:
         overlap=draw(st.booleans()),
         priority_preemption=draw(st.booleans()),
         fair_share=draw(st.booleans()),
+        fair_share_preemption=draw(st.booleans()),
+        fair_share_quantum=draw(st.sampled_from([1, 4])),
+        tenant_weights=draw(st.sampled_from(["", "a:3", "a:0.5,b:2"])),
         # cascade groups as soon as two requests share a few tokens: the worker checks each
         cascade_min_saved_reads=draw(st.sampled_from([1, 16, 2048])),
     )
@@ -139,6 +142,8 @@ def record_coverage(sim: Sim) -> None:
     event("jump-forward" if sim.worker.forced else "no jump-forward")
     event("cascade" if sim.worker.shared_reads_saved else "no cascade")
     event("priority preemption" if stats.priority_preemptions else "no priority preemption")
+    fair = stats.preemptions_by_cause["fair_share"]
+    event("fair-share preemption" if fair else "no fair-share preemption")
     if sim.overlap:
         event("presolved in flight" if sim.worker.known else "nothing presolved")
         event("preempted while presolved" if sim.presolved_preempted else "no presolved victim")

@@ -87,8 +87,8 @@ def test_a_full_queue_is_a_429_with_retry_after_and_the_server_serves_on(
     thread, done = hold_the_slot(tenancy)
     waiting: list = []
 
-    def queued(i: int) -> None:
-        out = tenancy.client("bob").completions.create(
+    def queued(i: int) -> None:  # alice's own: another tenant would take her slot (fair share)
+        out = tenancy.client("alice").completions.create(
             model=MODEL, prompt=f"Say {i}:", max_tokens=2, temperature=0)
         waiting.append(out.choices[0].finish_reason)
 
@@ -203,6 +203,65 @@ def test_a_key_file_is_checked_line_by_line(tmp_path: Path) -> None:
     assert keys.match(b"k1") == (True, "a")
     assert keys.match(b"k2:with:colons") == (True, "b")
     assert keys.match(b"k3") == (False, None)
+
+
+def test_a_key_file_may_weigh_its_tenants(tmp_path: Path) -> None:
+    from radixrt.runtime.config import EngineConfig, parse_tenant_weights
+    from radixrt.runtime.server.tenants import with_key_weights
+
+    path = tmp_path / "keys.txt"
+    path.write_text("alice:k1 2\nbob:k2\ncarol:k3:x 0.25\n")
+    keys = ApiKeys.from_file(path)
+    assert keys.weights == (("alice", 2.0), ("carol", 0.25))
+    assert keys.match(b"k3:x") == (True, "carol")
+    config = with_key_weights(EngineConfig(tenant_weights="dave:3"), keys)
+    assert parse_tenant_weights(config.tenant_weights) == {"dave": 3.0, "alice": 2.0,
+                                                           "carol": 0.25}
+    assert with_key_weights(EngineConfig(), ApiKeys.single("k")) == EngineConfig()
+    with pytest.raises(ValueError, match=r"\['alice'\] weighed by both"):
+        with_key_weights(EngineConfig(tenant_weights="alice:1"), keys)
+    for text, message in {"a:k 0\n": "line 1: tenant 'a': the weight '0' is not a number",
+                          "a:k two\n": "the weight 'two'",
+                          "a:k 1 2\n": "expected 'name:key' or 'name:key weight'",
+                          "a,b:k 1\n": "has a comma"}.items():
+        path.write_text(text)
+        with pytest.raises(ValueError, match=message):
+            ApiKeys.from_file(path)
+
+
+def test_tenant_weights_are_checked_when_the_config_is_made() -> None:
+    from radixrt.runtime.config import EngineConfig, parse_tenant_weights
+
+    assert parse_tenant_weights(" a:2, b:c:0.5 ,") == {"a": 2.0, "b:c": 0.5}
+    assert parse_tenant_weights("") == {}
+    for text, message in {"a": "expected name:weight", ":2": "expected name:weight",
+                          "a:inf": "not a number", "a:-1": "not a number",
+                          "a:2000": "not a number from 0.001 to 1000"}.items():
+        with pytest.raises(ValueError, match=f"EngineConfig.tenant_weights=.*{message}"):
+            EngineConfig(tenant_weights=text)
+    with pytest.raises(ValueError, match="fair_share_quantum=0 is invalid: must be >= 1"):
+        EngineConfig(fair_share_quantum=0)
+
+
+def test_a_tenant_holding_no_slot_preempts_and_metrics_count_it(tenancy: Tenancy) -> None:
+    """One running slot, held by alice's long request: bob's request takes it within a
+    quantum (fair share), alice's resumes and finishes; /metrics counts the preemption by
+    cause and the running requests by tenant."""
+    thread, done = hold_the_slot(tenancy, tokens=200)
+    with tenancy.http() as http:
+        text = http.get("/metrics").text
+    assert 'radixrt_tenant_running_requests{tenant="alice"} 1.0' in text
+    out = tenancy.client("bob").completions.create(model=MODEL, prompt="Hi", max_tokens=2,
+                                                   temperature=0)
+    assert out.choices[0].finish_reason == "length"
+    assert thread.is_alive()  # bob did not wait for alice's 200 tokens
+    thread.join(timeout=120)
+    assert done == ["length"]
+    with tenancy.http() as http:
+        text = http.get("/metrics").text
+    line = next(x for x in text.splitlines()
+                if x.startswith('radixrt_preemptions_by_cause{cause="fair_share"}'))
+    assert float(line.split()[-1]) >= 1
 
 
 def test_the_tenant_is_the_keys_name_else_user_else_shared() -> None:
