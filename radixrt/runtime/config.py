@@ -31,9 +31,9 @@ LINEAR_BLOCK_ROWS = 256
 DEFAULT_CUDA_GRAPH_MAX_BS = 128
 DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
 DEFAULT_MAX_PINNED_FRACTION = 0.5  # of the KV pool that pins (leases) may keep locked
-# Fair-share preemption leaves a request alone for this many steps after its admission, so a
-# request preempted for fairness makes progress before it can be preempted again (measured by
-# benchmarks/fair_share.py: docs/benchmarks.md).
+# Fair-share preemption leaves a request alone until it has written this many tokens since its
+# admission, so a request preempted for fairness makes progress before it can be preempted
+# again (benchmarks/fair_share.py: docs/benchmarks.md).
 DEFAULT_FAIR_SHARE_QUANTUM = 8
 # The finish reason of a request that waited past its timeout starts "error: " + this.
 QUEUE_TIMEOUT = "queue timeout"
@@ -135,8 +135,8 @@ class EngineConfig:
         "or KV pages preempts a request of a tenant over its share (same priority; with "
         "--fair-share)"})
     fair_share_quantum: int = field(default=DEFAULT_FAIR_SHARE_QUANTUM, metadata={
-        "help": "steps a request runs after its admission before fair share may preempt it "
-        "(no ping-pong)"})
+        "help": "tokens a request writes after its admission before fair share may preempt "
+        "it (no ping-pong); a tenant that gave a slot up claims none for as many steps"})
     tenant_weights: str = field(default="", metadata={
         "metavar": "NAME:WEIGHT,...",
         "help": "tenants' weights (default 1): shares of slots, KV pages and service follow "
@@ -273,6 +273,8 @@ def parse_tenant_weights(text: str) -> dict[str, float]:
         name, sep, value = (part.strip() for part in item.rpartition(":"))
         if not sep or not name:
             raise ValueError(f"expected name:weight, got {item!r}")
+        if name in weights:
+            raise ValueError(f"tenant {name!r} is weighed twice")
         weights[check_tenant_name(name)] = check_tenant_weight(name, value)
     if len(weights) > MAX_WEIGHTED_TENANTS:
         raise ValueError(f"at most {MAX_WEIGHTED_TENANTS} tenants may be weighted")
@@ -280,10 +282,11 @@ def parse_tenant_weights(text: str) -> dict[str, float]:
 
 
 def check_tenant_name(name: str) -> str:
-    """`name` as a weighted tenant's name (no comma: the weights are a comma-separated list)."""
-    if "," in name:
-        raise ValueError(f"the tenant name {name[:32]!r} has a comma: a weighted tenant's name "
-                         "may not")
+    """`name` as a weighted tenant's name: no comma or colon (the weights are a list of
+    name:weight separated by commas)."""
+    if "," in name or ":" in name:
+        raise ValueError(f"the tenant name {name[:32]!r} has a comma or a colon: a weighted "
+                         "tenant's name may not (separate name:weight pairs with commas)")
     if len(name) > MAX_NAME_CHARS:
         raise ValueError(f"the tenant name {name[:32]!r}... is longer than {MAX_NAME_CHARS} "
                          "characters")

@@ -97,7 +97,8 @@ def drain(engine: Any) -> None:
 def test_a_tenant_under_its_share_gets_a_slot_within_a_quantum(
     make_engine: Any, flood_tokens: int, overlap: bool
 ) -> None:
-    """Tenant A's requests fill every slot (just admitted: they are inside their quantum);
+    """Tenant A's requests fill every slot (just admitted: they have written less than their
+    quantum);
     tenant B's first token comes within quantum + 3 steps (+1 with overlap: the victim's token
     in flight is folded in first), whether A's requests ask for 24 or 512 tokens."""
     quantum = 4

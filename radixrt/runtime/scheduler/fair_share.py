@@ -22,11 +22,11 @@ With one tenant the interleaving is the identity: the order is exactly the polic
 `over_share_victim` is fair share's rule for preemption (planner.py makes room with it), for a
 tenant with waiting requests against the running requests of other tenants of its priority:
 
-- a tenant that holds no running slot takes one from any other tenant: every backlogged tenant
-  runs something within a quantum, however long the others' requests are. A tenant that gave a
-  slot up this way claims none for a quantum (it would take the next one at once, and the next
-  tenant after it, in a cascade): with more backlogged tenants than slots, the slots rotate, one
-  move a quantum;
+- a tenant that holds no running slot takes one (and the KV pages its request needs) from any
+  other tenant: every backlogged tenant runs something within about a quantum, however long the
+  others' requests are. A tenant that gave a slot up this way claims none for a quantum of
+  steps (it would take the next one at once, and the next tenant after it, in a cascade): with
+  more backlogged tenants than slots, the slots rotate, one move a quantum;
 - otherwise it takes a slot (or KV pages) only from a tenant that, after giving it, still holds
   at least as much per unit of weight as the taker would. Such a move can never be undone by the
   same rule (the giver holds more per weight than the taker held before): shares settle and
@@ -34,7 +34,8 @@ tenant with waiting requests against the running requests of other tenants of it
 
 The giver is the tenant holding the most per unit of weight, then the one served most (its
 clock); its request that loses least goes (least output, most recently admitted). No request
-is preempted within a quantum of its admission (planner.py). With one tenant nothing applies.
+is preempted before it has written a quantum of tokens since its admission (planner.py), so
+every admission makes progress. With one tenant nothing applies.
 """
 
 from __future__ import annotations
@@ -42,7 +43,6 @@ from __future__ import annotations
 import heapq
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 from radixrt.runtime.scheduler.request import Request
 
@@ -50,7 +50,7 @@ from radixrt.runtime.scheduler.request import Request
 class FairShare:
     def __init__(self, weights: Mapping[str, float] | None = None, quantum: int = 1) -> None:
         self.weights = dict(weights or {})  # tenant -> weight (absent: 1)
-        self.quantum = quantum  # steps (EngineConfig.fair_share_quantum)
+        self.quantum = quantum  # EngineConfig.fair_share_quantum, here in steps
         self.virtual: dict[str, float] = {}  # tenant -> tokens served / weight, this busy period
         self.gave_up: dict[str, int] = {}  # tenant -> step it last lost a slot to fair share
         self.busy = False  # something is waiting
@@ -115,24 +115,58 @@ class FairShare:
         return out
 
 
-@dataclass
 class Holdings:
-    """What each tenant of one priority holds (or would, once the requests placed ahead of the
-    one being made room for are admitted): running slots and KV tokens."""
+    """What each tenant of one priority holds while room is being made (running slots and KV
+    tokens), including the requests placed ahead of the one room is made for and less the
+    victims already chosen. KV is counted in distinct pages per tenant, so a prompt its
+    requests share counts once; it is counted only when KV is short (it walks the pages)."""
 
-    slots: Counter[str]
-    tokens: Counter[str]
+    def __init__(self, running: Iterable[Request], page_size: int) -> None:
+        self.page_size = page_size
+        self._running = list(running)
+        self.slots: Counter[str] = Counter(r.tenant for r in self._running)
+        self._tokens: Counter[str] = Counter()  # of requests placed, then of every page
+        self._users: Counter[tuple[str, int]] | None = None  # (tenant, page) -> requests
 
-    @classmethod
-    def of(cls, running: Iterable[Request]) -> Holdings:
-        holdings = cls(Counter(), Counter())
-        for req in running:
-            holdings.add(req.tenant, 1, req.kv_len)
-        return holdings
+    def _counted(self) -> Counter[tuple[str, int]]:
+        if self._users is None:
+            self._users = Counter()
+            for req in self._running:
+                for page in req.pages:
+                    self._hold(req.tenant, page, +1)
+        return self._users
 
-    def add(self, tenant: str, slots: int, tokens: int) -> None:
-        self.slots[tenant] += slots
-        self.tokens[tenant] += tokens
+    def _hold(self, tenant: str, page: int, change: int) -> None:
+        users = self._users
+        assert users is not None
+        before = users[(tenant, page)]
+        users[(tenant, page)] = before + change
+        if (before == 0) != (before + change == 0):
+            self._tokens[tenant] += self.page_size * change
+
+    def tokens(self, tenant: str) -> int:
+        self._counted()
+        return self._tokens[tenant]
+
+    def freed_by(self, req: Request) -> int:
+        """KV tokens its tenant stops holding if `req` is preempted."""
+        users = self._counted()
+        return self.page_size * sum(1 for page in req.pages if users[(req.tenant, page)] == 1)
+
+    def place(self, tenant: str, tokens: int) -> None:
+        """A waiting request of `tenant` takes a slot and `tokens` (its first chunk and its
+        cached prefix)."""
+        self.slots[tenant] += 1
+        self._tokens[tenant] += tokens
+
+    def remove(self, req: Request) -> None:
+        """`req` is about to be preempted (its pages are still its own)."""
+        self.slots[req.tenant] -= 1
+        if self._users is None:
+            self._running.remove(req)
+            return
+        for page in req.pages:
+            self._hold(req.tenant, page, -1)
 
 
 def over_share_victim(taker: str, need_slot: bool, need_tokens: int, holdings: Holdings,
@@ -140,20 +174,22 @@ def over_share_victim(taker: str, need_slot: bool, need_tokens: int, holdings: H
                       step: int) -> Request | None:
     """The running request (among `candidates`, of the taker's priority) that tenant `taker`
     may preempt for a running slot (`need_slot`) and/or `need_tokens` KV tokens (0: none), by
-    the rule in the module docstring; the one that loses least (least output, then most
-    recently admitted). `step`: the plan being made. None when no tenant is over its share."""
+    the rule in the module docstring; the one that loses least. `step`: the plan being made.
+    None when no tenant is over its share."""
     w_taker = fair.weight(taker)
     first_slot = holdings.slots[taker] <= 0 and fair.may_claim_first_slot(taker, step)
 
     def gives_fairly(victim: Request) -> bool:
         if victim.tenant == taker:
             return False
+        if first_slot:
+            return True
         w = fair.weight(victim.tenant)
-        if need_slot and not first_slot and (holdings.slots[taker] + 1) / w_taker > (
+        if need_slot and (holdings.slots[taker] + 1) / w_taker > (
                 holdings.slots[victim.tenant] - 1) / w:
             return False
-        return not need_tokens or (holdings.tokens[taker] + need_tokens) / w_taker <= (
-            holdings.tokens[victim.tenant] - victim.kv_len) / w
+        return not need_tokens or (holdings.tokens(taker) + need_tokens) / w_taker <= (
+            holdings.tokens(victim.tenant) - holdings.freed_by(victim)) / w
 
     def loses_least(r: Request) -> tuple[float, float, int, int]:
         w = fair.weight(r.tenant)

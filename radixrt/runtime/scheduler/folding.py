@@ -142,7 +142,7 @@ class ResultFolder:
                 parent_rid=parent.rid,
                 phase=Phase.RUNNING,
                 admitted_at=parent.admitted_at,
-                started_step=parent.started_step,
+                outputs_at_start=parent.outputs_at_start,
                 cached_len=parent.cached_len,
                 prompt_logprobs_done=True,
             )

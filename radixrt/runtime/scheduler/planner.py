@@ -60,8 +60,9 @@ class _StepDraft:
     swapped_in: set[int] = field(default_factory=set)  # never preempted in the same plan
     prefilling: set[int] = field(default_factory=set)  # computing more than one token
     prefilling_in_flight: set[int] = field(default_factory=set)  # ... in steps not folded in
-    victims: set[int] = field(default_factory=set)  # preempted for waiting requests (priority,
-    # fair share): not re-admitted by this plan
+    # preempted for waiting requests (priority, fair share), or passed over by fair share: not
+    # admitted by this plan
+    not_admitted: set[int] = field(default_factory=set)
     sync_reason: str | None = None  # the step in flight must be folded in first (in_flight.py)
 
 
@@ -94,7 +95,7 @@ class Planner:
         if urgent is not None and self.config.priority_preemption:
             self._preempt_for_urgent(draft)
         if (urgent is not None and self.config.fair_share and self.config.fair_share_preemption
-                and not draft.victims):
+                and not draft.not_admitted):
             self._preempt_for_fair_share(draft, urgent)
         for req in [r for r in table.running if r.is_decoding and not self._awaits_end(r)]:
             if req.phase is Phase.RUNNING and req.rid not in draft.planned:
@@ -181,13 +182,13 @@ class Planner:
             return
         # swapped-out requests come back first, but one swapped out for a waiting request in
         # this plan does not hold back the request it made room for
-        swapped = most_urgent([r for r in table.swapped if r.rid not in draft.victims])
+        swapped = most_urgent([r for r in table.swapped if r.rid not in draft.not_admitted])
         held: list[Request] = []  # held back a step to share a prefix being computed
         for req in admission_order(admittable, self.kv, self.policy, fair):
             if swapped is not None and req.priority >= swapped:
                 break  # swapped-out requests come back before anything as urgent starts
-            if req.rid in draft.victims:
-                continue  # preempted for a waiting request in this very plan
+            if req.rid in draft.not_admitted:
+                continue  # preempted or passed over for a waiting request in this very plan
             # a more urgent request held back keeps its running slot: nothing less urgent
             # takes it (it would be preempted again next step)
             reserved = sum(1 for h in held if h.priority < req.priority)
@@ -218,7 +219,7 @@ class Planner:
                 self.stats.prompt_tokens += len(req.prompt_ids)
                 self.stats.cached_tokens += req.kv_len - chunk
                 req.cached_len = req.kv_len - chunk
-            table.start(req, self.stats.steps + 1)
+            table.start(req)
             draft.new_requests.append(
                 WorkerRequest(
                     rid=req.rid,
@@ -333,9 +334,13 @@ class Planner:
     def _preempt_for_fair_share(self, draft: _StepDraft, level: int) -> None:
         """Fair-share preemption, within the most urgent waiting priority `level`: make room for
         its waiting requests, in admission order, by preempting requests of tenants over their
-        share (fair_share.over_share_victim), never one admitted in the last
-        `fair_share_quantum` steps. Nothing to do with one tenant at that level, or while
-        swapped-out requests of that level wait to come back (they go first)."""
+        share (fair_share.over_share_victim). A request may be a victim only once it has
+        written `fair_share_quantum` tokens since its admission: every admission makes
+        progress, even where a preempted request computes everything again (no radix cache),
+        and nothing ping-pongs. A waiting request no victim makes room for (its
+        tenant already holds its share) is passed over for this plan, so that the room made
+        goes to the request it was made for. Nothing to do with one tenant at that level, or
+        while swapped-out requests of that level wait to come back (they go first)."""
         table, config = self.table, self.config
         swapped = most_urgent(table.swapped)
         if swapped is not None and swapped <= level:
@@ -349,49 +354,66 @@ class Planner:
                                                      for r in waiting)):
             return  # room for every waiting request: admission alone is fair
         ordered = admission_order(waiting, self.kv, self.policy, table.fair)
-        settled = self.stats.steps + 1 - config.fair_share_quantum  # admitted by then: fair game
+        quantum = config.fair_share_quantum
 
         def victim(req: Request, holdings: Holdings, slot: bool, tokens: int) -> Request | None:
             candidates = [r for r in table.running if r.priority == level
-                          and r.started_step <= settled and r.rid not in draft.swapped_in]
+                          and r.num_known_outputs - r.outputs_at_start >= quantum
+                          and r.rid not in draft.swapped_in]
             return over_share_victim(req.tenant, slot, tokens, holdings, candidates, table.fair,
                                      self.stats.steps + 1)
 
-        self._make_room(draft, ordered, victim, Holdings.of(running))
+        self._make_room(draft, ordered, victim, Holdings(running, self.kv.page_size),
+                        pass_over=True)
 
     def _make_room(self, draft: _StepDraft, waiting: list[Request],
                    victim_for: Callable[[Request, Holdings, bool, int], Request | None],
-                   holdings: Holdings | None = None) -> None:
+                   holdings: Holdings | None = None, pass_over: bool = False) -> None:
         """Make room (a running slot, KV pages for its first chunk) for each of `waiting` in
-        turn by preempting `victim_for(req, holdings, slot short, KV tokens short)`; stop at the
-        first one no victim makes room for (admission would stop there too). `holdings`: what
-        each tenant holds, updated with every move (fair share's rule reads it)."""
+        turn by preempting `victim_for(req, holdings, slot short, KV tokens short)`. A request
+        no victim makes room for ends the walk (admission would stop there too), or with
+        `pass_over` is left out of this plan's admissions, and so are its tenant's requests
+        after it (a tenant's own order holds). `holdings`: what each tenant holds, updated with
+        every move (fair share's rule reads it)."""
         table, kv = self.table, self.kv
-        holdings = holdings or Holdings.of(())
+        holdings = holdings or Holdings(table.running, kv.page_size)
         ps = kv.page_size
         pages = sum(1 for r in table.running if r.is_decoding and r.kv_len % ps == 0)
         budget = self.config.max_num_batched_tokens - sum(r.is_decoding for r in table.running)
-        for slots, req in enumerate(waiting, start=1):  # slots: the running slots they take
+        placed = 0  # running slots the requests made room for take
+        passed: set[str] = set()  # tenants with a request passed over
+        for req in waiting:
             if budget <= 0:
                 return
+            if req.tenant in passed:
+                draft.not_admitted.add(req.rid)
+                continue
             cached, unlocked = kv.cached_prefix(req)
             chunk = min(req.num_tokens - cached, budget)
-            budget -= chunk
             # its first chunk, a copy-on-write page, and its cached prefix (evictable now,
             # locked once it is admitted)
             need = kv.pages_for(chunk) + 1 + unlocked
-            pages += need
             while True:
-                short_slot = len(table.running) + slots > self.config.max_running_requests
-                short_tokens = need * ps if kv.available_pages() < pages else 0
+                short_slot = len(table.running) + placed + 1 > self.config.max_running_requests
+                short_tokens = need * ps if kv.available_pages() < pages + need else 0
                 if not (short_slot or short_tokens):
                     break
                 victim = victim_for(req, holdings, short_slot, short_tokens)
-                held = victim.kv_len if victim is not None else 0  # before its KV is released
-                if victim is None or not self._preempt_for(req, victim, draft):
+                if victim is None and pass_over:
+                    draft.not_admitted.add(req.rid)
+                    passed.add(req.tenant)
+                    break
+                if victim is None or victim.pending:
+                    if victim is not None:  # its token is in flight: fold that step in first
+                        draft.sync_reason = draft.sync_reason or SYNC_PREEMPT
                     return
-                holdings.add(victim.tenant, -1, -held)
-            holdings.add(req.tenant, 1, cached + chunk)
+                holdings.remove(victim)
+                self._preempt_for(req, victim, draft)
+            if req.rid not in draft.not_admitted:
+                budget -= chunk
+                pages += need
+                placed += 1
+                holdings.place(req.tenant, cached + chunk)
 
     def _less_urgent_victim(self, req: Request, draft: _StepDraft) -> Request | None:
         """The least urgent, most recently admitted running request of a strictly less urgent
@@ -401,17 +423,20 @@ class Planner:
         return max(victims, key=lambda r: (r.priority, r.admitted_at), default=None)
 
     def _preempt_less_urgent(self, req: Request, draft: _StepDraft) -> bool:
-        """Priority preemption for `req`; False when there is no victim to preempt now."""
+        """Priority preemption for `req`; False when there is no victim to preempt now (none,
+        or its token is in flight: it is preempted once that step is folded in)."""
         victim = self._less_urgent_victim(req, draft)
-        return victim is not None and self._preempt_for(req, victim, draft)
-
-    def _preempt_for(self, req: Request, victim: Request, draft: _StepDraft) -> bool:
-        """Preempt `victim` to make room for waiting (or swapped-out) `req`: for its priority
-        when the victim is less urgent, else for fair share. False when its sampled token is
-        still in flight (it is preempted once that step is folded in)."""
-        if victim.pending:
-            draft.sync_reason = draft.sync_reason or SYNC_PREEMPT
+        if victim is None or victim.pending:
+            if victim is not None:
+                draft.sync_reason = draft.sync_reason or SYNC_PREEMPT
             return False
+        self._preempt_for(req, victim, draft)
+        return True
+
+    def _preempt_for(self, req: Request, victim: Request, draft: _StepDraft) -> None:
+        """Preempt `victim` (no token of it in flight) to make room for waiting (or
+        swapped-out) `req`: for its priority when the victim is less urgent, else for fair
+        share."""
         if victim.priority > req.priority:
             self._preempt(victim, draft, PRIORITY)
             self.stats.priority_preemptions += 1
@@ -420,8 +445,7 @@ class Planner:
         else:
             self._preempt(victim, draft, FAIR_SHARE)
             self.table.fair.preempted(victim.tenant, self.stats.steps + 1)
-        draft.victims.add(victim.rid)
-        return True
+        draft.not_admitted.add(victim.rid)
 
     def _preempt(self, victim: Request, draft: _StepDraft, cause: str) -> None:
         table = self.table
@@ -462,6 +486,6 @@ class Planner:
             slots = self.kv.reserve(req, req.kv_len_swapped, draft.copies)
             if slots is None:
                 break
-            table.swap_in(req, self.stats.steps + 1)
+            table.swap_in(req)
             draft.swap_in.append(Swap(rid=req.rid, slots=slots))
             draft.swapped_in.add(req.rid)

@@ -44,7 +44,9 @@ class Request:
     cached_len: int = 0  # prompt tokens served from the radix cache at (first) admission
     tree_node: RadixNode | None = None  # deepest radix node this request holds a lock on
     admitted_at: int = -1  # admission counter: preemption picks the most recent
-    started_step: int = 0  # the step of its latest admission or swap-in (fair-share quantum)
+    # outputs it had at its latest admission or swap-in: fair share preempts it only once it
+    # has written fair_share_quantum more
+    outputs_at_start: int = 0
     # monotonic seconds: when it was queued and first admitted (for the queue / prefill times)
     submitted_s: float = 0.0
     admitted_s: float = -1.0

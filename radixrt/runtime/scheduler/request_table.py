@@ -124,11 +124,11 @@ class RequestTable:
             count_capped(counts, req.tenant)
         return counts
 
-    def start(self, req: Request, step: int) -> None:
-        """WAITING -> RUNNING in plan `step` (its KV was admitted and reserved by the planner)."""
+    def start(self, req: Request) -> None:
+        """WAITING -> RUNNING (its KV was admitted and reserved by the planner)."""
         self._unqueue(req)
         req.phase = Phase.RUNNING
-        req.started_step = step
+        req.outputs_at_start = req.num_known_outputs
         req.admitted_at = next(self._admissions)
         self.running.append(req)
 
@@ -154,13 +154,13 @@ class RequestTable:
         req.phase = Phase.SWAPPED
         self.swapped.append(req)
 
-    def swap_in(self, req: Request, step: int) -> None:
-        """SWAPPED -> RUNNING in plan `step`, back in its place in admission order (its KV was
-        reserved by the planner; the plan carries the copy back)."""
+    def swap_in(self, req: Request) -> None:
+        """SWAPPED -> RUNNING, back in its place in admission order (its KV was reserved by
+        the planner; the plan carries the copy back)."""
         self.swapped.remove(req)
         self.swap_used -= req.kv_len_swapped
         req.phase = Phase.RUNNING
-        req.started_step = step
+        req.outputs_at_start = req.num_known_outputs
         self.running.append(req)
         self.running.sort(key=lambda r: r.admitted_at)
 

@@ -2,7 +2,7 @@
 
 A tenant is the name of the API key a request carried when the keys come from `--api-key-file`
 (one `name:key` per line, optionally followed by the tenant's fair-share weight:
-`name:key 2`); else the OpenAI `user` field; else "" (one tenant shared by everyone).
+`name:key weight=2`); else the OpenAI `user` field; else "" (one tenant shared by everyone).
 Keys are compared in constant time, and against every key, so neither the timing of a match nor
 its position in the file tells anything about the keys.
 
@@ -13,6 +13,7 @@ Scheduling message the runtime takes (bounded there; a bad value is a 400 naming
 from __future__ import annotations
 
 import hmac
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,9 @@ from radixrt.runtime.messages import Scheduling
 from radixrt.runtime.server.openai_protocol import APIError, param_of
 
 TENANT_STATE = "tenant"  # where BearerAuth leaves the key's name in the ASGI scope's state
+# `name:key weight=W`: the optional weight column of a key file (a key may hold spaces and
+# colons; it ends where " weight=" starts the last field)
+WEIGHT_COLUMN = re.compile(r"(.*?)\s+weight=(\S*)")
 
 
 @dataclass(frozen=True)
@@ -46,9 +50,9 @@ class ApiKeys:
 
     @classmethod
     def from_file(cls, path: str | Path) -> ApiKeys:
-        """Parse `name:key` lines, each optionally followed by whitespace and the tenant's
-        weight (blank lines and lines starting with # are skipped). Raises ValueError naming
-        the line that is wrong."""
+        """Parse `name:key` lines, each optionally followed by whitespace and `weight=W`, the
+        tenant's weight (blank lines and lines starting with # are skipped). Raises ValueError
+        naming the line that is wrong."""
         entries: list[tuple[str | None, bytes]] = []
         weights: list[tuple[str, float]] = []
         names: set[str] = set()
@@ -60,13 +64,14 @@ class ApiKeys:
                 continue
             name, sep, rest = (part.strip() for part in line.partition(":"))
             where = f"{path}, line {number}"
-            key, *weight = rest.split() or [""]
-            if not sep or not name or not key or len(weight) > 1:
-                raise ValueError(f"{where}: expected 'name:key' or 'name:key weight'")
-            if weight:
+            weighted = WEIGHT_COLUMN.fullmatch(rest)
+            key = weighted.group(1) if weighted else rest
+            if not sep or not name or not key:
+                raise ValueError(f"{where}: expected 'name:key' or 'name:key weight=W'")
+            if weighted:
                 try:
-                    weighted = check_tenant_name(name), check_tenant_weight(name, weight[0])
-                    weights.append(weighted)
+                    weights.append((check_tenant_name(name),
+                                    check_tenant_weight(name, weighted.group(2))))
                 except ValueError as exc:
                     raise ValueError(f"{where}: {exc}") from None
             if len(name) > MAX_NAME_CHARS:

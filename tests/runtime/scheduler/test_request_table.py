@@ -112,7 +112,7 @@ def running(table: RequestTable, rid: int, prompt: list[int], **params: object) 
     table.enqueue(req)
     table.kv.admit(req)
     assert table.kv.reserve(req, req.remaining, []) is not None
-    table.start(req, step=rid)
+    table.start(req)
     return req
 
 
@@ -140,7 +140,7 @@ def test_swap_out_then_swap_in_keeps_the_accounting_and_the_admission_order() ->
     assert table.take_pending_free() == []  # the worker keeps its KV, on the host
     table.check_integrity()
     assert table.kv.reserve(first, first.kv_len_swapped, []) is not None
-    table.swap_in(first, step=9)
+    table.swap_in(first)
     assert first.phase is Phase.RUNNING and table.running == [first, second]
     assert table.swapped == [] and table.swap_used == 0
     table.check_integrity()

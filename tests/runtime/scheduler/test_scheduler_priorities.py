@@ -223,6 +223,64 @@ def test_a_tenant_short_of_kv_pages_preempts_the_tenant_holding_the_pool(preempt
     check_outputs(sim, [*arrivals, calm], [*top, b])
 
 
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_without_the_radix_cache_every_admission_still_makes_progress(preemption: str) -> None:
+    """One slot, two tenants, prompts that take more than a quantum of steps to prefill and no
+    radix cache (a victim computes everything again): a request is never preempted before its
+    prefill is done, so the two alternate and both finish (they used to take the slot from
+    each other forever)."""
+    sim = make_sim(4096, max_running_requests=1, max_num_batched_tokens=16,
+                   disable_radix_cache=True, preemption=preemption, swap_space_tokens=0)
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    arrivals = [Arrival(0, tuple(1 + (k + 3 * t) % 20 for k in range(200)), params,
+                        Scheduling(tenant=f"t{t}")) for t in range(2)]
+    top = run(sim, arrivals)  # asserts that it ends
+    check_idle(sim)
+    check_outputs(sim, arrivals, top)
+    assert sim.sched.stats.preemptions_by_cause["fair_share"] >= 1
+
+
+def test_a_tenant_with_no_slot_takes_the_pages_its_request_needs() -> None:
+    """2 slots and a 256-token pool: A's two long requests hold 130 tokens and a third waits;
+    B's 140-token prompt needs more than is free. B holds nothing: it takes a slot and the
+    pages with it, at once, instead of waiting for A's 240-token generations."""
+    sim = make_sim(256, max_running_requests=2, fair_share_quantum=8)
+    long = SamplingParams(max_tokens=240, ignore_eos=True)
+    arrivals = [Arrival(0, prompt(i), long, Scheduling(tenant="A")) for i in range(3)]
+    top = [sim.sched.add_request(list(a.prompt), a.params, a.scheduling) for a in arrivals]
+    for _ in range(60):
+        step(sim)
+    calm = Arrival(0, tuple(21 + k % 3 for k in range(140)), SHORT, Scheduling(tenant="B"))
+    b = sim.sched.add_request(list(calm.prompt), calm.params, calm.scheduling)
+    assert first_token_step(sim, b) <= 3
+    drain(sim)
+    check_idle(sim)
+    check_outputs(sim, [*arrivals, calm], [*top, b])
+
+
+def test_a_tenant_over_its_share_first_in_line_does_not_block_one_with_no_slot() -> None:
+    """A fills the slots and has more waiting; B's first request (a long prompt) runs and ends,
+    leaving B's clock ahead of A's: A's next request is first in the fair queue. B, holding no
+    slot, still takes one within a quantum: A's request, which no victim is fair for, is
+    passed over for that step."""
+    sim = make_sim(4096, max_running_requests=4, max_num_batched_tokens=16,
+                   fair_share_quantum=2, schedule_policy="fcfs")
+    gen = SamplingParams(max_tokens=60, ignore_eos=True)
+    for i in range(16):
+        sim.sched.add_request([1 + (i * 5 + k) % 20 for k in range(4)], gen,
+                              Scheduling(tenant="A"))
+    for _ in range(4):
+        step(sim)
+    doc = [1 + (k * 7) % 19 for k in range(200)]
+    first = sim.sched.add_request(doc + [5], SHORT, Scheduling(tenant="B"))
+    second = sim.sched.add_request(doc + [6], SHORT, Scheduling(tenant="B"))
+    while not first.finished:
+        step(sim)
+    assert second.num_known_outputs > 0 or first_token_step(sim, second) <= 2 + 3
+    drain(sim)
+    check_idle(sim)
+
+
 def test_shares_settle_without_ping_pong() -> None:
     """4 slots, A and B each with more long requests than slots: A starts with all four; fair
     share moves two to B (4:0, 3:1, 2:2) and then nothing moves, over many quanta."""

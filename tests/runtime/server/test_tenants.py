@@ -210,20 +210,22 @@ def test_a_key_file_may_weigh_its_tenants(tmp_path: Path) -> None:
     from radixrt.runtime.server.tenants import with_key_weights
 
     path = tmp_path / "keys.txt"
-    path.write_text("alice:k1 2\nbob:k2\ncarol:k3:x 0.25\n")
+    path.write_text("alice:k1 weight=2\nbob:my key\ncarol:k3:x  weight=0.25\ndave:abc 2\n")
     keys = ApiKeys.from_file(path)
     assert keys.weights == (("alice", 2.0), ("carol", 0.25))
     assert keys.match(b"k3:x") == (True, "carol")
-    config = with_key_weights(EngineConfig(tenant_weights="dave:3"), keys)
-    assert parse_tenant_weights(config.tenant_weights) == {"dave": 3.0, "alice": 2.0,
+    assert keys.match(b"my key") == (True, "bob")  # keys may hold spaces, as before
+    assert keys.match(b"abc 2") == (True, "dave")
+    config = with_key_weights(EngineConfig(tenant_weights="erin:3"), keys)
+    assert parse_tenant_weights(config.tenant_weights) == {"erin": 3.0, "alice": 2.0,
                                                            "carol": 0.25}
     assert with_key_weights(EngineConfig(), ApiKeys.single("k")) == EngineConfig()
     with pytest.raises(ValueError, match=r"\['alice'\] weighed by both"):
         with_key_weights(EngineConfig(tenant_weights="alice:1"), keys)
-    for text, message in {"a:k 0\n": "line 1: tenant 'a': the weight '0' is not a number",
-                          "a:k two\n": "the weight 'two'",
-                          "a:k 1 2\n": "expected 'name:key' or 'name:key weight'",
-                          "a,b:k 1\n": "has a comma"}.items():
+    for text, message in {"a:k weight=0\n": "line 1: tenant 'a': the weight '0' is not a number",
+                          "a:k weight=two\n": "the weight 'two'",
+                          "a: weight=2\n": "expected 'name:key' or 'name:key weight=W'",
+                          "a,b:k weight=1\n": "has a comma"}.items():
         path.write_text(text)
         with pytest.raises(ValueError, match=message):
             ApiKeys.from_file(path)
@@ -232,9 +234,10 @@ def test_a_key_file_may_weigh_its_tenants(tmp_path: Path) -> None:
 def test_tenant_weights_are_checked_when_the_config_is_made() -> None:
     from radixrt.runtime.config import EngineConfig, parse_tenant_weights
 
-    assert parse_tenant_weights(" a:2, b:c:0.5 ,") == {"a": 2.0, "b:c": 0.5}
+    assert parse_tenant_weights(" a:2, b:0.5 ,") == {"a": 2.0, "b": 0.5}
     assert parse_tenant_weights("") == {}
     for text, message in {"a": "expected name:weight", ":2": "expected name:weight",
+                          "a:2,a:3": "'a' is weighed twice", "a:2;b:1": "has a comma or a colon",
                           "a:inf": "not a number", "a:-1": "not a number",
                           "a:2000": "not a number from 0.001 to 1000"}.items():
         with pytest.raises(ValueError, match=f"EngineConfig.tenant_weights=.*{message}"):
