@@ -7,8 +7,9 @@ tool_choice:
   grammar lets no call start; the output is plain content.
 - "auto" (the default with tools): free text, and from the format's opener on, a well-formed
   call of one of the tools (a trigger in the grammar).
-- "required": one or more calls, nothing else; {"type": "function", "function": {"name": n}}:
-  calls of that tool only. parallel_tool_calls=false: one call.
+- "required": one or more calls, nothing else (parallel_tool_calls=false: one call);
+  {"type": "function", "function": {"name": n}}: exactly one call, of that tool (as OpenAI's
+  guide says of a forced function, and as vLLM and SGLang constrain it).
 With enforcement off (--no-tool-call-enforcement, for comparison) no grammar is added and the
 output is only parsed.
 """
@@ -122,9 +123,10 @@ def plan_chat(body: ChatRequest, features: ChatFeatures,
     if len(set(names)) != len(names):
         raise APIError(f"tools has duplicate function names: {sorted(names)}", param="tools")
     choice = body.tool_choice or "auto"
+    named = isinstance(choice, NamedToolChoice)  # a forced function: one call of it
     if choice == "none":
         mode, allowed = "none", []
-    elif isinstance(choice, NamedToolChoice):
+    elif named:
         if choice.function.name not in names:
             raise APIError(f"tool_choice names function {choice.function.name!r}, which is not "
                            f"in tools: use one of {names}", param="tool_choice")
@@ -143,7 +145,7 @@ def plan_chat(body: ChatRequest, features: ChatFeatures,
         spec = ToolCallSpec(
             features.tool_format,
             tuple((t.function.name, _schema_text(t.function.parameters)) for t in allowed),
-            mode, body.parallel_tool_calls is not False)
+            mode, body.parallel_tool_calls is not False and not named)
         if features.enforce_tool_calls:
             constraint = {"tool_calls": spec.to_json()}
     return ChatToolPlan(tools, with_reasoning(constraint, reasoning), mode != "none", reasoning,

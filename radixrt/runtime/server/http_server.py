@@ -51,6 +51,7 @@ from radixrt.runtime.server.openai_protocol import (
 )
 from radixrt.runtime.server.openai_serving import OpenAIServing, model_card
 from radixrt.runtime.server.tenants import TENANT_STATE, ApiKeys
+from radixrt.runtime.server.text_check import CheckedTextRoute
 from radixrt.runtime.tokenizer.chat_tool_prompts import dsl_chat_info
 from radixrt.runtime.tokenizer.pin_leases import PinService
 from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
@@ -90,6 +91,7 @@ def create_app(manager: TokenizerManager, api_key: str | None = None,
     if keys is None and api_key:
         keys = ApiKeys.single(api_key)
     app = FastAPI(title="radixrt", docs_url=None, redoc_url=None, openapi_url=None)
+    app.router.route_class = CheckedTextRoute  # every route: text that is not Unicode is a 400
     metrics = HTTPMetrics(manager, pins)
     install_error_handlers(app, metrics)
     app.add_middleware(BodyLimit, max_bytes=MAX_REQUEST_BODY_BYTES, metrics=metrics)
@@ -289,7 +291,8 @@ class BearerAuth:
             return
         given = dict(scope["headers"]).get(b"authorization", b"")
         scheme, _, token = given.partition(b" ")
-        found, name = self.keys.match(token if scheme == b"Bearer" else b"")
+        # the scheme is case-insensitive (RFC 7235 section 2.1): "bearer KEY" is as good
+        found, name = self.keys.match(token.strip() if scheme.lower() == b"bearer" else b"")
         if found:
             if name is not None:
                 scope.setdefault("state", {})[TENANT_STATE] = name

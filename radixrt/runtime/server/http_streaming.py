@@ -25,6 +25,8 @@ from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.server.openai_protocol import APIError, error_message, param_of
 from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 
+SHOULD_RETRY_HEADER = "x-should-retry"  # read by the OpenAI and Anthropic Python clients
+
 DISCONNECT_POLL_S = 0.05  # how often a non-streaming request checks that its client is still there
 
 T = TypeVar("T")
@@ -80,7 +82,11 @@ async def open_stream(
     if message is not None and not first.token_ids:  # type: ignore[union-attr]
         await PrimedStream(source, None).aclose()
         if message.startswith(QUEUE_TIMEOUT):
-            raise APIError(message, status=408, code="queue_timeout", param="timeout")
+            # 408, which OpenAI's and Anthropic's clients retry by default: exactly when the
+            # server is congested. `x-should-retry: false` (those clients obey it over the
+            # status) says that the request timed out in the queue, as its `timeout` asked.
+            raise APIError(message, status=408, code="queue_timeout", param="timeout",
+                           headers={SHOULD_RETRY_HEADER: "false"})
         raise APIError(message)
     return PrimedStream(source, first)
 

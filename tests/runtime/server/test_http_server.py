@@ -596,6 +596,20 @@ BAD_REQUESTS: list[Bad] = [Bad(*case) for case in [
     ("/renew_pins", {"pin_ids": 5}, "pin_ids"),
     ("/renew_pins", {"pin_ids": [0] * 4097}, "pin_ids"),
     ("/renew_pins", {"pin_ids": [2**70]}, "pin_ids"),
+    # text that is not Unicode (a lone UTF-16 surrogate, valid JSON): a 400 naming the field on
+    # every route, never a 500 from the tokenizer or the error's own encoding
+    ("/v1/completions", b'{"model": "default", "prompt": "\\ud800"}',
+     "prompt: the text is not valid Unicode"),
+    ("/v1/completions", b'{"model": "default", "prompt": ["ok", "a\\uDFFFb"]}',
+     "prompt.1: the text is not valid Unicode (a lone UTF-16 surrogate at character 1)"),
+    ("/v1/completions", b'{"model": "default", "prompt": "x", "stop": ["\\ud83d"]}', "stop.0"),
+    ("/v1/completions", b'{"model": "default", "prompt": "x", "logit_bias": {"\\udc00": 1}}',
+     "logit_bias.\\udc00"),
+    ("/v1/chat/completions",
+     b'{"model": "default", "messages": [{"role": "user", "content": "hi \\ud800"}]}',
+     "messages.0.content"),
+    ("/generate", b'{"text": "\\udbff"}', "text: the text is not valid Unicode"),
+    ("/abort", b'{"rid": "\\ud800"}', "rid"),
 ]]
 
 
@@ -723,6 +737,10 @@ def test_api_key_is_required(served: Served) -> None:
     right = openai.OpenAI(base_url=f"{served.auth_url}/v1", api_key=API_KEY, max_retries=0)
     out = right.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2, temperature=0)
     assert out.usage.completion_tokens >= 1
+    with httpx.Client(base_url=served.auth_url, timeout=60) as http:
+        for scheme in ("bearer", "BEARER", "Bearer "):  # the scheme is case-insensitive
+            response = http.get("/v1/models", headers={"Authorization": f"{scheme} {API_KEY}"})
+            assert response.status_code == 200, scheme
 
 
 # --- disconnects -------------------------------------------------------------------------------

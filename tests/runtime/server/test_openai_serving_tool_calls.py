@@ -166,6 +166,19 @@ def test_streamed_calls_equal_the_non_streamed_ones(apps: Apps, tool_choice: str
         (c.function.name, c.function.arguments) for c in expected]
 
 
+def test_a_named_function_is_called_exactly_once(apps: Apps) -> None:
+    """A forced function makes one call, whatever parallel_tool_calls says (it was often two
+    identical calls, the second cut at max_tokens)."""
+    for parallel in (None, True):
+        extra = {} if parallel is None else {"parallel_tool_calls": parallel}
+        out = chat(apps.client, tool_choice={"type": "function", "function": {"name": "book"}},
+                   n=4, temperature=1.0, seed=5, **extra)
+        for choice in out.choices:
+            assert choice.finish_reason == "tool_calls", choice
+            assert len(choice.message.tool_calls) == 1
+            check_calls(choice.message.tool_calls, {"book"})
+
+
 def test_parallel_tool_calls_false_allows_exactly_one_call(apps: Apps) -> None:
     out = chat(apps.client, tool_choice="required", parallel_tool_calls=False, n=4,
                temperature=1.0, seed=3)

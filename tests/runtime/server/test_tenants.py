@@ -124,11 +124,20 @@ def test_a_request_waiting_past_its_timeout_is_a_408(tenancy: Tenancy) -> None:
         response = http.post("/v1/completions", json={
             "model": MODEL, "prompt": "x", "max_tokens": 2, "timeout": 0.2})
         assert response.status_code == 408, response.text
+        assert response.headers["x-should-retry"] == "false"  # the clients would retry a 408
         error = response.json()["error"]
         assert error["code"] == "queue_timeout" and "timeout=0.2s" in error["message"]
         generate = http.post("/generate", json={"text": "x", "timeout": 0.2,
                                                 "sampling_params": {"max_tokens": 2}})
         assert generate.status_code == 408
+    sent: list = []  # the official client, with its default retries, sends it once
+    counted = httpx.Client(timeout=120, event_hooks={"request": [sent.append]})
+    patient = openai.OpenAI(base_url=f"{tenancy.url}/v1", api_key=KEYS["alice"],
+                            http_client=counted)
+    with pytest.raises(openai.APIStatusError) as refused:
+        patient.completions.create(model=MODEL, prompt="x", max_tokens=2,
+                                   extra_body={"timeout": 0.2})
+    assert refused.value.status_code == 408 and len(sent) == 1
     thread.join(timeout=120)
 
 
