@@ -233,7 +233,8 @@ def test_a_key_file_may_weigh_its_tenants(tmp_path: Path) -> None:
         with_key_weights(EngineConfig(tenant_weights="alice:1"), keys)
     for text, message in {"a:k weight=0\n": "line 1: tenant 'a': the weight '0' is not a number",
                           "a:k weight=two\n": "the weight 'two'",
-                          "a: weight=2\n": "expected 'name:key' or 'name:key weight=W'",
+                          "a:k weight=\n": "the weight '' is not a number",
+                          ":k weight=2\n": "expected 'name:key' or 'name:key weight=W'",
                           "a,b:k weight=1\n": "has a comma"}.items():
         path.write_text(text)
         with pytest.raises(ValueError, match=message):
