@@ -19,7 +19,7 @@ served tokens go as their weights (default 1).
 
 With one tenant the interleaving is the identity: the order is exactly the policy's.
 
-`over_share_victim` is fair share's rule for preemption (planner.py makes room with it), for a
+`over_share_victim` is fair share's rule for preemption (preemption.py makes room with it), for a
 tenant with waiting requests against the running requests of other tenants of its priority:
 
 - a tenant that holds no running slot takes one (and the KV pages its request needs) from any
@@ -34,7 +34,7 @@ tenant with waiting requests against the running requests of other tenants of it
 
 The giver is the tenant holding the most per unit of weight, then the one served most (its
 clock); its request that loses least goes (least output, most recently admitted). No request
-is preempted before it has written a quantum of tokens since its admission (planner.py), so
+is preempted before it has written a quantum of tokens since its admission (preemption.py), so
 every admission makes progress. With one tenant nothing applies.
 """
 

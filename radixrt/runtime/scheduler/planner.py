@@ -5,32 +5,27 @@ Order within a plan (`schedule`): swapped-out requests come back first (oldest a
 then every running decode gets its one token, then running prefills get chunks while the budget
 lasts, then waiting requests are admitted (none while any request is swapped out). Pages that a
 prefix computed twice at once holds are handed back last, once nothing in this plan can reuse
-them. Pure bookkeeping: no tensors.
+them. Making room in a step (preemption by memory, priority and fair share; swapped-out requests
+coming back) is the `Preemptor`'s (preemption.py), which the planner owns and calls; the planner
+picks the victim of a preemption for memory (`_pick_victim`). Pure bookkeeping: no tensors.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
 from radixrt.runtime.config import PLACEHOLDER_TOKEN, QUEUE_TIMEOUT, EngineConfig
-from radixrt.runtime.messages import PrefixGroup, Run, SlotCopy, StepPlan, Swap, WorkerRequest
-from radixrt.runtime.scheduler.fair_share import Holdings, over_share_victim
+from radixrt.runtime.messages import PrefixGroup, Run, StepPlan, WorkerRequest
 from radixrt.runtime.scheduler.in_flight import SYNC_FORK, SYNC_PREEMPT, InFlightLedger
 from radixrt.runtime.scheduler.kv_manager import KVManager
 from radixrt.runtime.scheduler.policy import SchedulePolicy
+from radixrt.runtime.scheduler.preemption import Preemptor
 from radixrt.runtime.scheduler.prefix_groups import prefix_groups
 from radixrt.runtime.scheduler.queue_order import admission_order, most_urgent
 from radixrt.runtime.scheduler.request import Phase, Request
 from radixrt.runtime.scheduler.request_table import RequestTable
-from radixrt.runtime.scheduler.stats import (
-    FAIR_SHARE,
-    MEMORY,
-    PRIORITY,
-    SchedulerStats,
-    count_capped,
-)
+from radixrt.runtime.scheduler.stats import MEMORY, SchedulerStats
+from radixrt.runtime.scheduler.step_draft import StepDraft
 
 # A waiting request is held back one step when a request being prefilled right now shares at least
 # this many not-yet-cached tokens with it: next step those tokens are in the radix tree.
@@ -44,26 +39,6 @@ IN_BATCH_PREFIX_MIN = 32
 CASCADE_MIN_PREFIX = 32
 
 POOL_TOO_SMALL = "the KV pool is too small for this request"
-
-
-@dataclass
-class _StepDraft:
-    """What the current step plan accumulates while it is being built."""
-
-    budget: int
-    runs: list[Run] = field(default_factory=list)
-    copies: list[SlotCopy] = field(default_factory=list)
-    new_requests: list[WorkerRequest] = field(default_factory=list)
-    swap_in: list[Swap] = field(default_factory=list)
-    swap_out: list[Swap] = field(default_factory=list)
-    planned: set[int] = field(default_factory=set)
-    swapped_in: set[int] = field(default_factory=set)  # never preempted in the same plan
-    prefilling: set[int] = field(default_factory=set)  # computing more than one token
-    prefilling_in_flight: set[int] = field(default_factory=set)  # ... in steps not folded in
-    # preempted for waiting requests (priority, fair share), or passed over by fair share: not
-    # admitted by this plan
-    not_admitted: set[int] = field(default_factory=set)
-    sync_reason: str | None = None  # the step in flight must be folded in first (in_flight.py)
 
 
 class Planner:
@@ -82,21 +57,22 @@ class Planner:
         self.policy = policy
         self.stats = stats
         self.context_length = context_length
+        self.preemptor = Preemptor(config, table, kv, policy, stats)  # makes room in a step
 
     def schedule(self, in_flight: InFlightLedger) -> StepPlan | None:
         """The next step's plan, or None when there is nothing to do. `in_flight`: the steps
         planned and not folded in yet; the plan is recorded in it."""
         table = self.table
-        draft = _StepDraft(budget=self.config.max_num_batched_tokens,
+        draft = StepDraft(budget=self.config.max_num_batched_tokens,
                            prefilling_in_flight=in_flight.prefilling())
         self._expire_waiting()
         urgent = most_urgent(table.admittable())  # the most urgent priority waiting
-        self._swap_back(draft, urgent)
+        self.preemptor.swap_back(draft, urgent)
         if urgent is not None and self.config.priority_preemption:
-            self._preempt_for_urgent(draft)
+            self.preemptor.preempt_for_urgent(draft)
         if (urgent is not None and self.config.fair_share and self.config.fair_share_preemption
                 and not draft.not_admitted):
-            self._preempt_for_fair_share(draft, urgent)
+            self.preemptor.preempt_for_fair_share(draft, urgent)
         for req in [r for r in table.running if r.is_decoding and not self._awaits_end(r)]:
             if req.phase is Phase.RUNNING and req.rid not in draft.planned:
                 self._plan_chunk(req, 1, draft)
@@ -127,7 +103,7 @@ class Planner:
             prefix_groups=self._prefix_groups(draft),
         )
 
-    def _prefix_groups(self, draft: _StepDraft) -> list[PrefixGroup]:
+    def _prefix_groups(self, draft: StepDraft) -> list[PrefixGroup]:
         """Decode runs that share a prefix of pages (after this plan's copies), for cascade
         attention."""
         if not self.config.cascade_attention:
@@ -137,7 +113,7 @@ class Planner:
         return prefix_groups(decodes, self.kv.page_size, CASCADE_MIN_PREFIX,
                              self.config.cascade_min_saved_reads)
 
-    def _plan_prefills(self, requests: list[Request], draft: _StepDraft) -> None:
+    def _plan_prefills(self, requests: list[Request], draft: StepDraft) -> None:
         for req in requests:
             if draft.budget <= 0:
                 break
@@ -162,7 +138,7 @@ class Planner:
             len(req.output_ids) >= req.max_tokens or req.num_tokens >= self.context_length
         )
 
-    def _move_onto_tree_pages(self, draft: _StepDraft, free: list[int]) -> None:
+    def _move_onto_tree_pages(self, draft: StepDraft, free: list[int]) -> None:
         """A prefix computed twice at once is held once: requests move onto the tree's pages.
         Done once the plan is made, so the pages freed here are not reused by it; a request
         preempted (or preempted and re-admitted) in this plan starts clean and is skipped."""
@@ -174,7 +150,7 @@ class Planner:
                 self.kv.dedupe(req, num_pages, draft.copies)
 
     # --- admission ---------------------------------------------------------------------------
-    def _admit(self, draft: _StepDraft) -> None:
+    def _admit(self, draft: StepDraft) -> None:
         table = self.table
         fair = table.fair if self.config.fair_share else None
         admittable = table.admittable()
@@ -233,7 +209,7 @@ class Planner:
             )
             self._add_run(req, chunk, slots, draft)
 
-    def _shares_prefill_in_progress(self, req: Request, draft: _StepDraft) -> bool:
+    def _shares_prefill_in_progress(self, req: Request, draft: StepDraft) -> bool:
         """True when a request prefilling now (in this plan, in a step still in flight, or in
         chunks still to come) will put this one's next tokens in the tree."""
         if self.kv.disable_radix_cache:
@@ -251,7 +227,7 @@ class Planner:
         )
 
     # --- running requests --------------------------------------------------------------------
-    def _plan_chunk(self, req: Request, chunk: int, draft: _StepDraft) -> None:
+    def _plan_chunk(self, req: Request, chunk: int, draft: StepDraft) -> None:
         room = self.kv.room(req)
         if 0 < room < chunk:
             chunk = room
@@ -268,9 +244,9 @@ class Planner:
                 if alone and req.rid not in self.table.dedupe:
                     self.table.fail(req, POOL_TOO_SMALL)
                 return  # others hold the memory this step; they progress, then this one
-            self._preempt(victim, draft, MEMORY)
+            self.preemptor.preempt(victim, draft, MEMORY)
 
-    def _add_run(self, req: Request, chunk: int, slots: list[int], draft: _StepDraft) -> None:
+    def _add_run(self, req: Request, chunk: int, slots: list[int], draft: StepDraft) -> None:
         start = req.kv_len - chunk
         sample = req.kv_len == req.num_tokens and req.max_tokens > 0  # 0: prefill only
         fork_into: list[int] = []
@@ -297,8 +273,8 @@ class Planner:
             draft.prefilling.add(req.rid)
         draft.budget -= chunk
 
-    # --- preemption --------------------------------------------------------------------------
-    def _pick_victim(self, req: Request, draft: _StepDraft) -> Request | None:
+    # --- preemption for memory (the Preemptor preempts the victim) ---------------------------
+    def _pick_victim(self, req: Request, draft: StepDraft) -> Request | None:
         """For a running request that needs KV: the least urgent, then most recently admitted
         running request not planned in this step yet, never one more urgent than `req`."""
         candidates = [
@@ -313,179 +289,3 @@ class Planner:
             draft.sync_reason = draft.sync_reason or SYNC_PREEMPT
             return None
         return victim
-
-    def _preempt_for_urgent(self, draft: _StepDraft) -> None:
-        """Priority preemption, before anything is planned: make room for waiting requests by
-        preempting running requests of a strictly less urgent priority, least urgent and most
-        recently admitted first. Equal priorities never preempt each other here, so nothing
-        ping-pongs; a preempted request (recompute keeps its tokens in the radix tree) resumes
-        once the urgent ones leave room."""
-        table = self.table
-        least = max((r.priority for r in table.running), default=None)
-        swapped = most_urgent(table.swapped)
-        ceiling = least if swapped is None or least is None else min(least, swapped)
-        if ceiling is None:
-            return
-        urgent = sorted((r for r in table.admittable() if r.priority < ceiling),
-                        key=lambda r: (r.priority, r.arrival))
-        self._make_room(draft, urgent,
-                        lambda req, _holdings, _slot, _tokens: self._less_urgent_victim(req, draft))
-
-    def _preempt_for_fair_share(self, draft: _StepDraft, level: int) -> None:
-        """Fair-share preemption, within the most urgent waiting priority `level`: make room for
-        its waiting requests, in admission order, by preempting requests of tenants over their
-        share (fair_share.over_share_victim). A request may be a victim only once it has
-        written `fair_share_quantum` tokens since its admission: every admission makes
-        progress, even where a preempted request computes everything again (no radix cache),
-        and nothing ping-pongs. A waiting request no victim makes room for (its
-        tenant already holds its share) is passed over for this plan, so that the room made
-        goes to the request it was made for. Nothing to do with one tenant at that level, or
-        while swapped-out requests of that level wait to come back (they go first)."""
-        table, config = self.table, self.config
-        swapped = most_urgent(table.swapped)
-        if swapped is not None and swapped <= level:
-            return
-        waiting = [r for r in table.admittable() if r.priority == level]
-        running = [r for r in table.running if r.priority == level]
-        if len({r.tenant for r in waiting} | {r.tenant for r in running}) < 2:
-            return
-        if (len(table.running) < config.max_running_requests
-                and self.kv.available_pages() >= sum(self.kv.pages_for(r.num_tokens)
-                                                     for r in waiting)):
-            return  # room for every waiting request: admission alone is fair
-        ordered = admission_order(waiting, self.kv, self.policy, table.fair)
-        quantum = config.fair_share_quantum
-
-        def victim(req: Request, holdings: Holdings, slot: bool, tokens: int) -> Request | None:
-            candidates = [r for r in table.running if r.priority == level
-                          and r.num_known_outputs - r.outputs_at_start >= quantum
-                          and r.rid not in draft.swapped_in]
-            return over_share_victim(req.tenant, slot, tokens, holdings, candidates, table.fair,
-                                     self.stats.steps + 1)
-
-        self._make_room(draft, ordered, victim, Holdings(running, self.kv.page_size),
-                        pass_over=True)
-
-    def _make_room(self, draft: _StepDraft, waiting: list[Request],
-                   victim_for: Callable[[Request, Holdings, bool, int], Request | None],
-                   holdings: Holdings | None = None, pass_over: bool = False) -> None:
-        """Make room (a running slot, KV pages for its first chunk) for each of `waiting` in
-        turn by preempting `victim_for(req, holdings, slot short, KV tokens short)`. A request
-        no victim makes room for ends the walk (admission would stop there too), or with
-        `pass_over` is left out of this plan's admissions, and so are its tenant's requests
-        after it (a tenant's own order holds). `holdings`: what each tenant holds, updated with
-        every move (fair share's rule reads it)."""
-        table, kv = self.table, self.kv
-        holdings = holdings or Holdings(table.running, kv.page_size)
-        ps = kv.page_size
-        pages = sum(1 for r in table.running if r.is_decoding and r.kv_len % ps == 0)
-        budget = self.config.max_num_batched_tokens - sum(r.is_decoding for r in table.running)
-        placed = 0  # running slots the requests made room for take
-        passed: set[str] = set()  # tenants with a request passed over
-        for req in waiting:
-            if budget <= 0:
-                return
-            if req.tenant in passed:
-                draft.not_admitted.add(req.rid)
-                continue
-            cached, unlocked = kv.cached_prefix(req)
-            chunk = min(req.num_tokens - cached, budget)
-            # its first chunk, a copy-on-write page, and its cached prefix (evictable now,
-            # locked once it is admitted)
-            need = kv.pages_for(chunk) + 1 + unlocked
-            while True:
-                short_slot = len(table.running) + placed + 1 > self.config.max_running_requests
-                short_tokens = need * ps if kv.available_pages() < pages + need else 0
-                if not (short_slot or short_tokens):
-                    break
-                victim = victim_for(req, holdings, short_slot, short_tokens)
-                if victim is None and pass_over:
-                    draft.not_admitted.add(req.rid)
-                    passed.add(req.tenant)
-                    break
-                if victim is None or victim.pending:
-                    if victim is not None:  # its token is in flight: fold that step in first
-                        draft.sync_reason = draft.sync_reason or SYNC_PREEMPT
-                    return
-                holdings.remove(victim)
-                self._preempt_for(req, victim, draft)
-            if req.rid not in draft.not_admitted:
-                budget -= chunk
-                pages += need
-                placed += 1
-                holdings.place(req.tenant, cached + chunk)
-
-    def _less_urgent_victim(self, req: Request, draft: _StepDraft) -> Request | None:
-        """The least urgent, most recently admitted running request of a strictly less urgent
-        priority than `req`."""
-        victims = [r for r in self.table.running
-                   if r.priority > req.priority and r.rid not in draft.swapped_in]
-        return max(victims, key=lambda r: (r.priority, r.admitted_at), default=None)
-
-    def _preempt_less_urgent(self, req: Request, draft: _StepDraft) -> bool:
-        """Priority preemption for `req`; False when there is no victim to preempt now (none,
-        or its token is in flight: it is preempted once that step is folded in)."""
-        victim = self._less_urgent_victim(req, draft)
-        if victim is None or victim.pending:
-            if victim is not None:
-                draft.sync_reason = draft.sync_reason or SYNC_PREEMPT
-            return False
-        self._preempt_for(req, victim, draft)
-        return True
-
-    def _preempt_for(self, req: Request, victim: Request, draft: _StepDraft) -> None:
-        """Preempt `victim` (no token of it in flight) to make room for waiting (or
-        swapped-out) `req`: for its priority when the victim is less urgent, else for fair
-        share."""
-        if victim.priority > req.priority:
-            self._preempt(victim, draft, PRIORITY)
-            self.stats.priority_preemptions += 1
-            count_capped(self.stats.preemptions_caused_by_priority, str(req.priority))
-            count_capped(self.stats.preemptions_caused_by_tenant, req.tenant)
-        else:
-            self._preempt(victim, draft, FAIR_SHARE)
-            self.table.fair.preempted(victim.tenant, self.stats.steps + 1)
-        draft.not_admitted.add(victim.rid)
-
-    def _preempt(self, victim: Request, draft: _StepDraft, cause: str) -> None:
-        table = self.table
-        self.stats.preemptions += 1
-        self.stats.preemptions_by_cause[cause] += 1
-        fits_swap = table.swap_used + victim.kv_len <= self.config.swap_space_tokens
-        if self.config.preemption == "swap" and not fits_swap:
-            self.stats.swap_fallbacks += 1  # the host swap space is full: recompute instead
-        if self.config.preemption == "swap" and fits_swap and victim.kv_len > 0:
-            self.stats.swaps += 1
-            slots = self.kv.slots(victim, 0, victim.kv_len)
-            draft.swap_out.append(Swap(rid=victim.rid, slots=slots))
-            table.swap_out(victim)
-            return
-        table.preempt_recompute(victim)
-
-    def _swap_in_room(self, req: Request) -> bool:
-        """A running slot for `req`, and pages to swap it back in plus one for each running
-        request to grow by."""
-        table = self.table
-        need = self.kv.pages_for(req.kv_len_swapped) + len(table.running)
-        return (len(table.running) < self.config.max_running_requests
-                and self.kv.available_pages() >= need)
-
-    def _swap_back(self, draft: _StepDraft, urgent: int | None) -> None:
-        """Swapped-out requests come back, most urgent then oldest first, unless a more urgent
-        request is waiting (it goes first); one that finds no running slot or not enough pages
-        preempts running requests of a strictly less urgent priority (priority preemption)."""
-        table = self.table
-        for req in sorted(table.swapped, key=lambda r: (r.priority, r.admitted_at)):
-            if urgent is not None and urgent < req.priority:
-                break
-            while not self._swap_in_room(req) and self.config.priority_preemption:
-                if not self._preempt_less_urgent(req, draft):
-                    break
-            if not self._swap_in_room(req):
-                break
-            slots = self.kv.reserve(req, req.kv_len_swapped, draft.copies)
-            if slots is None:
-                break
-            table.swap_in(req)
-            draft.swap_in.append(Swap(rid=req.rid, slots=slots))
-            draft.swapped_in.add(req.rid)

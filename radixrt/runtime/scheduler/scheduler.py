@@ -4,7 +4,8 @@ It owns policy and bookkeeping, never tensors: `schedule()` plans the next StepP
 and `process_results()` folds the worker's StepResult back in. The parts, each its own concept:
 
 - `RequestTable` (request_table.py): every request, its queue, every transition of its life;
-- `Planner` (planner.py): decodes, prefill chunks, admissions, preemption;
+- `Planner` (planner.py): decodes, prefill chunks, admissions, preemption (making room:
+  `Preemptor`, preemption.py);
 - `ResultFolder` (folding.py): sampled and forced tokens, forks, finished requests;
 - `KVManager` (kv_manager.py) over the page pool and the radix cache; a `SchedulePolicy`.
 

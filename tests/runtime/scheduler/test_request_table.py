@@ -2,7 +2,8 @@
 in-flight ledger (in_flight.py): each transition leaves the queues, the KV and the swap
 accounting consistent; a result planned before a recompute preemption is dropped; a presolved
 token is skipped once; a sync is settled by folding the newest plan in. And the rule that keeps
-the lifecycle in one file: the planner and the folder never write the table's fields."""
+the lifecycle in one file: the planner (its preemption too) and the folder never write the
+table's fields."""
 
 from __future__ import annotations
 
@@ -95,7 +96,7 @@ def f(self, table, req):
 
 
 def test_planner_and_folder_move_requests_only_through_table_methods() -> None:
-    for name in ("planner.py", "folding.py"):
+    for name in ("planner.py", "preemption.py", "folding.py"):
         assert table_writes((SCHEDULER / name).read_text()) == [], name
 
 
