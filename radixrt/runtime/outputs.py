@@ -16,6 +16,7 @@ class CompletionOutput:
     token_ids: list[int] = field(default_factory=list)
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error: ..."
     logprobs: list[TokenLogprob] = field(default_factory=list)  # when params.logprobs
+    matched_stop: str | None = None  # the stop string that ended it (finish_reason "stop")
 
 
 @dataclass
@@ -73,3 +74,4 @@ class StreamChunk:
     prefill_s: float = -1.0  # ... and from admission to the first token (-1 on other chunks)
     pinned: bool = False  # the final chunk of a pin=True request: its prefix is pinned
     pin_error: str | None = None  # ... or why the pin was refused
+    matched_stop: str | None = None  # the final chunk of a sample a stop string ended: that string

@@ -105,3 +105,54 @@ class ChoiceParser:
 def finish_reason_with_calls(reason: str | None, has_calls: bool) -> str | None:
     """OpenAI's "tool_calls" where an output that made calls ended by itself."""
     return "tool_calls" if has_calls and reason == "stop" else reason
+
+
+@dataclass(frozen=True)
+class Segment:
+    """One step of a choice's output as a sequence of parts (Anthropic's blocks, the Responses
+    API's output items): a part opens, text is appended to it, it closes. kind: "reasoning",
+    "text" or "call"; an opening call carries its id and name, its appends the arguments."""
+
+    op: str  # "open" | "append" | "close"
+    kind: str
+    text: str = ""
+    call_id: str | None = None
+    name: str | None = None
+
+
+class SegmentTracker:
+    """Pieces (ChoiceParser's) -> Segments: a part opens when output of another kind, or
+    another call, begins; the open part closes first. Only one part is open at a time."""
+
+    def __init__(self) -> None:
+        self.open_kind: str | None = None
+
+    def feed(self, piece: ChoicePiece) -> list[Segment]:
+        out: list[Segment] = []
+        if piece.reasoning:
+            out += self._ensure("reasoning")
+            out.append(Segment("append", "reasoning", piece.reasoning))
+        if piece.content:
+            out += self._ensure("text")
+            out.append(Segment("append", "text", piece.content))
+        for call in piece.calls:
+            if call.function.name is not None:  # a call's first delta
+                out += self.close()
+                self.open_kind = "call"
+                out.append(Segment("open", "call", call_id=call.id, name=call.function.name))
+            if call.function.arguments:
+                out.append(Segment("append", "call", call.function.arguments))
+        return out
+
+    def _ensure(self, kind: str) -> list[Segment]:
+        if self.open_kind == kind:
+            return []
+        out = self.close()
+        self.open_kind = kind
+        return [*out, Segment("open", kind)]
+
+    def close(self) -> list[Segment]:
+        if self.open_kind is None:
+            return []
+        kind, self.open_kind = self.open_kind, None
+        return [Segment("close", kind)]

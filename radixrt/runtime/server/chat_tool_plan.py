@@ -9,7 +9,9 @@ tool_choice:
   call of one of the tools (a trigger in the grammar).
 - "required": one or more calls, nothing else (parallel_tool_calls=false: one call);
   {"type": "function", "function": {"name": n}}: exactly one call, of that tool (as OpenAI's
-  guide says of a forced function, and as vLLM and SGLang constrain it).
+  guide says of a forced function, and as vLLM and SGLang constrain it), whatever
+  parallel_tool_calls says; on /v1/messages (named_parallel) Anthropic's {"type": "tool"} makes
+  several unless disable_parallel_tool_use.
 With enforcement off (--no-tool-call-enforcement, for comparison) no grammar is added and the
 output is only parsed.
 """
@@ -98,9 +100,10 @@ class ChatToolPlan:
     template_kwargs: dict[str, Any]
 
 
-def plan_chat(body: ChatRequest, features: ChatFeatures,
-              other_constraint: dict[str, Any]) -> ChatToolPlan:
-    """other_constraint: the regex / json_schema / choices / response_format fields given."""
+def plan_chat(body: ChatRequest, features: ChatFeatures, other_constraint: dict[str, Any],
+              named_parallel: bool = False) -> ChatToolPlan:
+    """other_constraint: the regex / json_schema / choices / response_format fields given;
+    named_parallel: a named tool choice may make several calls (of that tool)."""
     unsupported = body.unsupported()
     if unsupported:
         hint = " (use tools and tool_choice)" if {"functions", "function_call"} & \
@@ -145,7 +148,7 @@ def plan_chat(body: ChatRequest, features: ChatFeatures,
         spec = ToolCallSpec(
             features.tool_format,
             tuple((t.function.name, _schema_text(t.function.parameters)) for t in allowed),
-            mode, body.parallel_tool_calls is not False and not named)
+            mode, body.parallel_tool_calls is not False and (named_parallel or not named))
         if features.enforce_tool_calls:
             constraint = {"tool_calls": spec.to_json()}
     return ChatToolPlan(tools, with_reasoning(constraint, reasoning), mode != "none", reasoning,
@@ -202,6 +205,11 @@ def check_conversation(body: ChatRequest) -> None:
                 raise APIError(f"{where}: tool_call_id {message.tool_call_id!r} answers no "
                                "earlier assistant tool call", param="messages")
         message.text()  # content parts other than text are refused here
+    last = body.messages[-1] if body.messages else None
+    if body.continue_final_message and (last is None or last.role != "assistant"
+                                        or last.tool_calls or not last.text()):
+        raise APIError("continue_final_message needs the last message to be an assistant's text "
+                       "(without tool calls) for the model to continue", param="messages")
 
 
 def template_messages(body: ChatRequest) -> list[dict[str, Any]]:

@@ -3,6 +3,9 @@
     app = create_app(manager, api_key=None)   # serve with uvicorn
 
 OpenAI API: POST /v1/completions, POST /v1/chat/completions, GET /v1/models.
+OpenAI Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}, POST
+/v1/responses/{id}/cancel.
+Anthropic API: POST /v1/messages, POST /v1/messages/count_tokens (errors in its shape).
 Native: POST /generate, POST /abort, POST /unpin, POST /renew_pins, POST /flush_cache,
 GET /server_info.
 Operations: GET /health (no auth, no work), GET /health_generate (generates one token),
@@ -21,7 +24,7 @@ import asyncio
 import logging
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, Field
@@ -32,8 +35,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from radixrt.runtime.config import INT64_MAX, INT64_MIN
 from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.server.anthropic_protocol import CountTokensRequest, MessagesRequest
+from radixrt.runtime.server.anthropic_serving import AnthropicServing
 from radixrt.runtime.server.chat_tool_plan import ChatFeatures
 from radixrt.runtime.server.dsl_scoring import start_text
+from radixrt.runtime.server.error_shapes import error_response
 from radixrt.runtime.server.http_metrics import HTTPMetrics
 from radixrt.runtime.server.http_native import (
     GenerateRequest,
@@ -50,6 +56,9 @@ from radixrt.runtime.server.openai_protocol import (
     error_body,
 )
 from radixrt.runtime.server.openai_serving import OpenAIServing, model_card
+from radixrt.runtime.server.response_store import ResponseStore
+from radixrt.runtime.server.responses_protocol import RESPONSE_ID_CHARS, ResponsesRequest
+from radixrt.runtime.server.responses_serving import ResponsesServing
 from radixrt.runtime.server.tenants import TENANT_STATE, ApiKeys
 from radixrt.runtime.server.text_check import CheckedTextRoute
 from radixrt.runtime.tokenizer.chat_tool_prompts import dsl_chat_info
@@ -71,6 +80,9 @@ FIELD_HINTS = {
 }
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"
 log = logging.getLogger("radixrt.http")
+
+
+ResponseId = Annotated[str, Path(min_length=1, max_length=RESPONSE_ID_CHARS)]
 
 
 class AbortRequest(BaseModel):
@@ -100,8 +112,12 @@ def create_app(manager: TokenizerManager, api_key: str | None = None,
     app.add_middleware(InternalErrors, metrics=metrics)  # catches the others'
     if replica is not None:  # the outermost: names even InternalErrors' 500s
         app.add_middleware(ReplicaHeader, name=replica)
-    add_openai_routes(app, OpenAIServing(manager, features), manager)
-    add_native_routes(app, NativeServing(manager), manager, pins, features)
+    chat = OpenAIServing(manager, features)
+    add_openai_routes(app, chat, manager)
+    add_anthropic_routes(app, AnthropicServing(chat))
+    store = ResponseStore(pins)
+    add_responses_routes(app, ResponsesServing(chat, store))
+    add_native_routes(app, NativeServing(manager), manager, pins, features, store)
     add_operations_routes(app, manager, metrics)
     add_router_routes(app, manager)
     return app
@@ -124,8 +140,39 @@ def add_openai_routes(app: FastAPI, serving: OpenAIServing, manager: TokenizerMa
         return {"object": "list", "data": [model_card(manager.model_name)]}
 
 
+def add_anthropic_routes(app: FastAPI, serving: AnthropicServing) -> None:
+    """Anthropic's Messages API (the anthropic-version header is accepted, whatever it says)."""
+    @app.post("/v1/messages")
+    async def messages(body: MessagesRequest, request: Request) -> Response:
+        return await serving.messages(body, request)
+
+    @app.post("/v1/messages/count_tokens")
+    async def count_tokens(body: CountTokensRequest) -> Response:
+        return await serving.count_tokens(body)
+
+
+def add_responses_routes(app: FastAPI, serving: ResponsesServing) -> None:
+    """OpenAI's Responses API; stored responses are the API key's tenant's own."""
+
+    @app.post("/v1/responses")
+    async def create_response(body: ResponsesRequest, request: Request) -> Response:
+        return await serving.create(body, request)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: ResponseId, request: Request) -> Response:
+        return serving.get(response_id, request)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: ResponseId, request: Request) -> Response:
+        return await serving.delete(response_id, request)
+
+    @app.post("/v1/responses/{response_id}/cancel")
+    async def cancel_response(response_id: ResponseId, request: Request) -> Response:
+        return await serving.cancel(response_id, request)
+
+
 def add_native_routes(app: FastAPI, serving: NativeServing, manager: TokenizerManager,
-                      pins: PinService, features: ChatFeatures) -> None:
+                      pins: PinService, features: ChatFeatures, store: ResponseStore) -> None:
     @app.post("/generate")
     async def generate(body: GenerateRequest, request: Request) -> Response:
         return await serving.generate(body, request)
@@ -155,6 +202,7 @@ def add_native_routes(app: FastAPI, serving: NativeServing, manager: TokenizerMa
         info["chat_features"] = features.info()
         info["score_start"] = start_text(manager.tokenizer)  # unconditional select scores
         info.update(pins.info())
+        info.update(store.info())
         info.update(router_metadata(manager))
         return info
 
@@ -203,13 +251,14 @@ def install_error_handlers(app: FastAPI, metrics: HTTPMetrics) -> None:
     async def on_api_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, APIError)
         metrics.reject(exc.status)
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers)
+        return error_response(request.url.path, exc.status, exc.message, exc.type, exc.param,
+                              exc.code, exc.headers)
 
     async def on_validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         metrics.reject(400)
         message, param = describe_validation_errors(exc.errors())
-        return JSONResponse(error_body(message, param=param), status_code=400)
+        return error_response(request.url.path, 400, message, param=param)
 
     async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
@@ -218,8 +267,8 @@ def install_error_handlers(app: FastAPI, metrics: HTTPMetrics) -> None:
         if exc.status_code < 500:
             metrics.reject(exc.status_code)
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return JSONResponse(error_body(str(exc.detail), kind), status_code=exc.status_code,
-                            headers=exc.headers)
+        return error_response(request.url.path, exc.status_code, str(exc.detail), kind,
+                              headers=exc.headers)
 
     async def on_client_gone(request: Request, exc: Exception) -> Response:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
@@ -227,7 +276,7 @@ def install_error_handlers(app: FastAPI, metrics: HTTPMetrics) -> None:
     async def on_body_too_large(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, BodyTooLarge)
         metrics.reject(413)
-        return exc.response()
+        return exc.response(request.url.path)
 
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
@@ -289,20 +338,24 @@ class BearerAuth:
         if scope["type"] != "http" or scope["path"] in UNAUTHENTICATED_PATHS:
             await self.app(scope, receive, send)
             return
-        given = dict(scope["headers"]).get(b"authorization", b"")
+        headers = dict(scope["headers"])
+        given = headers.get(b"authorization", b"")
         scheme, _, token = given.partition(b" ")
-        # the scheme is case-insensitive (RFC 7235 section 2.1): "bearer KEY" is as good
-        found, name = self.keys.match(token.strip() if scheme.lower() == b"bearer" else b"")
+        # the scheme is case-insensitive (RFC 7235 section 2.1): "bearer KEY" is as good;
+        # Anthropic's clients send the key as `x-api-key: KEY`
+        if scheme.lower() != b"bearer":
+            token = headers.get(b"x-api-key", b"")
+            given = given or token
+        found, name = self.keys.match(token.strip())
         if found:
             if name is not None:
                 scope.setdefault("state", {})[TENANT_STATE] = name
             await self.app(scope, receive, send)
             return
-        message = ("a valid API key is required: send the header 'Authorization: Bearer <key>'"
-                   if not given else "the API key is wrong")
-        body = error_body(message, "invalid_request_error", code="invalid_api_key")
-        response = JSONResponse(body, status_code=401,
-                                headers={"WWW-Authenticate": "Bearer"})
+        message = ("a valid API key is required: send the header 'Authorization: Bearer <key>' "
+                   "(or 'x-api-key: <key>')" if not given else "the API key is wrong")
+        response = error_response(scope["path"], 401, message, code="invalid_api_key",
+                                  headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)
 
 
@@ -314,8 +367,8 @@ class BodyTooLarge(Exception):
         super().__init__(f"the request body is larger than {max_bytes} bytes: send less "
                          "(split a batch of prompts, shorten the prompt)")
 
-    def response(self) -> JSONResponse:
-        return JSONResponse(error_body(str(self), code="request_too_large"), status_code=413)
+    def response(self, path: str) -> JSONResponse:
+        return error_response(path, 413, str(self), code="request_too_large")
 
 
 class BodyLimit:
@@ -336,7 +389,7 @@ class BodyLimit:
         if declared.isdigit() and int(declared) > self.max_bytes:
             await self.drain(receive, {"more_body": True})
             self.metrics.reject(413)
-            await BodyTooLarge(self.max_bytes).response()(scope, receive, send)
+            await BodyTooLarge(self.max_bytes).response(scope["path"])(scope, receive, send)
             return
         seen = 0
 
@@ -388,5 +441,5 @@ class InternalErrors:
                 raise
             self.metrics.reject(500)
             message = f"internal error: {type(exc).__name__}: {exc}"
-            response = JSONResponse(error_body(message, "server_error"), status_code=500)
-            await response(scope, receive, send)
+            await error_response(scope["path"], 500, message, "server_error")(scope, receive,
+                                                                                send)

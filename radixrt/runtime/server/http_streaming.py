@@ -173,6 +173,7 @@ class SampleOutput:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    matched_stop: str | None = None  # the stop string that ended it, if one did
 
 
 @dataclass
@@ -190,6 +191,7 @@ class PromptOutput:
         sample.token_ids += chunk.token_ids
         sample.logprobs += chunk.logprobs
         sample.finish_reason = chunk.finish_reason or sample.finish_reason
+        sample.matched_stop = chunk.matched_stop or sample.matched_stop
         self.cached_tokens = max(self.cached_tokens, chunk.cached_tokens)
         if chunk.prompt_logprobs:
             self.prompt_logprobs = list(chunk.prompt_logprobs)
@@ -257,6 +259,12 @@ def sse(data: Any) -> bytes:
 
 
 SSE_DONE = sse("[DONE]")
+
+
+def named_sse(name: str, data: dict[str, Any]) -> bytes:
+    """A server-sent event with its type named (Anthropic's and the Responses API's streams
+    name every event)."""
+    return f"event: {name}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
 class SSEResponse(StreamingResponse):

@@ -165,6 +165,8 @@ class ChatRequest(SamplingFields):
     chat_template_kwargs: Annotated[dict[str, Any], Field(max_length=MAX_TEMPLATE_KWARGS)] | None \
         = None
     separate_reasoning: bool = True  # SGLang's: with --reasoning-parser, thinking apart
+    # vLLM's: the last message (an assistant's) is continued, not answered (a "prefill")
+    continue_final_message: bool = False
     # OpenAI fields this server does not implement: refused by name, never ignored
     functions: Any = None
     function_call: Any = None

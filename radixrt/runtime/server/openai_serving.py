@@ -100,10 +100,12 @@ class OpenAIServing:
 
     async def open(
         self, request: Request, body: SamplingFields, ids_list: list[list[int]],
-        params_list: list[SamplingParams], rid: str,
+        params_list: list[SamplingParams], rid: str, pin: bool = False,
     ) -> list[PrimedStream]:
+        """pin: each finished prompt and output stay cached under a pin (the pin service's
+        lease); its final chunk says whether (the stream's rid is the pin id)."""
         scheduling = scheduling_for(request, body)
-        opening = open_streams(self.manager, ids_list, params_list, rid, scheduling)
+        opening = open_streams(self.manager, ids_list, params_list, rid, scheduling, pin)
         return await until_disconnected(request, opening)
 
     async def collect(
@@ -204,7 +206,12 @@ class OpenAIServing:
 
     # --- /v1/chat/completions --------------------------------------------------------------
 
-    async def chat(self, body: ChatRequest, request: Request) -> Response:
+    def prepare_chat(self, body: ChatRequest, generate: bool = True,
+                     named_parallel: bool = False) -> PreparedChat:
+        """The one chat path every chat-shaped surface takes (/v1/chat/completions, /v1/messages,
+        /v1/responses): the checks, the tool plan, the rendered prompt and (generate=False:
+        only counting the prompt's tokens) the sampling params. named_parallel: a named tool
+        choice may make several calls (Anthropic's)."""
         self.check_model(body.model)
         if not body.messages:
             raise APIError("messages is empty: send at least one message", param="messages")
@@ -216,8 +223,10 @@ class OpenAIServing:
         if body.echo:
             raise APIError("echo is not supported on /v1/chat/completions: send the rendered "
                            "prompt to /v1/completions with echo=true", param="echo")
-        plan = plan_chat(body, self.features, constraint_fields(body))
+        plan = plan_chat(body, self.features, constraint_fields(body), named_parallel)
         ids = self.encode(self.render(body, plan), "messages")
+        if not generate:
+            return PreparedChat(plan, ids, None)
         max_tokens = body.max_completion_tokens
         if max_tokens is None:
             max_tokens = body.max_tokens
@@ -226,6 +235,10 @@ class OpenAIServing:
                            "at least one token)", param="max_tokens")
         params = self.params_for(body, max_tokens, body.top_logprobs, body.logprobs,
                                  constraint=plan.constraint)
+        return PreparedChat(plan, ids, params)
+
+    async def chat(self, body: ChatRequest, request: Request) -> Response:
+        plan, ids, params = self.prepare_chat(body).parts()
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         streams = await self.open(request, body, [ids], [params], rid)
         if body.stream:
@@ -249,7 +262,7 @@ class OpenAIServing:
         try:
             return render_chat(self.manager.tokenizer, template_messages(body), plan.tools,
                                plan.template_kwargs, self.features.tool_format,
-                               self.features.native_tools)
+                               self.features.native_tools, body.continue_final_message)
         except (ValueError, TypeError) as exc:
             raise APIError(str(exc), param="messages") from None
 
@@ -295,6 +308,19 @@ class OpenAIServing:
 
 
 # --- helpers -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PreparedChat:
+    """A chat request ready to run: its tool plan, prompt ids and params (None: count only)."""
+
+    plan: ChatToolPlan
+    ids: list[int]
+    params: SamplingParams | None
+
+    def parts(self) -> tuple[ChatToolPlan, list[int], SamplingParams]:
+        assert self.params is not None
+        return self.plan, self.ids, self.params
 
 
 @dataclass

@@ -128,11 +128,13 @@ def render_chat(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
                 tools: Sequence[Mapping[str, Any]] | None = None,
                 template_kwargs: Mapping[str, Any] | None = None,
                 tool_format: ToolFormat | None = None,
-                native_tools: bool | None = None) -> list[int]:
+                native_tools: bool | None = None, continue_final: bool = False) -> list[int]:
     """Token ids of the conversation with the generation prompt. tools: OpenAI tool dicts
     ({"type": "function", "function": {...}}); tool_format: how calls are written for the
-    built-in prompt; native_tools: whether the template renders tools (probed if None).
-    Raises ValueError when the template refuses the conversation."""
+    built-in prompt; native_tools: whether the template renders tools (probed if None);
+    continue_final: the last (assistant) message is left open for the model to continue,
+    without a generation prompt. Raises ValueError when the template refuses the
+    conversation."""
     kwargs = dict(template_kwargs or {})
     uses_tools = bool(tools) or any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
     if uses_tools:
@@ -148,7 +150,8 @@ def render_chat(tokenizer: Any, messages: Sequence[Mapping[str, Any]],
             messages = builtin_messages(messages, tools or (), tool_format)
     try:
         ids = tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=True,
-                                            add_generation_prompt=True, **kwargs)
+                                            add_generation_prompt=not continue_final,
+                                            continue_final_message=continue_final, **kwargs)
     except TemplateError as exc:
         raise ValueError(f"the chat template refused the conversation: {exc}") from None
     if isinstance(ids, Mapping):  # newer transformers return a BatchEncoding

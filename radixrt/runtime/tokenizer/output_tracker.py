@@ -61,6 +61,7 @@ class OutputTracker:
         sample.logprobs.extend(delta.logprobs)
         sample.text += text
         sample.finish_reason = reason
+        sample.matched_stop = detok.stop_reason if detok.stopped else None
         chunk = StreamChunk(
             rid=out.rid,
             index=sample.index,
@@ -74,5 +75,6 @@ class OutputTracker:
             prefill_s=delta.prefill_s,
             pinned=delta.pinned,
             pin_error=delta.pin_error,
+            matched_stop=sample.matched_stop,
         )
         return [chunk], stopped_here

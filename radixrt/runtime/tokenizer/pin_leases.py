@@ -33,8 +33,12 @@ class PinLeases:
     def __len__(self) -> int:
         return len(self._expires)
 
-    def grant(self, pin_id: int) -> None:
-        self._expires[pin_id] = self._clock() + self.ttl_s
+    def grant(self, pin_id: int, ttl_s: float | None = None) -> None:
+        """ttl_s: this lease's length (default: the renewal TTL)."""
+        self._expires[pin_id] = self._clock() + (self.ttl_s if ttl_s is None else ttl_s)
+
+    def __contains__(self, pin_id: int) -> bool:
+        return pin_id in self._expires
 
     def renew(self, pin_ids: Iterable[int]) -> list[int]:
         """Extend the leases of these pins; returns those that were unknown (expired or never
@@ -90,6 +94,14 @@ class PinService:
         self.leases.grant(pin_id)
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    def hold(self, pin_id: int, ttl_s: float) -> bool:
+        """The server itself keeps this pin for `ttl_s` seconds from now (a stored response's
+        conversation, say) instead of a client renewing it; False when it is gone already."""
+        if pin_id not in self.leases:
+            return False
+        self.leases.grant(pin_id, ttl_s)
+        return True
 
     def renew(self, pin_ids: Sequence[int]) -> list[int]:
         """Extend these leases; returns the pins that are gone (expired or never granted)."""
