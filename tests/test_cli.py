@@ -34,7 +34,7 @@ SERVE_FLAGS = {
     "--host", "--port", "--api-key", "--api-key-file", "--served-model-name", "--log-level",
     "--dsl-port", "--exit-with-parent", "--pin-lease-ttl", "--tool-call-parser",
     "--reasoning-parser", "--tool-call-enforcement", "--no-tool-call-enforcement", "--dp-size",
-    "--router-policy",  # ServerOptions'
+    "--disable-openapi", "--router-policy",  # ServerOptions'
     "-h", "--help",
 }
 PLAN_FLAGS = {

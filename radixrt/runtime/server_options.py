@@ -52,6 +52,9 @@ class ServerOptions:
     tool_call_enforcement: bool = field(default=True, metadata={
         "help": "the grammar makes every tool call well-formed (tool_choice required / named: "
         "calls only; auto: from the call opener on); --no-tool-call-enforcement only parses"})
+    disable_openapi: bool = field(default=False, metadata={
+        "help": "do not serve the OpenAPI schema (GET /openapi.json) and its page (GET /docs); "
+        "served, they need the API key like every route but /health"})
     dp_size: int = field(default=1, metadata={
         "help": "complete replicas (each its own processes and radix cache) behind the SGLang "
         "router on --port (needs `pip install radixrt[router]`)"})

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import openai
@@ -34,17 +35,20 @@ def free_port() -> int:
 
 
 class Server:
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, *args: str, env: dict[str, str] | None = None,
+                 log: Any = None) -> None:
+        """log: an open file for the server's output (default: a pipe, read at start-up)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "radixrt", "serve", "--port", str(self.port), *args]
         env = dict(os.environ, HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1", **(env or {}))
-        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True)
+        self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE if log is None
+                                     else log, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + STARTUP_S
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"server exited at start-up:\n{self.proc.stdout.read()}")
+                output = self.proc.stdout.read() if self.proc.stdout is not None else ""
+                raise RuntimeError(f"server exited at start-up:\n{output}")
             try:
                 if httpx.get(f"{self.url}/health", timeout=1).status_code == 200:
                     break
@@ -408,6 +412,49 @@ def test_abort_takes_the_id_the_openai_client_sees(server):
         rest = [line[len("data: "):] for line in lines]
     assert rest[-1] == "[DONE]"
     assert json.loads(rest[-2])["choices"][0]["finish_reason"] == "abort"
+    server.wait_idle()
+
+
+def test_responses_and_messages_through_the_official_clients(server, client):
+    """The real server's Responses and Messages APIs (the serving tests cover them in depth):
+    a stored conversation continued by previous_response_id reads its earlier turn from the
+    cache; the anthropic client's message, stream and tool call; count_tokens."""
+    import anthropic
+
+    first = client.responses.create(model="default", input="Name a fruit.",
+                                    max_output_tokens=8, temperature=0.0)
+    second = client.responses.create(model="default", input="And a colour?",
+                                     previous_response_id=first.id, max_output_tokens=8,
+                                     temperature=0.0)
+    assert second.usage.input_tokens_details.cached_tokens >= first.usage.input_tokens
+    events = list(client.responses.create(model="default", input="Name a fruit.",
+                                          max_output_tokens=8, temperature=0.0, store=False,
+                                          stream=True))
+    assert events[-1].type in ("response.completed", "response.incomplete")
+    assert events[-1].response.output_text == first.output_text
+    client.responses.delete(second.id)
+    client.responses.delete(first.id)
+    claude = anthropic.Anthropic(base_url=server.url, api_key=API_KEY, max_retries=0)
+    ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+    tools = [{"name": "get_weather", "input_schema": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 16}},
+        "required": ["city"]}}]
+    message = claude.messages.create(model="default", max_tokens=48, messages=ask, tools=tools,
+                                     tool_choice={"type": "tool", "name": "get_weather",
+                                                  "disable_parallel_tool_use": True},
+                                     extra_body={"temperature": 0.0})
+    assert message.stop_reason == "tool_use"
+    assert [b.type for b in message.content] == ["tool_use"]
+    assert isinstance(message.content[0].input["city"], str)
+    with claude.messages.stream(model="default", max_tokens=8, messages=ask,
+                                extra_body={"temperature": 0.0}) as stream:
+        text = "".join(stream.text_stream)
+    whole = claude.messages.create(model="default", max_tokens=8, messages=ask,
+                                   extra_body={"temperature": 0.0})
+    assert text == whole.content[0].text
+    counted = claude.messages.count_tokens(model="default", messages=ask)
+    assert counted.input_tokens == whole.usage.input_tokens + \
+        whole.usage.cache_read_input_tokens
     server.wait_idle()
 
 

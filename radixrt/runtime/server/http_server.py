@@ -20,54 +20,44 @@ middleware is used, so a client that disconnects is noticed and its request abor
 
 from __future__ import annotations
 
-import asyncio
+import importlib.metadata
 import logging
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import FastAPI, Path, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from radixrt.runtime.config import INT64_MAX, INT64_MIN
-from radixrt.runtime.errors import QueueFull
-from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.server.anthropic_protocol import CountTokensRequest, MessagesRequest
 from radixrt.runtime.server.anthropic_serving import AnthropicServing
 from radixrt.runtime.server.chat_tool_plan import ChatFeatures
-from radixrt.runtime.server.dsl_scoring import start_text
 from radixrt.runtime.server.error_shapes import error_response
 from radixrt.runtime.server.http_metrics import HTTPMetrics
-from radixrt.runtime.server.http_native import (
-    GenerateRequest,
-    NativeServing,
-    RenewPinsBody,
-    UnpinBody,
+from radixrt.runtime.server.http_native import NativeServing
+from radixrt.runtime.server.http_openapi import install_openapi
+from radixrt.runtime.server.http_replica import ReplicaHeader, add_router_routes
+from radixrt.runtime.server.http_routes import (
+    add_anthropic_routes,
+    add_native_routes,
+    add_openai_routes,
+    add_operations_routes,
+    add_responses_routes,
 )
-from radixrt.runtime.server.http_replica import ReplicaHeader, add_router_routes, router_metadata
 from radixrt.runtime.server.http_streaming import ClientGone
-from radixrt.runtime.server.openai_protocol import (
-    APIError,
-    ChatRequest,
-    CompletionRequest,
-    error_body,
-)
-from radixrt.runtime.server.openai_serving import OpenAIServing, model_card
+from radixrt.runtime.server.openai_protocol import APIError
+from radixrt.runtime.server.openai_serving import MODEL_ALIAS, OpenAIServing
 from radixrt.runtime.server.response_store import ResponseStore
-from radixrt.runtime.server.responses_protocol import RESPONSE_ID_CHARS, ResponsesRequest
 from radixrt.runtime.server.responses_serving import ResponsesServing
 from radixrt.runtime.server.tenants import TENANT_STATE, ApiKeys
 from radixrt.runtime.server.text_check import CheckedTextRoute
-from radixrt.runtime.tokenizer.chat_tool_prompts import dsl_chat_info
 from radixrt.runtime.tokenizer.pin_leases import PinService
 from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 
 # A larger request body is refused with 413 while it is read.
 MAX_REQUEST_BODY_BYTES = 4 << 20
-HEALTH_GENERATE_TIMEOUT_S = 60.0  # /health_generate answers 503 past this
+API_DESCRIPTION = ("OpenAI's API (completions, chat, models, Responses), Anthropic's Messages "
+                   "API and radixrt's native API over one runtime.")
 
 UNAUTHENTICATED_PATHS = frozenset({"/health"})
 # What a field of a union type must be (pydantic reports one error per alternative).
@@ -82,27 +72,31 @@ CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"
 log = logging.getLogger("radixrt.http")
 
 
-ResponseId = Annotated[str, Path(min_length=1, max_length=RESPONSE_ID_CHARS)]
-
-
-class AbortRequest(BaseModel):
-    # the runtime's id (meta_info.rid) or the id the client saw (cmpl-..., chatcmpl-..., gen-...)
-    rid: Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)] | Annotated[str, Field(max_length=128)]
+def radixrt_version() -> str:
+    try:
+        return importlib.metadata.version("radixrt")
+    except importlib.metadata.PackageNotFoundError:
+        return "0"
 
 
 def create_app(manager: TokenizerManager, api_key: str | None = None,
                pins: PinService | None = None, keys: ApiKeys | None = None,
-               features: ChatFeatures | None = None, replica: str | None = None) -> FastAPI:
+               features: ChatFeatures | None = None, replica: str | None = None,
+               openapi: bool = True) -> FastAPI:
     """api_key: the one key every request needs; keys: named keys instead (--api-key-file),
     each naming its requests' tenant. pins: the process's pin leases, shared with the DSL
     endpoint (made here if not given). features: tool calls and reasoning (default: the
     template's tool-call format, no reasoning parser, calls enforced). replica: the name every
-    response carries in the REPLICA_HEADER (one of `radixrt serve --dp-size N`'s replicas)."""
+    response carries in the REPLICA_HEADER (one of `radixrt serve --dp-size N`'s replicas).
+    openapi: serve GET /openapi.json and its page GET /docs (behind the keys, like every route
+    but /health; `radixrt serve --disable-openapi` turns them off)."""
     features = features if features is not None else ChatFeatures.of(manager.tokenizer)
     pins = pins if pins is not None else PinService(manager)
     if keys is None and api_key:
         keys = ApiKeys.single(api_key)
-    app = FastAPI(title="radixrt", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(title="radixrt", version=radixrt_version(), description=API_DESCRIPTION,
+                  docs_url="/docs" if openapi else None, redoc_url=None,
+                  openapi_url="/openapi.json" if openapi else None)
     app.router.route_class = CheckedTextRoute  # every route: text that is not Unicode is a 400
     metrics = HTTPMetrics(manager, pins)
     install_error_handlers(app, metrics)
@@ -120,128 +114,9 @@ def create_app(manager: TokenizerManager, api_key: str | None = None,
     add_native_routes(app, NativeServing(manager), manager, pins, features, store)
     add_operations_routes(app, manager, metrics)
     add_router_routes(app, manager)
+    install_openapi(app, keys is not None, UNAUTHENTICATED_PATHS,
+                    [manager.model_name, MODEL_ALIAS])
     return app
-
-
-# --- routes ------------------------------------------------------------------------------------
-
-
-def add_openai_routes(app: FastAPI, serving: OpenAIServing, manager: TokenizerManager) -> None:
-    @app.post("/v1/completions")
-    async def completions(body: CompletionRequest, request: Request) -> Response:
-        return await serving.completions(body, request)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: ChatRequest, request: Request) -> Response:
-        return await serving.chat(body, request)
-
-    @app.get("/v1/models")
-    async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card(manager.model_name)]}
-
-
-def add_anthropic_routes(app: FastAPI, serving: AnthropicServing) -> None:
-    """Anthropic's Messages API (the anthropic-version header is accepted, whatever it says)."""
-    @app.post("/v1/messages")
-    async def messages(body: MessagesRequest, request: Request) -> Response:
-        return await serving.messages(body, request)
-
-    @app.post("/v1/messages/count_tokens")
-    async def count_tokens(body: CountTokensRequest) -> Response:
-        return await serving.count_tokens(body)
-
-
-def add_responses_routes(app: FastAPI, serving: ResponsesServing) -> None:
-    """OpenAI's Responses API; stored responses are the API key's tenant's own."""
-
-    @app.post("/v1/responses")
-    async def create_response(body: ResponsesRequest, request: Request) -> Response:
-        return await serving.create(body, request)
-
-    @app.get("/v1/responses/{response_id}")
-    async def get_response(response_id: ResponseId, request: Request) -> Response:
-        return serving.get(response_id, request)
-
-    @app.delete("/v1/responses/{response_id}")
-    async def delete_response(response_id: ResponseId, request: Request) -> Response:
-        return await serving.delete(response_id, request)
-
-    @app.post("/v1/responses/{response_id}/cancel")
-    async def cancel_response(response_id: ResponseId, request: Request) -> Response:
-        return await serving.cancel(response_id, request)
-
-
-def add_native_routes(app: FastAPI, serving: NativeServing, manager: TokenizerManager,
-                      pins: PinService, features: ChatFeatures, store: ResponseStore) -> None:
-    @app.post("/generate")
-    async def generate(body: GenerateRequest, request: Request) -> Response:
-        return await serving.generate(body, request)
-
-    @app.post("/abort")
-    async def abort(body: AbortRequest) -> dict[str, Any]:
-        aborted = await manager.abort(body.rid)
-        return {"status": "ok", "rid": body.rid, "aborted": aborted}
-
-    @app.post("/unpin")
-    async def unpin(body: UnpinBody) -> dict[str, Any]:
-        released = await pins.release(body.pin_id)  # False: its lease ran out already
-        return {"status": "ok", "pin_id": body.pin_id, "released": released}
-
-    @app.post("/renew_pins")
-    async def renew_pins(body: RenewPinsBody) -> dict[str, Any]:
-        return {"status": "ok", "lost": pins.renew(body.pin_ids), "ttl_s": pins.ttl_s}
-
-    @app.post("/flush_cache")
-    async def flush_cache() -> dict[str, Any]:
-        return {"status": "ok", "freed_tokens": await manager.flush_cache()}
-
-    @app.get("/server_info")
-    async def server_info() -> dict[str, Any]:
-        info = await manager.server_info()
-        info["chat"] = dsl_chat_info(manager.tokenizer, features.tool_format)  # DSL clients
-        info["chat_features"] = features.info()
-        info["score_start"] = start_text(manager.tokenizer)  # unconditional select scores
-        info.update(pins.info())
-        info.update(store.info())
-        info.update(router_metadata(manager))
-        return info
-
-
-def add_operations_routes(app: FastAPI, manager: TokenizerManager, metrics: HTTPMetrics) -> None:
-    @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
-
-    @app.get("/health_generate")
-    async def health_generate() -> Response:
-        try:
-            await asyncio.wait_for(generate_one_token(manager), HEALTH_GENERATE_TIMEOUT_S)
-        except QueueFull as exc:  # it works, but takes no more requests now
-            return JSONResponse(error_body(f"overloaded: {exc}", "server_error",
-                                           code="overloaded"), status_code=503,
-                                headers={"Retry-After": str(exc.retry_after_s)})
-        except Exception as exc:
-            message = f"generation failed: {type(exc).__name__}: {exc}"
-            return JSONResponse(error_body(message, "server_error"), status_code=503)
-        return JSONResponse({"status": "ok"})
-
-    @app.get("/metrics")
-    async def prometheus_metrics() -> Response:
-        return Response(await metrics.scrape(), media_type=CONTENT_TYPE_LATEST)
-
-
-async def generate_one_token(manager: TokenizerManager) -> None:
-    ids = manager.encode("Hello")
-    params = SamplingParams(max_tokens=1, temperature=0.0)
-    stream = manager.generate(ids, params, "health_generate")
-    try:
-        async for chunk in stream:
-            if chunk.finish_reason is not None and chunk.finish_reason.startswith("error"):
-                raise RuntimeError(chunk.finish_reason)
-    finally:
-        close = getattr(stream, "aclose", None)
-        if close is not None:
-            await close()
 
 
 # --- errors ------------------------------------------------------------------------------------

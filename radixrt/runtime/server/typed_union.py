@@ -19,7 +19,7 @@ def by_type(models: Mapping[str, type[BaseModel]], other: type[BaseModel],
     def tag(value: Any) -> str:
         kind = value.get("type", absent) if isinstance(value, dict) else \
             getattr(value, "type", absent)
-        return kind if kind in models else OTHER
+        return kind if isinstance(kind, str) and kind in models else OTHER
 
     members = tuple(Annotated[model, Tag(name)] for name, model in models.items())
     return Annotated[Union[(*members, Annotated[other, Tag(OTHER)])],  # noqa: UP007

@@ -135,3 +135,33 @@ def test_the_next_turn_hits_the_cache_up_to_the_dropped_thinking(
     opened = 3  # "<think>\n" after the generation prompt: "<", "think", ">\n"
     assert cached >= first.usage.prompt_tokens - opened - 1
     assert cached < second.usage.prompt_tokens
+
+
+def test_responses_and_messages_carry_the_thinking_apart(clients: dict[str, openai.OpenAI]
+                                                         ) -> None:
+    """The same split on the other chat surfaces: a Responses reasoning item (its text streamed
+    as reasoning_text deltas) and an Anthropic thinking block hold the chat's reasoning_content,
+    the message and the text block its content."""
+    import anthropic
+
+    chat = ask(clients["deepseek-r1"], temperature=0.0, max_tokens=24).choices[0].message
+    client = clients["deepseek-r1"]
+    resp = client.responses.create(model="default", input=ASK[0]["content"], temperature=0.0,
+                                   max_output_tokens=24, store=False)
+    reasoning = [i for i in resp.output if i.type == "reasoning"]
+    assert len(reasoning) == 1 and reasoning[0].content[0].text == chat.reasoning_content
+    assert resp.output_text == (chat.content or "")
+    events = list(client.responses.create(model="default", input=ASK[0]["content"],
+                                          temperature=0.0, max_output_tokens=24, store=False,
+                                          stream=True))
+    assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == \
+        chat.reasoning_content
+    assert resp.usage.output_tokens_details.reasoning_tokens > 0
+    claude = anthropic.Anthropic(base_url=str(client.base_url).removesuffix("/v1/"),
+                                 api_key="x", max_retries=0)
+    message = claude.messages.create(model="default", max_tokens=24, messages=ASK,
+                                     extra_body={"temperature": 0.0})
+    assert message.content[0].type == "thinking"
+    assert message.content[0].thinking == chat.reasoning_content
+    text = [b.text for b in message.content if b.type == "text"]
+    assert "".join(text) == (chat.content or "")
