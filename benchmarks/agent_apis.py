@@ -6,10 +6,13 @@ tools of tool_calls_workload.py (varied JSON schemas) and its system prompt:
   1. the user's request (tool_calls_workload.make_requests), the tool forced (Messages:
      tool_choice any with disable_parallel_tool_use; Responses: tool_choice required with
      parallel_tool_calls false): the call is checked against the tool's schema (jsonschema);
-  2. the call's result sent back (tool_result / function_call_output), tool_choice none: a
-     text answer;
+  2. the call's result sent back (tool_result / function_call_output; where the server made
+     no call, the result as a user message, so every system runs the same three turns),
+     tool_choice none: a text answer;
   3. "Thank you. Anything else I should know?": a text answer.
-Greedy (temperature 0), max tokens 96 / 48 / 32. The Messages API is stateless: every turn
+Greedy (temperature 0), max tokens 96 / 48 / 32. Each API has its own sessions (the two
+Responses runs the same ones), and radixrt's cache is flushed before each API's run (its
+stored responses' pins stay: the stateful run is last). The Messages API is stateless: every turn
 sends the whole conversation. The Responses API runs twice on radixrt: stateless (store=false,
 the whole conversation as input items, as on llama-server) and stateful (each turn sends only
 its new input with previous_response_id; the stored conversation's KV stays pinned in the
@@ -20,10 +23,12 @@ Systems, one after another, each started cold and stopped after: radixrt (`radix
 defaults: the grammar enforces the calls) and llama.cpp (llama-server --jinja on the same GGUF
 file with the Hermes ChatML template of tool_calls.py, a thread per core).
 
-Measured per system and API: sessions/s (wall), the p50 and p90 latency of a turn, valid calls
-on turn 1 (of the sessions), errors (a turn the server refused or answered without the expected
-block), and the prompt tokens and the cached prompt tokens of turns 2 and 3 (usage: Anthropic's
-input_tokens + cache_read_input_tokens; OpenAI's input_tokens and cached_tokens). The table
+Measured per system and API: sessions/s and output tokens/s (wall; the outputs differ between
+systems: a forced call is longer than the prose a model that makes no call writes), output
+tokens per session, the p50 and p90 latency of a turn, valid calls
+on turn 1 (of the sessions), errors (a turn the server refused), and the prompt tokens and the
+cached prompt tokens of turns 2 and 3 (usage: Anthropic's input_tokens +
+cache_read_input_tokens; OpenAI's input_tokens and cached_tokens). The table
 gives radixrt / llama.cpp; results go to --json (benchmarks/results/agent_apis.json), the plot
 to docs/plots/agent_apis.png.
 
@@ -46,7 +51,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from plots import add_plot_dir, bar_panels, plot_path  # noqa: E402
-from serving_systems import LLAMA_CPP, System, running  # noqa: E402
+from serving_systems import LLAMA_CPP, System, http_json, running  # noqa: E402
 from tool_calls import build_systems as tool_systems  # noqa: E402
 from tool_calls_workload import SYSTEM_PROMPT, TOOLS, ToolRequest, call_problem, make_requests  # noqa: E402
 
@@ -54,8 +59,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_JSON = os.path.join(HERE, "results", "agent_apis.json")
 RADIXRT = "radixrt"
 APIS = ("messages", "responses", "responses-stateful")  # the last: radixrt only
+# Each API its own sessions (the same on every system; stateful and stateless Responses the
+# same ones), so that no API's turns hit the cache another API's turns left behind.
+SEED_OF = {"messages": 0, "responses": 1, "responses-stateful": 1}
 MAX_TOKENS = (96, 48, 32)
 FOLLOW_UP = "Thank you. Anything else I should know?"
+NO_CALL_RESULT = "The tool returned: done."  # turn 2's input where turn 1 made no call
 REQUEST_TIMEOUT_S = 300.0
 MAX_TOTAL_TOKENS = 16384  # radixrt's KV pool (llama-server: 8 slots of 1024)
 
@@ -68,6 +77,7 @@ class Session:
     latencies: list[float] = field(default_factory=list)
     prompt_tokens: int = 0  # of turns 2 and 3
     cached_tokens: int = 0  # of turns 2 and 3
+    output_tokens: int = 0  # of the three turns
 
 
 def tool_result(name: str, arguments: Any) -> str:
@@ -92,6 +102,7 @@ async def messages_session(client: Any, system: System, request: ToolRequest) ->
             extra_body={"temperature": 0.0, **system.extra_body})
         out.latencies.append(time.perf_counter() - start)
         blocks = [b.model_dump() for b in msg.content]
+        out.output_tokens += msg.usage.output_tokens
         if turn > 0:
             out.prompt_tokens += msg.usage.input_tokens + (msg.usage.cache_read_input_tokens or 0)
             out.cached_tokens += msg.usage.cache_read_input_tokens or 0
@@ -99,12 +110,13 @@ async def messages_session(client: Any, system: System, request: ToolRequest) ->
                                                                           "text": ""}]})
         if turn == 0:
             calls = [b for b in blocks if b["type"] == "tool_use"]
-            if not calls:
-                return Session(ok=False, error="no tool_use block", latencies=out.latencies)
-            out.valid_call = call_problem(calls[0]["name"], calls[0]["input"]) is None
-            conversation.append({"role": "user", "content": [
-                {"type": "tool_result", "tool_use_id": calls[0]["id"],
-                 "content": tool_result(calls[0]["name"], calls[0]["input"])}]})
+            if calls:
+                out.valid_call = call_problem(calls[0]["name"], calls[0]["input"]) is None
+                conversation.append({"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": calls[0]["id"],
+                     "content": tool_result(calls[0]["name"], calls[0]["input"])}]})
+            else:  # no call: the session goes on with the result as text (counted invalid)
+                conversation.append({"role": "user", "content": NO_CALL_RESULT})
         elif turn == 1:
             conversation.append({"role": "user", "content": FOLLOW_UP})
     return out
@@ -129,6 +141,7 @@ async def responses_session(client: Any, system: System, request: ToolRequest,
             extra_body=system.extra_body)
         out.latencies.append(time.perf_counter() - start)
         usage = resp.usage
+        out.output_tokens += usage.output_tokens
         if turn > 0:
             out.prompt_tokens += usage.input_tokens
             details = usage.input_tokens_details
@@ -140,11 +153,12 @@ async def responses_session(client: Any, system: System, request: ToolRequest,
             items += output
         if turn == 0:
             calls = [item for item in output if item["type"] == "function_call"]
-            if not calls:
-                return Session(ok=False, error="no function_call item", latencies=out.latencies)
-            out.valid_call = call_problem(calls[0]["name"], calls[0]["arguments"]) is None
-            items.append({"type": "function_call_output", "call_id": calls[0]["call_id"],
-                          "output": tool_result(calls[0]["name"], calls[0]["arguments"])})
+            if calls:
+                out.valid_call = call_problem(calls[0]["name"], calls[0]["arguments"]) is None
+                items.append({"type": "function_call_output", "call_id": calls[0]["call_id"],
+                              "output": tool_result(calls[0]["name"], calls[0]["arguments"])})
+            else:  # no call: the session goes on with the result as text (counted invalid)
+                items.append({"role": "user", "content": NO_CALL_RESULT})
         elif turn == 1:
             items.append({"role": "user", "content": FOLLOW_UP})
     return out
@@ -157,12 +171,18 @@ async def run_api(base: str, system: System, api: str, requests: list[ToolReques
     import httpx
     from openai import AsyncOpenAI
 
-    http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0),
-                             timeout=REQUEST_TIMEOUT_S)
+    # a fresh connection per request, for every system alike (llama-server drops idle
+    # keep-alive connections); the anthropic client is built on its own httpx (httpx2)
     if api == "messages":
+        import httpx2
+
+        http: Any = anthropic.DefaultAsyncHttpxClient(
+            limits=httpx2.Limits(max_keepalive_connections=0), timeout=REQUEST_TIMEOUT_S)
         client: Any = anthropic.AsyncAnthropic(base_url=base, api_key="none", max_retries=0,
                                                timeout=REQUEST_TIMEOUT_S, http_client=http)
     else:
+        http = httpx.AsyncClient(limits=httpx.Limits(max_keepalive_connections=0),
+                                 timeout=REQUEST_TIMEOUT_S)
         client = AsyncOpenAI(base_url=base + "/v1", api_key="none", max_retries=0,
                              timeout=REQUEST_TIMEOUT_S, http_client=http)
     gate = asyncio.Semaphore(concurrency)
@@ -194,6 +214,8 @@ def summarize(sessions: list[Session], elapsed: float) -> dict[str, Any]:
         "errors": len(sessions) - len(done),
         "first_error": next((s.error for s in sessions if not s.ok), ""),
         "sessions_per_s": len(done) / elapsed if elapsed > 0 else 0.0,
+        "output_tokens_per_s": sum(s.output_tokens for s in done) / elapsed if elapsed else 0.0,
+        "output_tokens_per_session": sum(s.output_tokens for s in done) / max(len(done), 1),
         "turn_p50_s": statistics.median(latencies) if latencies else 0.0,
         "turn_p90_s": latencies[int(0.9 * (len(latencies) - 1))] if latencies else 0.0,
         "valid_calls": sum(s.valid_call for s in done),
@@ -205,19 +227,24 @@ def summarize(sessions: list[Session], elapsed: float) -> dict[str, Any]:
 
 
 def table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
-    rows = [f"{'system':10} {'api':19} {'sess/s':>7} {'p50 s':>6} {'p90 s':>6} {'valid':>6} "
-            f"{'errors':>6} {'cached':>7}"]
+    rows = [f"{'system':10} {'api':19} {'sess/s':>7} {'out tok/s':>9} {'out/sess':>8} "
+            f"{'p50 s':>6} {'p90 s':>6} {'valid':>6} {'errors':>6} {'cached':>7}"]
     for name, apis in results.items():
         for api, r in apis.items():
             answered = r["sessions"] - r["errors"]
-            rows.append(f"{name:10} {api:19} {r['sessions_per_s']:7.2f} {r['turn_p50_s']:6.2f} "
+            rows.append(f"{name:10} {api:19} {r['sessions_per_s']:7.2f} "
+                        f"{r['output_tokens_per_s']:9.1f} {r['output_tokens_per_session']:8.1f} "
+                        f"{r['turn_p50_s']:6.2f} "
                         f"{r['turn_p90_s']:6.2f} {r['valid_calls']:3d}/{answered:<2d} "
                         f"{r['errors']:6d} {r['later_cached_fraction']:7.0%}")
     peer = results.get(LLAMA_CPP, {})
     for api in ("messages", "responses"):
         if api in peer and api in results.get(RADIXRT, {}) and peer[api]["sessions_per_s"]:
-            ratio = results[RADIXRT][api]["sessions_per_s"] / peer[api]["sessions_per_s"]
-            rows.append(f"radixrt / llama.cpp sessions/s on {api}: {ratio:.2f}x")
+            ours = results[RADIXRT][api]
+            ratio = ours["sessions_per_s"] / peer[api]["sessions_per_s"]
+            tokens = ours["output_tokens_per_s"] / max(peer[api]["output_tokens_per_s"], 1e-9)
+            rows.append(f"radixrt / llama.cpp on {api}: sessions/s {ratio:.2f}x, output "
+                        f"tokens/s {tokens:.2f}x")
     if "responses-stateful" in results.get(RADIXRT, {}) and peer.get("responses", {}).get(
             "sessions_per_s"):
         ratio = results[RADIXRT]["responses-stateful"]["sessions_per_s"] / \
@@ -237,11 +264,12 @@ def plot(results: dict[str, dict[str, dict[str, Any]]], directory: str | None) -
     return bar_panels(plot_path("agent_apis", directory),
                       "Three-turn tool-calling agent sessions, per API (SmolLM2-135M, CPU)",
                       groups, [("sessions / s", series("sessions_per_s")),
+                               ("output tokens / s", series("output_tokens_per_s")),
                                ("p50 turn latency (s)", series("turn_p50_s")),
                                ("cached share of later prompts", series("later_cached_fraction"))])
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sessions", type=int, default=24)
@@ -261,13 +289,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.sessions, args.concurrency = 4, 2
-    requests = make_requests(args.sessions + 1, args.seed)
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     systems, notes = tool_systems(args)  # tool_calls.py's: radixrt, llama-server --jinja
     results: dict[str, dict[str, dict[str, Any]]] = {}
     for system in systems:
         apis = [a for a in args.apis if system.name == RADIXRT or a != "responses-stateful"]
         with running(system) as base:
             for api in apis:
+                if system.flushable:  # each API starts cold: no hits on another's sessions
+                    http_json(base + "/flush_cache", method="POST")
+                requests = make_requests(args.sessions + 1, args.seed + SEED_OF[api])
                 sessions, elapsed = asyncio.run(run_api(base, system, api, requests,
                                                         args.concurrency))
                 results.setdefault(system.name, {})[api] = summarize(sessions, elapsed)

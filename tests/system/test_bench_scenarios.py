@@ -1,4 +1,5 @@
 """benchmarks/chunked_prefill.py, benchmarks/decode_bandwidth.py, benchmarks/moe.py,
+benchmarks/agent_apis.py,
 benchmarks/fair_share.py and serving.py's replica runs:
 their arithmetic on made-up inputs, and each one's --quick run end to end (the table's numbers
 make sense, the plot is drawn when matplotlib is there)."""
@@ -6,6 +7,7 @@ make sense, the plot is drawn when matplotlib is there)."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -181,3 +183,21 @@ def test_fair_share_quick(tmp_path: Path) -> None:
     assert re.search(r"'fair_share': [1-9]", two[5]), runs
     check_png(tmp_path / "fair_share.png")
     check_png(tmp_path / "fair_share_throughput.png")
+
+
+@pytest.mark.slow  # a server, three APIs
+def test_agent_apis_quick(tmp_path: Path) -> None:
+    """benchmarks/agent_apis.py: every session of every API finishes its three turns with a
+    tool call first; the later turns read most of their prompt from the cache, and all of it
+    but the new input when the conversation is stored (previous_response_id: pinned)."""
+    results_path = tmp_path / "agent_apis.json"
+    run_quick("agent_apis.py", tmp_path, "--skip-llama", "--json", str(results_path))
+    results = json.loads(results_path.read_text())["results"]["radixrt"]
+    assert set(results) == {"messages", "responses", "responses-stateful"}
+    for api, r in results.items():
+        assert r["errors"] == 0 and r["sessions"] == 4, (api, r)
+        assert r["later_cached_fraction"] > 0.5, (api, r)
+    stateful, stateless = results["responses-stateful"], results["responses"]
+    assert stateful["later_prompt_tokens"] == stateless["later_prompt_tokens"]  # same prompts
+    assert stateful["later_cached_tokens"] >= stateless["later_cached_tokens"]
+    check_png(tmp_path / "agent_apis.png")

@@ -121,7 +121,14 @@ def test_the_readme_names_make_demo_and_make_test_first() -> None:
 
 
 def named_endpoints(text: str) -> set[tuple[str, str]]:
-    return set(re.findall(r"`(GET|POST) (/[a-z0-9_/]*)", text))
+    """(method, path) of every `GET /...`, `POST /...` and `DELETE /...` a page names; a path
+    parameter is written {}, whatever its name."""
+    return {(method, path_shape(path)) for method, path in
+            re.findall(r"`(GET|POST|DELETE) (/[a-z0-9_/.{}]*)", text)}
+
+
+def path_shape(path: str) -> str:
+    return re.sub(r"\{[^}]*\}", "{}", path)
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +138,7 @@ def served(loaded_model: Any) -> set[tuple[str, str]]:
 
     engine = Engine(model=loaded_model, max_total_tokens=256)
     app = create_app(engine.tokenizer_manager("default"))
-    return {(method, route.path) for route in app.routes
+    return {(method, path_shape(route.path)) for route in app.routes
             for method in getattr(route, "methods", ())}
 
 

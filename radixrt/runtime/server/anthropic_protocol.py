@@ -255,8 +255,15 @@ def chat_messages(message: MessageIn, index: int) -> list[ChatMessage]:
         if isinstance(block, TextBlockIn):
             texts.append(block.text)
         elif isinstance(block, ToolUseBlockIn) and message.role == "assistant":
+            # compact, as the grammar writes calls: the turn renders as the model wrote it
+            # (so the next turn's prompt is a cache hit)
+            arguments = json.dumps(block.input, separators=(",", ":"), ensure_ascii=False)
+            if len(arguments) > MAX_GRAMMAR_CHARS or len(calls) == MAX_TOOLS:
+                raise APIError(f"{where}: a turn has at most {MAX_TOOLS} tool_use blocks, each "
+                               f"input at most {MAX_GRAMMAR_CHARS} characters of JSON",
+                               param="messages")
             calls.append(ToolCallIn(id=block.id, function=FunctionCallIn(
-                name=block.name, arguments=json.dumps(block.input))))
+                name=block.name, arguments=arguments)))
         elif isinstance(block, ToolResultBlockIn) and message.role == "user":
             results.append(ChatMessage(role="tool", content=block.text(),
                                        tool_call_id=block.tool_use_id))

@@ -6,7 +6,6 @@ the same runtime streams; only the output is written in Anthropic's blocks and e
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncGenerator
 
 from starlette.requests import Request
@@ -25,17 +24,21 @@ from radixrt.runtime.server.anthropic_protocol import (
     stop_reason_of,
     tool_input,
 )
-from radixrt.runtime.server.chat_output import ChoiceParser, ChoicePiece, Segment, SegmentTracker
+from radixrt.runtime.server.chat_output import (
+    ChoiceParser,
+    ChoicePiece,
+    Segment,
+    SegmentTracker,
+    new_id,
+)
 from radixrt.runtime.server.http_streaming import (
     PrimedStream,
     SSEResponse,
     merge_streams,
 )
 from radixrt.runtime.server.http_streaming import named_sse as event
-from radixrt.runtime.server.openai_protocol import ChatRequest, error_message
+from radixrt.runtime.server.openai_protocol import ChatRequest, error_message, translated
 from radixrt.runtime.server.openai_serving import OpenAIServing
-
-MESSAGE_ID_HEX = 24  # "msg_" + this many hex digits
 
 
 class AnthropicServing:
@@ -43,14 +46,15 @@ class AnthropicServing:
         self.chat = chat
 
     async def count_tokens(self, body: CountTokensRequest) -> Response:
-        prepared = self.chat.prepare_chat(body.to_chat(), generate=False, named_parallel=True)
+        prepared = self.chat.prepare_chat(translated(body.to_chat), generate=False,
+                                          named_parallel=True)
         return JSONResponse(CountTokensOut(input_tokens=len(prepared.ids)).model_dump())
 
     async def messages(self, body: MessagesRequest, request: Request) -> Response:
-        chat = body.to_chat_request()
+        chat = translated(body.to_chat_request)
         # Anthropic's named tool may be called several times (parallel_tool_calls says)
         plan, ids, params = self.chat.prepare_chat(chat, named_parallel=True).parts()
-        mid = f"msg_{uuid.uuid4().hex[:MESSAGE_ID_HEX]}"
+        mid = new_id("msg")
         streams = await self.chat.open(request, chat, [ids], [params], mid)
         if body.stream:
             parser = self.chat.choice_parser(plan)
@@ -125,7 +129,10 @@ class BlockWriter:
         return [self.render(s) for s in self.segments.feed(piece)]
 
     def close(self) -> list[bytes]:
-        return [self.render(s) for s in self.segments.close()]
+        """The end of the output; an empty output is one empty text block, as non-streamed."""
+        segments = self.segments.close() if self.index >= 0 else [Segment("open", "text"),
+                                                                  Segment("close", "text")]
+        return [self.render(s) for s in segments]
 
     def render(self, segment: Segment) -> bytes:
         if segment.op == "open":

@@ -19,11 +19,15 @@ from radixrt.runtime.server.tool_protocol import (
     ToolCallOut,
 )
 
-TOOL_CALL_ID_HEX = 24  # ids the server makes: "call_" + this many hex digits
+ID_HEX = 24  # ids the server makes ("call_", "msg_", "resp_", ...): a prefix + this many hex digits
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:ID_HEX]}"
 
 
 def new_call_id() -> str:
-    return f"call_{uuid.uuid4().hex[:TOOL_CALL_ID_HEX]}"
+    return new_id("call")
 
 
 @dataclass

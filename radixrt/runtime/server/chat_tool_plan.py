@@ -112,7 +112,9 @@ def plan_chat(body: ChatRequest, features: ChatFeatures, other_constraint: dict[
                        param=unsupported[0])
     kwargs = check_template_kwargs(body.chat_template_kwargs, features.reserved_kwargs)
     check_conversation(body)
-    reasoning = features.reasoning if body.separate_reasoning else None
+    # a continued assistant turn (a prefill) is answer text, never the thinking
+    reasoning = features.reasoning if body.separate_reasoning and not \
+        body.continue_final_message else None
     if not body.tools:
         if body.tool_choice is not None and body.tool_choice != "none":
             raise APIError("tool_choice needs tools: give the tools the model may call",

@@ -16,6 +16,8 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
+from radixrt.runtime.server.error_shapes import speaks_anthropic
+
 # What each error status means here (the body's message says more).
 STATUS_MEANINGS = {
     400: "The request is invalid: the message names the field and what to fix.",
@@ -119,7 +121,7 @@ def install_openapi(app: FastAPI, keys_required: bool, unauthenticated: frozense
                 "apiKey": {"type": "apiKey", "in": "header", "name": "x-api-key"}}
         for path, item in schema.get("paths", {}).items():
             error_ref = {"$ref": "#/components/schemas/" + (
-                "AnthropicErrorBody" if path.startswith("/v1/messages") else "OpenAIErrorBody")}
+                "AnthropicErrorBody" if speaks_anthropic(path) else "OpenAIErrorBody")}
             for operation in item.values():
                 responses = operation.setdefault("responses", {})
                 responses.pop("422", None)

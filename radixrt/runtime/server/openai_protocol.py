@@ -9,9 +9,10 @@ by pydantic and value-checked by SamplingParams, whose ValueError messages becom
 from __future__ import annotations
 
 import time
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from radixrt.runtime.config import (
     MAX_NAME_CHARS,
@@ -29,6 +30,7 @@ from radixrt.runtime.server.tool_protocol import (
     ToolDef,
 )
 
+T = TypeVar("T")
 MAX_CONTENT_PARTS = 256  # per chat message
 MAX_TEMPLATE_KWARGS = 32  # chat_template_kwargs entries
 
@@ -57,6 +59,17 @@ class APIError(Exception):
 
     def body(self) -> dict[str, Any]:
         return error_body(self.message, self.type, self.param, self.code)
+
+
+def translated(build: Callable[[], T]) -> T:
+    """The chat request another API's (validated) request becomes: a bound of the chat request
+    that the other shape did not check is a 400 naming it, never a 500."""
+    try:
+        return build()
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        where = ".".join(str(part) for part in error.get("loc", ()))
+        raise APIError(f"invalid request: {where}: {error.get('msg')}") from None
 
 
 def error_body(

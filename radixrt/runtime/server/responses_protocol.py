@@ -219,6 +219,10 @@ class ResponsesRequest(BaseModel):
                     name=item.name, arguments=item.arguments))
                 last = out[-1] if out else None
                 if last is not None and last.role == "assistant" and last.tool_calls is not None:
+                    if len(last.tool_calls) == MAX_TOOLS:
+                        raise APIError(f"{where}: at most {MAX_TOOLS} function_call items "
+                                       "follow one another (one assistant turn's calls)",
+                                       param="input")
                     last.tool_calls.append(call)
                 elif last is not None and last.role == "assistant" and not thinking:
                     last.tool_calls = [call]

@@ -11,7 +11,6 @@ ResponseStore (response_store.py), scoped to the API key's tenant.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
@@ -19,8 +18,15 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.outputs import StreamChunk
-from radixrt.runtime.server.chat_output import ChoiceParser, ChoicePiece, Segment, SegmentTracker
+from radixrt.runtime.server.chat_output import (
+    ChoiceParser,
+    ChoicePiece,
+    Segment,
+    SegmentTracker,
+    new_id,
+)
 from radixrt.runtime.server.chat_tool_plan import ChatToolPlan
 from radixrt.runtime.server.http_streaming import (
     PrimedStream,
@@ -31,9 +37,9 @@ from radixrt.runtime.server.http_streaming import (
 from radixrt.runtime.server.openai_protocol import (
     APIError,
     ChatMessage,
-    ChatRequest,
     chat_logprobs,
     error_message,
+    translated,
 )
 from radixrt.runtime.server.openai_serving import OpenAIServing
 from radixrt.runtime.server.response_store import ResponseStore
@@ -53,12 +59,6 @@ from radixrt.runtime.server.responses_protocol import (
 from radixrt.runtime.server.tenants import tenant_of
 from radixrt.runtime.server.tool_protocol import FunctionCallIn, ToolCallIn
 
-ID_HEX = 24  # "resp_", "msg_", "fc_", "rs_" + this many hex digits
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:ID_HEX]}"
-
 
 @dataclass
 class Turn:
@@ -66,7 +66,6 @@ class Turn:
 
     tenant: str
     body: ResponsesRequest
-    chat: ChatRequest
     earlier: list[ChatMessage]
     response: ResponseObject
     prompt_tokens: int
@@ -90,33 +89,25 @@ class ResponsesServing:
                                "response has this id (it was never stored, was deleted or "
                                "expired): send the whole conversation as input",
                                param="previous_response_id", status=404, code="not_found")
-            earlier = [ChatMessage.model_validate(m) for m in previous.conversation]
-        chat = body.to_chat_request(earlier)
+            earlier = previous.conversation
+        chat = translated(lambda: body.to_chat_request(earlier))
         plan, ids, params = self.chat.prepare_chat(chat).parts()
         rid = new_id("resp")
-        turn = Turn(tenant, body, chat, earlier, ResponseObject.start(rid, body), len(ids))
+        turn = Turn(tenant, body, earlier, ResponseObject.start(rid, body), len(ids))
         pin = body.store and self.store.pins is not None
         streams = await self.chat.open(request, chat, [ids], [params], rid, pin=pin)
         if body.stream:
             return SSEResponse(self.stream(turn, plan, streams[0]))
-        self.running[(tenant, rid)] = turn.response
-        try:
-            out = (await self.chat.collect(request, streams, [ids], 1))[0]
-        finally:
-            self.running.pop((tenant, rid), None)
+        # (not cancellable: its client learns its id only from the answer)
+        out = (await self.chat.collect(request, streams, [ids], 1))[0]
         sample = out.samples[0]
         parser = self.chat.choice_parser(plan)
         parser.feed(sample.text)
         parser.finish()
         items = self.items_of(parser, sample.finish_reason)
-        if body.top_logprobs is not None:
-            for item in items:
-                if isinstance(item, OutputMessage):
-                    item.content[0].logprobs = chat_logprobs(self.chat.token_text,
-                                                             sample.logprobs).content
         pin_id = streams[0].rid if out.pinned else None
         self.finish(turn, items, sample.finish_reason, out.completion_tokens,
-                    out.cached_tokens)
+                    out.cached_tokens, sample.logprobs)
         await self.keep(turn, pin_id)
         return JSONResponse(turn.response.model_dump())
 
@@ -138,9 +129,16 @@ class ResponsesServing:
         return items
 
     def finish(self, turn: Turn, items: list[OutputItem], finish_reason: str | None,
-               output_tokens: int, cached_tokens: int) -> None:
+               output_tokens: int, cached_tokens: int, logprobs: list[TokenLogprob]) -> None:
+        """The response once its output is whole (streamed or not): items, status, usage, and
+        with top_logprobs the logprobs of its text."""
         response = turn.response
         response.output = items
+        if turn.body.top_logprobs is not None:
+            for item in items:
+                if isinstance(item, OutputMessage):
+                    item.content[0].logprobs = chat_logprobs(self.chat.token_text,
+                                                             logprobs).content
         response.status = {"length": "incomplete", "abort": "cancelled"}.get(
             finish_reason or "", "completed")
         if finish_reason == "length":
@@ -160,11 +158,9 @@ class ResponsesServing:
         conversation = [*turn.earlier, *turn.body.input_messages(),
                         *output_messages(turn.response.output)]
         stored = await self.store.put(turn.tenant, turn.response.id,
-                                      turn.response.model_dump(),
-                                      [m.model_dump(exclude_none=True) for m in conversation],
-                                      pin_id)
+                                      turn.response.model_dump(), conversation, pin_id)
         previous = turn.body.previous_response_id
-        if stored and pin_id is not None and previous is not None:
+        if stored is not None and stored.pin_id is not None and previous is not None:
             await self.store.take_pin(turn.tenant, previous)
 
     # --- stream --------------------------------------------------------------------------
@@ -180,6 +176,7 @@ class ResponsesServing:
         parser = self.chat.choice_parser(plan)
         writer = ItemWriter()
         output_tokens = cached = 0
+        logprobs: list[TokenLogprob] = []
         pin_id: int | None = None
         try:
             yield writer.event("response.created", response=turn.response.model_dump())
@@ -189,6 +186,7 @@ class ResponsesServing:
                 last = chunk
                 output_tokens += len(chunk.token_ids)
                 cached = max(cached, chunk.cached_tokens)
+                logprobs += chunk.logprobs
                 failure = error_message(chunk.finish_reason)
                 if failure is not None:
                     turn.response.status = "failed"
@@ -203,7 +201,7 @@ class ResponsesServing:
                     for item in writer.write(parser.finish()) + writer.close(status):
                         yield item
             reason = last.finish_reason if last is not None else None
-            self.finish(turn, writer.items, reason, output_tokens, cached)
+            self.finish(turn, writer.items, reason, output_tokens, cached, logprobs)
             await self.keep(turn, pin_id)
             done = {"completed": "response.completed", "incomplete": "response.incomplete"}
             yield writer.event(done.get(turn.response.status, "response.completed"),
@@ -248,16 +246,19 @@ def not_found(rid: str) -> APIError:
 
 
 def output_messages(items: list[OutputItem]) -> list[ChatMessage]:
-    """A response's output as the assistant turn the next turn's template renders."""
+    """A response's output as the assistant turn the next turn's template renders (made here,
+    so not validated again: a long output's calls may pass the bounds set on requests)."""
     reasoning = "".join(c.text for item in items if isinstance(item, OutputReasoning)
                         for c in item.content)
     text = "".join(c.text for item in items if isinstance(item, OutputMessage)
                    for c in item.content)
-    calls = [ToolCallIn(id=item.call_id, function=FunctionCallIn(name=item.name,
-                                                                 arguments=item.arguments))
+    calls = [ToolCallIn.model_construct(id=item.call_id, type="function",
+                                        function=FunctionCallIn.model_construct(
+                                            name=item.name, arguments=item.arguments))
              for item in items if isinstance(item, OutputFunctionCall)]
-    return [ChatMessage(role="assistant", content=text if text or not calls else None,
-                        tool_calls=calls or None, reasoning_content=reasoning or None)]
+    return [ChatMessage.model_construct(
+        role="assistant", content=text if text or not calls else None, tool_calls=calls or None,
+        reasoning_content=reasoning or None, name=None, tool_call_id=None)]
 
 
 class ItemWriter:
@@ -278,7 +279,10 @@ class ItemWriter:
         return [e for s in self.segments.feed(piece) for e in self.render(s, "completed")]
 
     def close(self, status: str) -> list[bytes]:
-        return [e for s in self.segments.close() for e in self.render(s, status)]
+        """The end of the output; an empty output is one empty message, as non-streamed."""
+        segments = self.segments.close() if self.items else [Segment("open", "text"),
+                                                              Segment("close", "text")]
+        return [e for s in segments for e in self.render(s, status)]
 
     def render(self, segment: Segment, status: str) -> list[bytes]:
         if segment.op == "open":

@@ -47,7 +47,7 @@ def test_turns_and_blocks_become_chat_messages() -> None:
     assistant = out.messages[2]
     assert assistant.reasoning_content == "hmm"
     assert [(c.id, c.function.name, c.function.arguments) for c in assistant.tool_calls] == [
-        ("t1", "f", '{"a": [1]}')]
+        ("t1", "f", '{"a":[1]}')]
     assert out.tools[0].function.parameters == {"type": "object"}
     assert out.stop == ["END"] and out.user == "u1" and out.max_tokens == 8
     assert not out.continue_final_message
@@ -88,6 +88,12 @@ def test_output_config_thinking_and_prefill() -> None:
     ({"tools": [{**TOOL, "type": "web_search_20250305"}]}, "server tools"),
     ({"tools": [TOOL], "tool_choice": {"type": "tool"}}, "needs the tool's"),
     ({"max_tokens": 0}, "max_tokens=0"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": f"t{i}", "name": "f", "input": {}} for i in range(129)]}]},
+     "at most 128 tool_use blocks"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t", "name": "f", "input": {"a": "x" * 70000}}]}]},
+     "characters of JSON"),
 ])
 def test_refusals_name_what_to_fix(body: dict[str, Any], needle: str) -> None:
     with pytest.raises(APIError) as info:

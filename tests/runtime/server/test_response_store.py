@@ -10,6 +10,7 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from radixrt.runtime.server.openai_protocol import ChatMessage
 from radixrt.runtime.server.response_store import ResponseStore
 
 
@@ -23,7 +24,7 @@ class Clock:
 
 def put(store: ResponseStore, tenant: str, rid: str, text: str = "x") -> bool:
     return asyncio.run(store.put(tenant, rid, {"id": rid, "text": text},
-                                 [{"role": "user", "content": text}], None))
+                                 [ChatMessage(role="user", content=text)], None)) is not None
 
 
 def test_a_tenant_sees_only_its_own_responses() -> None:
@@ -49,7 +50,7 @@ def test_the_least_recently_used_goes_first() -> None:
 
 def test_the_byte_bound_evicts_and_refuses_what_alone_is_too_large() -> None:
     one = len(json.dumps({"id": "a", "text": "x" * 100})) + \
-        len(json.dumps([{"role": "user", "content": "x" * 100}]))
+        len(ChatMessage(role="user", content="x" * 100).model_dump_json())
     store = ResponseStore(None, max_bytes=2 * one + 10)
     for rid in "abc":
         assert put(store, "", rid, "x" * 100)
@@ -88,3 +89,12 @@ def test_the_bounds_and_the_byte_count_hold_under_any_sequence(steps: list) -> N
         held = [e for e in entries if e is not None]
         assert len(held) == len(store) <= 3
         assert store.bytes == sum(e.size for e in held) <= 900
+
+
+def test_at_most_max_pins_stored_conversations_keep_a_pin() -> None:
+    """Past max_pins, the least recently used response's pin goes (the response stays)."""
+    store = ResponseStore(None, max_pins=2)
+    for rid, pin in (("a", 1), ("b", 2), ("c", 3)):
+        asyncio.run(store.put("", rid, {"id": rid}, [ChatMessage(role="user", content=rid)],
+                              pin))
+    assert [store.get("", r).pin_id for r in "abc"] == [None, 2, 3]

@@ -79,8 +79,20 @@ def test_the_created_response_echoes_the_settings() -> None:
     ({"input": [{"role": "user", "content": [{"type": "input_file", "file_id": "f"}]}]},
      "'input_file'"),
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "needs \"schema\""),
+    ({"input": [{"type": "function_call", "call_id": f"c{i}", "name": "f", "arguments": "{}"}
+                for i in range(129)]}, "at most 128 function_call items"),
 ])
 def test_refusals_name_what_to_fix(body: dict[str, Any], needle: str) -> None:
     with pytest.raises(APIError) as info:
         request(**body).to_chat_request([])
     assert needle in info.value.message
+
+
+
+def test_a_bound_only_the_chat_request_has_is_a_400() -> None:
+    """translated(): a chat-request bound the other API's shape does not check is a 400."""
+    from radixrt.runtime.server.openai_protocol import translated
+
+    with pytest.raises(APIError) as info:
+        translated(lambda: ChatMessage(role="user", content="x", name="n" * 1000))
+    assert info.value.status == 400 and "name" in info.value.message
