@@ -458,6 +458,35 @@ def test_responses_and_messages_through_the_official_clients(server, client):
     server.wait_idle()
 
 
+def test_the_agents_sdk_runs_a_tool_calling_agent(server):
+    """The OpenAI Agents SDK with its default (Responses) model against the real server: the
+    agent calls its tool, reads the result and answers."""
+    from agents import Agent, ModelSettings, Runner, function_tool, set_tracing_disabled
+    from agents.models.openai_responses import OpenAIResponsesModel
+
+    set_tracing_disabled(True)
+    seen = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """The weather in a city."""
+        seen.append(city)
+        return f"It is 18 degrees and sunny in {city}."
+
+    client = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0)
+    agent = Agent(name="weather", instructions="You are a helpful assistant.",
+                  tools=[get_weather],
+                  model=OpenAIResponsesModel(model="default", openai_client=client),
+                  model_settings=ModelSettings(tool_choice="required", temperature=0.0,
+                                               parallel_tool_calls=False, max_tokens=160,
+                                               store=False))  # nothing left pinned
+    result = asyncio.run(Runner.run(agent, "What is the weather in Paris?", max_turns=4))
+    kinds = [item.type for item in result.new_items]
+    assert seen and "tool_call_output_item" in kinds and kinds[-1] == "message_output_item"
+    assert isinstance(result.final_output, str)
+    server.wait_idle()
+
+
 def test_killing_the_worker_stops_everything(server):
     """Last in this module: the server must exit non-zero within seconds, leaving nothing."""
     worker = next(p for p in server.children if "worker" in " ".join(p.cmdline()) or
