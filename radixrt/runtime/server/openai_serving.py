@@ -31,6 +31,12 @@ from radixrt.runtime.server.http_streaming import (
     sse,
     until_disconnected,
 )
+from radixrt.runtime.server.logprob_formats import (
+    TokenText,
+    chat_logprobs,
+    completion_logprobs,
+    echo_logprobs,
+)
 from radixrt.runtime.server.openai_protocol import (
     APIError,
     ChatChoice,
@@ -42,12 +48,8 @@ from radixrt.runtime.server.openai_protocol import (
     CompletionRequest,
     CompletionResponse,
     SamplingFields,
-    TokenText,
     Usage,
-    chat_logprobs,
-    completion_logprobs,
     constraint_fields,
-    echo_logprobs,
     finish_reason_out,
     to_sampling_params,
 )

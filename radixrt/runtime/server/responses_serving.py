@@ -34,10 +34,10 @@ from radixrt.runtime.server.http_streaming import (
     merge_streams,
     named_sse,
 )
+from radixrt.runtime.server.logprob_formats import chat_logprobs
 from radixrt.runtime.server.openai_protocol import (
     APIError,
     ChatMessage,
-    chat_logprobs,
     error_message,
     translated,
 )
