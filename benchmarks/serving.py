@@ -8,10 +8,12 @@ fixed max_tokens, EOS ignored where the server supports it). Per request it meas
 end-to-end latency; per run, request and token throughput and the prefix-cache hit rate.
 
 Systems: radixrt-lpm (the default), radixrt-fcfs (`--schedule-policy fcfs`), radixrt-no-cache
-(`--disable-radix-cache`) and llama.cpp on the same GGUF file: its C++ `llama-server` (8 parallel
-slots, a thread per core, ignore_eos) when `--llama-server` or ../shared/llama-server/ has it,
-else `llama_cpp.server` from a venv (no ignore_eos: a request may stop early; its table counts the
-tokens it really produced). The summary is also drawn as docs/plots/serving*.png.
+(`--disable-radix-cache`), radixrt-sglang-api (the default server loaded through SGLang's native
+/generate protocol, with the requests `sglang.bench_serving --backend sglang` sends) and
+llama.cpp on the same GGUF file: its C++ `llama-server` (8 parallel slots, a thread per core,
+ignore_eos) when `--llama-server` or ../shared/llama-server/ has it, else `llama_cpp.server`
+from a venv (no ignore_eos: a request may stop early; its table counts the tokens it really
+produced). The summary is also drawn as docs/plots/serving*.png.
 
 Scale-out runs: --dp-size N adds N replicas behind the SGLang router (`radixrt serve --dp-size N`,
 needs `pip install 'radixrt[router]'`), once with its cache_aware and once with its random

@@ -77,6 +77,9 @@ def ideal_hit_rate(token_lists: list[list[int]]) -> float:
 
 
 async def one_request(client: Any, system: System, prompt: Prompt) -> RequestResult:
+    if system.protocol == "sglang":
+        return await sglang_request(str(client.base_url).rstrip("/").removesuffix("/v1"),
+                                    prompt)
     result = RequestResult(prompt_len=prompt.prompt_len)
     chunks, usage = 0, None
     start = last = time.perf_counter()
@@ -102,6 +105,52 @@ async def one_request(client: Any, system: System, prompt: Prompt) -> RequestRes
     result.ok = chunks > 0
     result.error = "" if result.ok else "no text came back"
     fill_usage(result, usage, chunks)
+    return result
+
+
+async def sglang_request(base: str, prompt: Prompt) -> RequestResult:
+    """One streamed request in SGLang's /generate protocol, the body `python -m
+    sglang.bench_serving --backend sglang` sends (greedy, EOS ignored, no LoRA, no logprobs);
+    each event carries the text so far and meta_info's completion_tokens."""
+    import json
+
+    import httpx
+
+    result = RequestResult(prompt_len=prompt.prompt_len)
+    body = {"text": prompt.text, "stream": True, "lora_path": None, "return_logprob": False,
+            "logprob_start_len": -1, "return_routed_experts": False,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": prompt.output_len,
+                                "ignore_eos": True}}
+    start = last = time.perf_counter()
+    seen, meta = 0, None
+    try:
+        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as http, http.stream(
+                "POST", base + "/generate", json=body) as response:
+            if response.status_code != 200:
+                raise RuntimeError(f"{response.status_code}: {(await response.aread())[:300]!r}")
+            async for line in response.aiter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                event = json.loads(line[len("data: "):])
+                meta = event["meta_info"]
+                now = time.perf_counter()
+                if event["text"] and meta["completion_tokens"] > seen:
+                    if seen == 0:
+                        result.ttft = now - start
+                    else:
+                        gap = (now - last) / (meta["completion_tokens"] - seen)
+                        result.itls += [gap] * (meta["completion_tokens"] - seen)
+                    seen, last = meta["completion_tokens"], now
+    except Exception as exc:  # a failed request is reported, not fatal
+        result.error = f"{type(exc).__name__}: {exc}"
+        return result
+    result.e2e = time.perf_counter() - start
+    result.ok = seen > 0 and meta is not None and meta["finish_reason"] is not None
+    result.error = "" if result.ok else "no text came back"
+    if meta is not None:
+        result.output_tokens = meta["completion_tokens"]
+        result.prompt_len = meta["prompt_tokens"]
+        result.cached_tokens = meta["cached_tokens"]
     return result
 
 

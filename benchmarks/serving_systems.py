@@ -26,7 +26,9 @@ RADIXRT_SYSTEMS: dict[str, list[str]] = {
     "radixrt-lpm": [],
     "radixrt-fcfs": ["--schedule-policy", "fcfs"],
     "radixrt-no-cache": ["--disable-radix-cache"],
+    "radixrt-sglang-api": [],  # the default server, loaded through SGLang's /generate protocol
 }
+SGLANG_PROTOCOL_SYSTEMS = ("radixrt-sglang-api",)
 LLAMA_CPP = "llama.cpp"
 SYSTEMS = (*RADIXRT_SYSTEMS, LLAMA_CPP)
 ROUTER_POLICIES_COMPARED = ("cache_aware", "random")  # --dp-size N runs both
@@ -52,6 +54,7 @@ class System:
     flushable: bool  # has POST /flush_cache and GET /server_info
     env: dict[str, str] | None = None  # added to the environment of its process
     replicas: int = 1  # > 1: replicas behind the SGLang router (its /workers lists them)
+    protocol: str = "openai"  # "sglang": requests as bench_serving's --backend sglang sends
 
 
 def gguf_path() -> str:
@@ -67,7 +70,9 @@ def radixrt_system(name: str, args: argparse.Namespace, flags: list[str] | None 
                *(RADIXRT_SYSTEMS[name] if flags is None else flags),
                *shlex.split(getattr(args, "radixrt_args", "") or "")]
     health = "/health" if replicas == 1 else "/readiness"  # the router's: replicas registered
-    return System(name, command, health, {"ignore_eos": True}, True, True, replicas=replicas)
+    protocol = "sglang" if name in SGLANG_PROTOCOL_SYSTEMS else "openai"
+    return System(name, command, health, {"ignore_eos": True}, True, True, replicas=replicas,
+                  protocol=protocol)
 
 
 def scale_out_systems(args: argparse.Namespace) -> list[System]:

@@ -94,7 +94,6 @@ WITHOUT_TEST_FILE = (
     "radixrt/runtime/server/dsl_endpoint.py",
     "radixrt/runtime/server/dsl_scoring.py",
     "radixrt/runtime/server/http_metrics.py",
-    "radixrt/runtime/server/http_native.py",
     "radixrt/runtime/server/http_replica.py",
     "radixrt/runtime/server/http_routes.py",
     "radixrt/runtime/server/http_streaming.py",

@@ -69,6 +69,7 @@ def router_metadata(manager: TokenizerManager) -> dict[str, Any]:
 
 def add_router_routes(app: FastAPI, manager: TokenizerManager) -> None:
     @app.get("/model_info")
+    @app.get("/get_model_info")  # SGLang's name (its RuntimeEndpoint connects with it)
     async def model_info() -> dict[str, Any]:
         path = local_tokenizer_path(manager.tokenizer)
         return {"model_path": path, "tokenizer_path": path, "is_generation": True,

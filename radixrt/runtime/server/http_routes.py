@@ -26,14 +26,15 @@ from radixrt.runtime.server.anthropic_serving import AnthropicServing
 from radixrt.runtime.server.chat_tool_plan import ChatFeatures
 from radixrt.runtime.server.dsl_scoring import start_text
 from radixrt.runtime.server.http_metrics import HTTPMetrics
-from radixrt.runtime.server.http_native import (
-    GenerateRequest,
-    NativeServing,
-    RenewPinsBody,
-    UnpinBody,
-)
+from radixrt.runtime.server.http_native import NativeServing, RenewPinsBody, UnpinBody
 from radixrt.runtime.server.http_openapi import GENERATION_ERRORS, documented
 from radixrt.runtime.server.http_replica import router_metadata
+from radixrt.runtime.server.native_protocol import (
+    AbortRequestBody,
+    ConcatAppendBody,
+    ConcatAppended,
+    GenerateRequest,
+)
 from radixrt.runtime.server.openai_protocol import (
     ChatRequest,
     ChatResponse,
@@ -90,7 +91,7 @@ class Status(BaseModel):
 
 
 class Aborted(Status):
-    rid: int | str
+    rid: int | str | None
     aborted: int  # how many running requests it ended
 
 
@@ -173,6 +174,21 @@ def add_native_routes(app: FastAPI, serving: NativeServing, manager: TokenizerMa
         aborted = await manager.abort(body.rid)
         return {"status": "ok", "rid": body.rid, "aborted": aborted}
 
+    @app.post("/abort_request", responses=documented(Aborted, (400,)))
+    async def abort_request(body: AbortRequestBody) -> Response:
+        """SGLang's: {"rid": id} or {"abort_all": true}."""
+        if body.abort_all == (body.rid is not None):
+            return JSONResponse(error_body("give one of 'rid' and 'abort_all': true",
+                                           "invalid_request_error", param="rid"),
+                                status_code=400)
+        aborted = await (manager.abort_all() if body.abort_all else manager.abort(body.rid))
+        return JSONResponse({"status": "ok", "rid": body.rid, "aborted": aborted})
+
+    @app.post("/concate_and_append_request", responses=documented(ConcatAppended,
+                                                                  (*GENERATION_ERRORS, 404)))
+    async def concate_and_append_request(body: ConcatAppendBody, request: Request) -> Response:
+        return await serving.concat_and_append(body, request)
+
     @app.post("/unpin", response_model=Unpinned)
     async def unpin(body: UnpinBody) -> dict[str, Any]:
         released = await pins.release(body.pin_id)  # False: its lease ran out already
@@ -187,6 +203,7 @@ def add_native_routes(app: FastAPI, serving: NativeServing, manager: TokenizerMa
         return {"status": "ok", "freed_tokens": await manager.flush_cache()}
 
     @app.get("/server_info")
+    @app.get("/get_server_info")  # SGLang's name
     async def server_info() -> dict[str, Any]:
         info = await manager.server_info()
         info["chat"] = dsl_chat_info(manager.tokenizer, features.tool_format)  # DSL clients
@@ -194,6 +211,7 @@ def add_native_routes(app: FastAPI, serving: NativeServing, manager: TokenizerMa
         info["score_start"] = start_text(manager.tokenizer)  # unconditional select scores
         info.update(pins.info())
         info.update(store.info())
+        info.update(serving.registry.info())
         info.update(router_metadata(manager))
         return info
 

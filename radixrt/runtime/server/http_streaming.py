@@ -101,14 +101,17 @@ async def open_streams(
     manager: TokenizerManager,
     ids_list: Sequence[list[int]],
     params_list: Sequence[SamplingParams],
-    rid_hint: str | None,
+    rid_hint: str | Sequence[str] | None,
     scheduling: Scheduling,
     pin: bool = False,
 ) -> list[PrimedStream]:
     """Submit several prompts concurrently (so they batch); if one is refused or the caller is
-    cancelled, close the ones already open."""
-    tasks = [asyncio.ensure_future(open_stream(manager, ids, p, rid_hint, scheduling, pin))
-             for ids, p in zip(ids_list, params_list)]
+    cancelled, close the ones already open. rid_hint: the id the client sees, one for all the
+    prompts or one per prompt."""
+    hints = [rid_hint] * len(ids_list) if rid_hint is None or isinstance(rid_hint, str) else (
+        list(rid_hint))
+    tasks = [asyncio.ensure_future(open_stream(manager, ids, p, hint, scheduling, pin))
+             for ids, p, hint in zip(ids_list, params_list, hints)]
     try:
         await asyncio.wait(tasks)
     except BaseException:

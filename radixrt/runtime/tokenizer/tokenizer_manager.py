@@ -155,6 +155,13 @@ class TokenizerManager:
             self.front.abort(one)
         return len(rids)
 
+    async def abort_all(self) -> int:
+        """Abort every running request of this front; returns how many there were."""
+        rids = [rid for rid in self.front.held if not self.front.finished(rid)]
+        for rid in rids:
+            self.front.abort(rid)
+        return len(rids)
+
     async def unpin(self, rid: int) -> None:
         """Release the prefix of a request generated with pin=True."""
         self.front.unpin(rid)

@@ -300,7 +300,7 @@ def test_generate_plain_and_streaming(served: Served) -> None:
     out = served.http.post("/generate", json={"text": PROMPT, "sampling_params": sp}).json()
     meta = out["meta_info"]
     assert len(out["output_ids"]) == meta["completion_tokens"] == 5
-    assert meta["finish_reason"] == "length" and meta["prompt_tokens"] > 0
+    assert meta["finish_reason"] == {"type": "length", "length": 5} and meta["prompt_tokens"] > 0
     ids = served.engine.tokenizer.encode(PROMPT)
     by_ids = served.http.post("/generate", json={"input_ids": ids, "sampling_params": sp}).json()
     assert by_ids["output_ids"] == out["output_ids"]
@@ -308,8 +308,11 @@ def test_generate_plain_and_streaming(served: Served) -> None:
     with served.http.stream("POST", "/generate", json=body) as response:
         events = list(sse_events(response))
     assert events[-1] == "[DONE]"
-    assert "".join(e["text"] for e in events[:-1]) == out["text"]
-    assert events[-2]["meta_info"]["finish_reason"] == "length"
+    # as SGLang's server: each event carries the text and ids so far
+    texts = [e["text"] for e in events[:-1]]
+    assert all(b.startswith(a) for a, b in zip(texts, texts[1:])) and texts[-1] == out["text"]
+    assert events[-2]["output_ids"] == out["output_ids"]
+    assert events[-2]["meta_info"]["finish_reason"]["type"] == "length"
 
 
 def test_abort_endpoint_ends_a_stream(served: Served) -> None:
@@ -321,7 +324,7 @@ def test_abort_endpoint_ends_a_stream(served: Served) -> None:
         with httpx.Client(base_url=served.url, timeout=60) as other:
             assert other.post("/abort", json={"rid": rid}).status_code == 200
         rest = list(events)
-    assert rest[-1] == "[DONE]" and rest[-2]["meta_info"]["finish_reason"] == "abort"
+    assert rest[-1] == "[DONE]" and rest[-2]["meta_info"]["finish_reason"]["type"] == "abort"
     wait_idle(served)
 
 
@@ -440,7 +443,7 @@ def test_streamed_pin_reports_its_id_on_the_final_event(served: Served) -> None:
             "sampling_params": {"max_tokens": 2, "temperature": 0}}) as response:
         events = [e for e in sse_events(response) if e != "[DONE]"]
     final = events[-1]["meta_info"]
-    assert final["finish_reason"] == "length" and isinstance(final["pin_id"], int)
+    assert final["finish_reason"]["type"] == "length" and isinstance(final["pin_id"], int)
     assert all("pin_id" not in e["meta_info"] for e in events[:-1])
     assert served.http.post("/unpin", json={"pin_id": final["pin_id"]}).json()["released"]
     wait_idle(served)
@@ -849,8 +852,7 @@ def test_generate_streams_every_sample_to_its_end(served: Served) -> None:
     with served.http.stream("POST", "/generate", json=body) as response:
         events = [e for e in sse_events(response) if e != "[DONE]"]
     got: dict[int, tuple[str, Any]] = {}
-    for event in events:
-        text, reason = got.get(event["index"], ("", None))
-        got[event["index"]] = (text + event["text"], event["meta_info"]["finish_reason"] or reason)
+    for event in events:  # each event: that sample so far
+        got[event["index"]] = (event["text"], event["meta_info"]["finish_reason"])
     assert got == expected
     wait_idle(served)
