@@ -21,7 +21,7 @@ pytestmark = pytest.mark.slow  # installs a package, starts real processes
 SGLANG = "sglang==0.5.23"
 # what `import sglang` and its frontend need beyond radixrt's own dependencies
 FRONTEND_EXTRAS = ("pybase64", "ipython", "traitlets")
-DRIVER = Path(__file__).with_name("sglang_frontend_driver.py")
+DRIVER = Path(__file__).parents[1] / "sglang_frontend_driver.py"
 
 # Every test of test_programs.py but test_image_qa (radixrt runs text-only models) runs; these
 # may fail, each only in the way named:
