@@ -393,6 +393,9 @@ def test_streaming_n_samples_each_stream_to_their_own_end(server, path):
                            or "", c["finish_reason"]) for c in event["choices"]]
             for index, text, reason in pieces:
                 old_text, old_reason = got.get(index, ("", None))
+                if path == "/generate":  # SGLang's protocol: each event has the text so far
+                    assert text.startswith(old_text)
+                    old_text = ""
                 got[index] = (old_text + text, reason or old_reason)
     assert got == expected
     server.wait_idle()
