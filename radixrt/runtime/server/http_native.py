@@ -41,6 +41,7 @@ from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.server.http_streaming import (
     SSE_DONE,
     PrimedStream,
+    SampleOutput,
     SSEResponse,
     merge_streams,
     open_streams,
@@ -88,29 +89,11 @@ class NativePrompt:
 
 
 @dataclass
-class NativeSample:
-    """One sample's output so far."""
-
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list[TokenLogprob] = field(default_factory=list)
-    finish_reason: str | None = None
-    matched_stop: str | None = None
-
-    def add(self, chunk: StreamChunk) -> None:
-        self.text += chunk.text
-        self.token_ids += chunk.token_ids
-        self.logprobs += chunk.logprobs
-        self.finish_reason = chunk.finish_reason or self.finish_reason
-        self.matched_stop = chunk.matched_stop or self.matched_stop
-
-
-@dataclass
 class NativeRun:
     """One prompt's samples and what the runtime said of its prompt."""
 
     prompt: NativePrompt
-    samples: list[NativeSample]
+    samples: list[SampleOutput]
     started: float
     cached_tokens: int = 0
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
@@ -119,15 +102,13 @@ class NativeRun:
     runtime_rid: int | None = None
     base: int = 0  # the first sample's index in the request (prompt-major numbering)
 
-    def add(self, chunk: StreamChunk) -> NativeSample:
+    def add(self, chunk: StreamChunk) -> None:
         self.cached_tokens = max(self.cached_tokens, chunk.cached_tokens)
         self.prompt_logprobs += chunk.prompt_logprobs
         self.pinned = self.pinned or chunk.pinned
         self.pin_error = self.pin_error or chunk.pin_error
         self.runtime_rid = chunk.rid if self.runtime_rid is None else self.runtime_rid
-        sample = self.samples[chunk.index]
-        sample.add(chunk)
-        return sample
+        self.samples[chunk.index].add(chunk)
 
 
 class NativeServing:
@@ -148,8 +129,7 @@ class NativeServing:
             raise APIError("give exactly one of 'text' and 'input_ids'", param="text")
         param = "text" if body.text is not None else "input_ids"
         given = body.text if body.text is not None else body.input_ids
-        batch = isinstance(given, list) and (param == "text" or
-                                             any(isinstance(x, list) for x in given or ()))
+        batch = self.batch(body)
         prompts: Sequence[Any] = given if batch else [given]  # type: ignore[assignment]
         if batch and not prompts:
             raise APIError(f"'{param}' is an empty batch", param=param)
@@ -223,7 +203,7 @@ class NativeServing:
             [p.rid for p in prompts], scheduling, pin=body.pin))
         runs, base = [], 0
         for p in prompts:
-            runs.append(NativeRun(p, [NativeSample() for _ in range(p.params.n)], started,
+            runs.append(NativeRun(p, [SampleOutput() for _ in range(p.params.n)], started,
                                   base=base))
             base += p.params.n
         namespace = (scheduling.tenant, scheduling.extra_key)
@@ -290,7 +270,7 @@ class NativeServing:
             out["index"] = run.base + index
         return out
 
-    def logprob_meta(self, run: NativeRun, sample: NativeSample, with_text: bool) -> dict[str, Any]:
+    def logprob_meta(self, run: NativeRun, sample: SampleOutput, with_text: bool) -> dict[str, Any]:
         text_of = self.token_text if with_text else None
         prompt = run.prompt
         inputs: list[TokenLogprob | None] = []
@@ -334,7 +314,7 @@ class NativeServing:
         params = SamplingParams(max_tokens=0)  # prefill only: the joined sequence's KV
         streams = await until_disconnected(request, open_streams(
             self.manager, [joined], [params], body.dst_rid, scheduling))
-        run = NativeRun(NativePrompt(joined, params, body.dst_rid, None), [NativeSample()],
+        run = NativeRun(NativePrompt(joined, params, body.dst_rid, None), [SampleOutput()],
                         time.monotonic())
         await until_disconnected(request, self.collect([run], streams))
         self.registry.put(namespace, body.dst_rid, joined)

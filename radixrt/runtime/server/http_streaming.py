@@ -178,6 +178,13 @@ class SampleOutput:
     finish_reason: str | None = None
     matched_stop: str | None = None  # the stop string that ended it, if one did
 
+    def add(self, chunk: StreamChunk) -> None:
+        self.text += chunk.text
+        self.token_ids += chunk.token_ids
+        self.logprobs += chunk.logprobs
+        self.finish_reason = chunk.finish_reason or self.finish_reason
+        self.matched_stop = chunk.matched_stop or self.matched_stop
+
 
 @dataclass
 class PromptOutput:
@@ -189,12 +196,7 @@ class PromptOutput:
     pin_error: str | None = None  # ... or why not
 
     def add(self, chunk: StreamChunk) -> None:
-        sample = self.samples[chunk.index]
-        sample.text += chunk.text
-        sample.token_ids += chunk.token_ids
-        sample.logprobs += chunk.logprobs
-        sample.finish_reason = chunk.finish_reason or sample.finish_reason
-        sample.matched_stop = chunk.matched_stop or sample.matched_stop
+        self.samples[chunk.index].add(chunk)
         self.cached_tokens = max(self.cached_tokens, chunk.cached_tokens)
         if chunk.prompt_logprobs:
             self.prompt_logprobs = list(chunk.prompt_logprobs)
