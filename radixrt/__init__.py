@@ -1,8 +1,10 @@
 """radixrt: a radix-tree-centric structured-generation runtime.
 
 Public API only: the DSL (function, gen, select, fork via the state, roles, Runtime,
-RuntimeEndpoint, OpenAICompatible) and the in-process Engine. Everything loads on first use, and
-the DSL never imports torch, so a frontend that talks to a remote runtime stays light.
+RuntimeEndpoint, OpenAICompatible, global_config) and the in-process Engine. `radixrt.lang.ir`
+holds what SGLang programs import from `sglang.lang.ir` (its regex building blocks). Everything
+loads on first use, and the DSL never imports torch, so a frontend that talks to a remote runtime
+stays light.
 """
 
 from __future__ import annotations
@@ -24,23 +26,30 @@ __all__ = [
     "GenResult",
     "BackendError",
     "ForkGroup",
+    "GlobalConfig",
     "OpenAICompatible",
     "Program",
     "ProgramState",
     "Runtime",
     "RuntimeEndpoint",
     "SelectMethod",
+    "TokenUsage",
     "assistant",
+    "assistant_begin",
+    "assistant_end",
     "flush_cache",
     "function",
     "gen",
     "gen_int",
     "gen_string",
     "get_server_info",
+    "global_config",
     "greedy_token_selection",
     "select",
     "set_default_backend",
     "system",
+    "system_begin",
+    "system_end",
     "token_length_normalized",
     "tool",
     "tool_prompt",
@@ -48,6 +57,8 @@ __all__ = [
     "function_tool",
     "unconditional_likelihood_normalized",
     "user",
+    "user_begin",
+    "user_end",
     "CompletionOutput",
     "Engine",
     "EngineConfig",
@@ -94,6 +105,9 @@ _LAZY = {
     "set_default_backend": "radixrt.frontend",
     "system": "radixrt.frontend",
     "user": "radixrt.frontend",
+    **{name: "radixrt.frontend" for name in (
+        "GlobalConfig", "TokenUsage", "assistant_begin", "assistant_end", "global_config",
+        "system_begin", "system_end", "user_begin", "user_end")},
 }
 
 
@@ -106,7 +120,12 @@ _SGLANG_INSTEAD = {
     "Anthropic": "rx.OpenAICompatible(base_url, model) with an OpenAI-compatible proxy",
     "VertexAI": "rx.OpenAICompatible(base_url, model) with an OpenAI-compatible proxy",
     "LiteLLM": "rx.OpenAICompatible(base_url, model) against a LiteLLM proxy",
-    "separate_reasoning": "radixrt's reasoning parser is a server option, not a DSL call",
+    "separate_reasoning": "radixrt's reasoning parser is a server option, not a DSL call: "
+                          "gen(..., separate_reasoning=True) on a runtime started with "
+                          "--reasoning-parser",
+    "Crusoe": "rx.OpenAICompatible(base_url, model) against its OpenAI-compatible API",
+    "ServerArgs": "rx.Runtime(**server_options) takes `radixrt serve`'s flags as keywords; "
+                  "rx.EngineConfig configures the in-process rx.Engine",
 }
 
 

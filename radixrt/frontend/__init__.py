@@ -5,6 +5,8 @@ from radixrt.frontend.backends.local_runtime import Runtime
 from radixrt.frontend.backends.runtime_endpoint import RuntimeEndpoint
 from radixrt.frontend.lang.api import (
     assistant,
+    assistant_begin,
+    assistant_end,
     flush_cache,
     gen,
     gen_int,
@@ -13,9 +15,13 @@ from radixrt.frontend.lang.api import (
     select,
     set_default_backend,
     system,
+    system_begin,
+    system_end,
     tool,
     tool_prompt,
     user,
+    user_begin,
+    user_end,
 )
 from radixrt.frontend.lang.backend import (
     Backend,
@@ -23,7 +29,9 @@ from radixrt.frontend.lang.backend import (
     ChatFormat,
     ChoiceLogprobs,
     GenResult,
+    TokenUsage,
 )
+from radixrt.frontend.lang.global_config import GlobalConfig, global_config
 from radixrt.frontend.lang.program import Program, function
 from radixrt.frontend.lang.select_methods import (
     SelectMethod,
@@ -41,22 +49,29 @@ __all__ = [
     "ChoiceLogprobs",
     "GenResult",
     "ForkGroup",
+    "GlobalConfig",
     "Program",
     "ProgramState",
     "Runtime",
     "RuntimeEndpoint",
     "SelectMethod",
+    "TokenUsage",
     "assistant",
+    "assistant_begin",
+    "assistant_end",
     "flush_cache",
     "function",
     "gen",
     "gen_int",
     "gen_string",
     "get_server_info",
+    "global_config",
     "greedy_token_selection",
     "select",
     "set_default_backend",
     "system",
+    "system_begin",
+    "system_end",
     "token_length_normalized",
     "tool",
     "tool_prompt",
@@ -64,4 +79,6 @@ __all__ = [
     "function_tool",
     "unconditional_likelihood_normalized",
     "user",
+    "user_begin",
+    "user_end",
 ]

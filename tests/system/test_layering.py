@@ -26,7 +26,8 @@ REPO = ROOT.parent
 
 LAYERS = [  # (layer name, module prefixes), top to bottom
     ("cli", ["radixrt", "radixrt.__main__", "radixrt.cli", "radixrt.plan_cli",
-             "radixrt.config_flags"]),
+             "radixrt.config_flags",
+             "radixrt.lang"]),  # the public API's `sglang.lang.ir` path (radixrt.lang.ir)
     ("launcher", ["radixrt.runtime.launcher", "radixrt.runtime.replicas"]),
     ("server", ["radixrt.runtime.server"]),
     ("engine", ["radixrt.runtime.engine", "radixrt.runtime.engine_link"]),

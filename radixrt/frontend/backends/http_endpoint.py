@@ -38,6 +38,7 @@ class HttpRuntimeEndpoint(OpenAICompatible):
         info = response.json()
         super().__init__(f"{root}/v1", info.get("model", "default"), api_key)
         self._cache_on = not info.get("disable_radix_cache", False)
+        self.model_path: str | None = info.get("model_path")  # its local tokenizer folder
         ttl = float(info.get("pin_lease_ttl_s", PIN_LEASE_TTL_S))
         self._leases = LeaseKeeper(self._renew, ttl / PIN_RENEWALS_PER_TTL)
 
@@ -46,6 +47,7 @@ class HttpRuntimeEndpoint(OpenAICompatible):
             return None
         meta = self._native("/generate", {"text": text, "pin": True, "priority": priority,
                                           "sampling_params": PREFILL_ONLY})["meta_info"]
+        self.token_usage.add(meta.get("prompt_tokens", 0), 0, meta.get("cached_tokens", 0))
         if meta.get("pin_id") is None:
             warnings.warn(f"radixrt: {meta.get('pin_error')}", RuntimeWarning, stacklevel=2)
             return None
@@ -55,6 +57,11 @@ class HttpRuntimeEndpoint(OpenAICompatible):
     def unpin(self, handle: Any) -> None:
         self._leases.drop(int(handle))
         self._native("/unpin", {"pin_id": int(handle)})
+
+    def get_model_name(self) -> str:
+        """SGLang's name: the server's local tokenizer folder where it says it, else the model
+        name it serves."""
+        return self.model_path or self.model
 
     def flush_cache(self) -> int:
         return int(self._native("/flush_cache", {}).get("freed_tokens", 0))

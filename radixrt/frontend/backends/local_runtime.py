@@ -2,7 +2,8 @@
 
 `with Runtime(model="default", max_total_tokens=8192) as rt:` runs `radixrt serve` in a child
 process with those options as flags, talks to it over ZeroMQ on 127.0.0.1, and stops it on exit
-(also when the Runtime object is garbage-collected or the interpreter exits).
+(also when the Runtime object is garbage-collected or the interpreter exits). It is itself the
+endpoint programs run on; `runtime.endpoint` (SGLang's name for it) is the runtime.
 """
 
 from __future__ import annotations
@@ -26,10 +27,13 @@ _LOG_TAIL_CHARS = 4000
 
 class Runtime(RuntimeEndpoint):
     def __init__(self, model: str = "default", *, startup_timeout: float = STARTUP_TIMEOUT_S,
-                 model_path: str | None = None, **server_config: Any) -> None:
+                 model_path: str | None = None, launch_timeout: float | None = None,
+                 **server_config: Any) -> None:
         """server_config: `radixrt serve` options by their flag names with underscores
         (max_total_tokens=4096, schedule_policy="lpm", disable_radix_cache=True, ...).
-        model_path: SGLang's name for `model`."""
+        model_path, launch_timeout: SGLang's names for `model`, `startup_timeout`."""
+        if launch_timeout is not None:
+            startup_timeout = launch_timeout
         if model_path is not None:
             if model != "default":
                 raise TypeError("give model= or SGLang's model_path=, not both")
@@ -54,6 +58,12 @@ class Runtime(RuntimeEndpoint):
                 f"the runtime did not start (exit code {self.proc.returncode}); its log "
                 f"{self.log_path} ends with:\n{self.log_tail()}"
             ) from None
+
+    @property
+    def endpoint(self) -> Runtime:
+        """SGLang's `runtime.endpoint` (its HTTP client of the runtime): here the runtime is the
+        endpoint itself."""
+        return self
 
     def log_tail(self) -> str:
         with open(self.log_path, errors="replace") as f:

@@ -28,6 +28,7 @@ from radixrt.frontend.lang.backend import (
     ChoiceLogprobs,
     GenResult,
     PieceCallback,
+    TokenUsage,
     constraint_of,
 )
 from radixrt.frontend.lang.runners import spawn
@@ -59,6 +60,7 @@ class OpenAICompatible:
         self._chat = self._resolve_chat(chat_format)
         self._start: str | None = None  # the start token as text (unconditional scores)
         self._next_token_scoring = False  # the server does not echo prompt logprobs
+        self.token_usage = TokenUsage()  # what the completions' `usage` said
 
     # --- Backend ------------------------------------------------------------------------------
     def chat_format(self) -> ChatFormat:
@@ -94,8 +96,14 @@ class OpenAICompatible:
                 on_piece(result.text)
         else:
             result = self._stream(body, on_piece)
+        self.token_usage.add(result.prompt_tokens, result.completion_tokens,
+                             result.cached_tokens)
         check_constrained(params, result, self.base_url)
         return result
+
+    def get_model_name(self) -> str:
+        """SGLang's name: the model this backend asks for."""
+        return self.model
 
     def score(self, text: str, choices: list[str], unconditional: bool,
               priority: int = 0) -> list[ChoiceLogprobs]:
@@ -222,9 +230,10 @@ class OpenAICompatible:
         return response.json()
 
     def _stream(self, body: dict[str, Any], on_piece: PieceCallback) -> GenResult:
-        body = dict(body, stream=True)
+        body = dict(body, stream=True, stream_options={"include_usage": True})
         pieces: list[str] = []
         reason = None
+        usage: dict[str, Any] = {}
         try:
             with self._http.stream(self.base_url + "/completions", body) as resp:
                 if resp.status_code != 200:
@@ -232,14 +241,18 @@ class OpenAICompatible:
                 for line in resp.lines():
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
-                    for choice in json.loads(line[len("data: "):]).get("choices", []):
+                    chunk = json.loads(line[len("data: "):])
+                    usage = chunk.get("usage") or usage  # the last chunk's (include_usage)
+                    for choice in chunk.get("choices", []):
                         if choice.get("text"):
                             pieces.append(choice["text"])
                             on_piece(choice["text"])
                         reason = choice.get("finish_reason") or reason
         except httpx.HTTPError as exc:
             raise BackendError(f"{self.base_url} did not answer: {exc}") from None
-        return GenResult("".join(pieces), reason)
+        return GenResult("".join(pieces), reason, usage.get("prompt_tokens", 0),
+                         (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
+                         usage.get("completion_tokens", 0))
 
 
 def constraint_fields(params: dict[str, Any]) -> dict[str, Any]:

@@ -101,6 +101,10 @@ class ProgramReplica:
     async def aunpin(self, handle: Any) -> None:
         await self._bound().aunpin(handle)
 
+    def token_texts(self, token_ids: list[int]) -> list[str]:
+        """Decoded with the chosen replica's tokenizer (the replicas serve one model)."""
+        return self._endpoint.backends[self.replica or 0].token_texts(token_ids)
+
     def info(self) -> dict[str, Any]:
         """The chosen replica's server_info (before the first call: the endpoint's)."""
         return self._endpoint.info() if self.replica is None else self._bound().info()

@@ -33,6 +33,7 @@ from radixrt.frontend.lang.backend import (
     GenResult,
     PieceCallback,
     RuntimeUnreachable,
+    SummedTokenUsage,
 )
 from radixrt.runtime.config import DSL_CONNECT_TIMEOUT_S
 
@@ -82,6 +83,9 @@ class ReplicaEndpoint:
         self.addresses = [str(getattr(b, "address", b)) for b in self.backends]
         self.model = getattr(self.backends[0], "model", None)
         self.chooser = ReplicaChooser(len(self.backends), rule)
+        # every replica's calls, summed (each replica's endpoint counts its own)
+        self.token_usage = SummedTokenUsage(b.token_usage for b in self.backends
+                                            if hasattr(b, "token_usage"))
 
     def for_program(self) -> ProgramReplica:
         """The backend of one program: every call of it (forks included) on one replica."""
@@ -120,6 +124,12 @@ class ReplicaEndpoint:
 
     async def aunpin(self, handle: ReplicaPin) -> None:
         await self.backends[handle.replica].aunpin(handle.handle)
+
+    def token_texts(self, token_ids: list[int]) -> list[str]:
+        return self.backends[0].token_texts(token_ids)
+
+    def get_model_name(self) -> str:
+        return str(self.backends[0].get_model_name())
 
     def info(self) -> dict[str, Any]:
         """Counters summed over the replicas (SUMMED_COUNTERS; cache_hit_rate of the sums),

@@ -2,7 +2,9 @@
 
 The frontend sends text; the runtime tokenizes it and its radix tree finds what earlier calls
 already computed. `select` is one call (all choices scored in one batch), and a fork's prefix is
-computed once and pinned in the radix cache until the fork is joined.
+computed once and pinned in the radix cache until the fork is joined. Streamed pieces carry their
+tokens and logprob entries (PieceMeta); `token_usage` counts what every generate sent and got;
+`token_texts` asks the runtime for token ids' texts (its op token_texts).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from radixrt.frontend.lang.backend import (
     ChoiceLogprobs,
     GenResult,
     PieceCallback,
+    PieceMeta,
+    TokenUsage,
 )
 from radixrt.runtime.config import DSL_CONNECT_TIMEOUT_S, PIN_LEASE_TTL_S, PIN_RENEWALS_PER_TTL
 from radixrt.runtime.messages import TokenLogprob
@@ -61,6 +65,8 @@ class ZmqRuntimeEndpoint:
         self._chat = ChatFormat.from_info(reply.info.get("chat", {}))
         self._cache_on = not reply.info.get("disable_radix_cache", False)
         self.model = reply.info.get("model")
+        self._model_path: str | None = reply.info.get("model_path")
+        self.token_usage = TokenUsage()
         ttl = float(reply.info.get("pin_lease_ttl_s", PIN_LEASE_TTL_S))
         self._leases = LeaseKeeper(lambda ids: self._client.call(op="renew", pin_ids=ids),
                                    ttl / PIN_RENEWALS_PER_TTL)
@@ -69,17 +75,35 @@ class ZmqRuntimeEndpoint:
     def chat_format(self) -> ChatFormat:
         return self._chat
 
+    @property
+    def model_path(self) -> str | None:
+        """The local folder the runtime loaded its tokenizer from, where it says (None: it does
+        not)."""
+        return self._model_path
+
+    def get_model_name(self) -> str:
+        """SGLang's name: the model's path (the runtime's tokenizer folder, which a Hugging Face
+        tokenizer loads from) where the runtime says it, else the name it serves the model as."""
+        return self.model_path or str(self.model)
+
+    def token_texts(self, token_ids: list[int]) -> list[str]:
+        """Each token id's text, decoded on its own by the runtime's tokenizer."""
+        if not token_ids:
+            return []
+        reply = self._client.call(op="token_texts", input_ids=[int(t) for t in token_ids])
+        return list(reply.info["texts"])
+
     # each call is built once and read once; `call` runs it blocking, `acall` on asyncio (the
     # async twins are what arun's programs use: runners.LoopRunner)
     def generate(self, text: str, params: dict[str, Any], on_piece: PieceCallback | None,
                  priority: int = 0) -> GenResult:
         forward, fields = self._generate_call(text, params, on_piece, priority)
-        return self._gen_result(self._client.call(forward, **fields))
+        return self._counted(self._gen_result(self._client.call(forward, **fields)))
 
     async def agenerate(self, text: str, params: dict[str, Any], on_piece: PieceCallback | None,
                         priority: int = 0) -> GenResult:
         forward, fields = self._generate_call(text, params, on_piece, priority)
-        return self._gen_result(await self._client.acall(forward, **fields))
+        return self._counted(self._gen_result(await self._client.acall(forward, **fields)))
 
     def score(self, text: str, choices: list[str], unconditional: bool,
               priority: int = 0) -> list[ChoiceLogprobs]:
@@ -117,7 +141,8 @@ class ZmqRuntimeEndpoint:
         # pattern is refused); separate_reasoning is the request's own field
         params = dict(params)
         separate = bool(params.pop(SEPARATE_REASONING, False))
-        forward = None if on_piece is None else (lambda reply: on_piece(reply.text))
+        forward = None if on_piece is None else (lambda reply: on_piece(reply.text, PieceMeta(
+            len(reply.token_ids), logprob_meta(reply.logprobs, []))))
         return forward, dict(op="generate", text=text, params=params,
                              stream=on_piece is not None, priority=priority,
                              separate_reasoning=separate)
@@ -132,6 +157,11 @@ class ZmqRuntimeEndpoint:
                          sample.reasoning if sample else None,
                          sample.content if sample else None)
 
+    def _counted(self, result: GenResult) -> GenResult:
+        self.token_usage.add(result.prompt_tokens, result.completion_tokens,
+                             result.cached_tokens)
+        return result
+
     @staticmethod
     def _scores(reply: Any) -> list[ChoiceLogprobs]:
         return [ChoiceLogprobs(list(c.logprobs), list(c.unconditional_logprobs))
@@ -142,6 +172,7 @@ class ZmqRuntimeEndpoint:
         return dict(op="generate", text=text, params=PREFILL_ONLY, pin=True, priority=priority)
 
     def _pinned(self, reply: Any) -> int | None:
+        self.token_usage.add(reply.prompt_tokens, 0, reply.cached_tokens)  # a prefill
         if reply.pin_id < 0:
             if reply.pin_error:  # the pin budget: the program runs on, its forks uncached
                 warnings.warn(f"radixrt: {reply.pin_error}", RuntimeWarning, stacklevel=3)

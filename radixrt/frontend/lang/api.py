@@ -18,35 +18,59 @@ from radixrt.frontend.lang.ir import (
     as_expr,
 )
 from radixrt.frontend.lang.select_methods import SelectMethod, method_name
-from radixrt.frontend.lang.sglang_names import dtype_regex, sampling_fields
+from radixrt.frontend.lang.sglang_names import dtype_regex, sampling_fields, sampling_params_of
 from radixrt.frontend.lang.tools import tool_call_spec, tools_listing
 from radixrt.runtime.messages import Scheduling
-from radixrt.runtime.sampling_params import SamplingParams
 
 
 def gen(
     name: str | None = None,
-    *,
+    max_tokens: int | None = None,
+    min_tokens: int | None = None,
+    n: int | None = None,
+    stop: str | Sequence[str] | None = None,
+    stop_token_ids: Sequence[int] | None = None,
+    stop_regex: Any = None,
+    temperature: float | None = None,
+    top_p: float | None = None,
+    top_k: int | None = None,
+    min_p: float | None = None,
+    frequency_penalty: float | None = None,
+    presence_penalty: float | None = None,
+    ignore_eos: bool | None = None,
+    return_logprob: bool | None = None,
+    logprob_start_len: int | None = None,
+    top_logprobs_num: int | None = None,
+    return_text_in_logprobs: bool | None = None,
+    dtype: Any = None,
+    choices: Sequence[str] | None = None,
+    choices_method: SelectMethod | str | None = None,
     regex: str | None = None,
     json_schema: Any = None,
-    choices: Sequence[str] | None = None,
-    dtype: Any = None,
+    *,
     priority: int | None = None,
     tools: Sequence[Any] | None = None,
     tool_choice: str = "required",
     parallel_tool_calls: bool = True,
     separate_reasoning: bool = False,
     **sampling: Any,
-) -> Gen:
+) -> Gen | Select:
     """Generate text (into variable `name`). Takes every SamplingParams field (max_tokens, stop,
     temperature, ...) with their defaults, the same at every entry point: max_tokens the rest of
     the context, at most 256; temperature 1.0. n must be 1 (use fork for several samples). Bad
-    options raise here. SGLang's names work too (max_new_tokens, return_logprob,
-    top_logprobs_num, logprob_start_len: sglang_names.py).
+    options raise here. The positional parameters are SGLang's, in its order, so
+    `gen("x", 64, ...)` is max_tokens=64; SGLang's names work too (return_logprob,
+    top_logprobs_num, logprob_start_len, max_new_tokens: sglang_names.py), and a parameter
+    radixrt lacks (stop_regex) is refused by name. return_text_in_logprobs: the meta info's
+    logprob entries are (logprob, token_id, token_text), the ids decoded with the backend's
+    tokenizer.
 
     Constrained decoding (one of): regex= (the output matches it in full), json_schema= (a dict
     or JSON text: the output is JSON valid under it), choices= (the output is one of them),
-    dtype= int | float | bool | str (a number, True / False, or a quoted string).
+    dtype= int | float | bool | str (a number, which also stops at a space or a newline, as in
+    SGLang; True / False; or a quoted string).
+    choices= with choices_method= (SGLang's gen-as-select) is `select(name, choices,
+    choices_method=...)`: the choices scored, not decoded; it takes no other option.
 
     tools= (Python functions or JSON-schema tool dicts): the output is tool calls, well-formed
     by the runtime's grammar (in its tool-call format); the variable is a list of
@@ -58,14 +82,37 @@ def gen(
 
     priority: lower is more urgent in the runtime's queue (default: the run's, run(priority=...),
     itself 0 by default)."""
+    sglang_options = {
+        "max_tokens": max_tokens, "min_tokens": min_tokens, "n": n, "stop": stop,
+        "stop_token_ids": stop_token_ids, "stop_regex": stop_regex,
+        "temperature": temperature, "top_p": top_p, "top_k": top_k, "min_p": min_p,
+        "frequency_penalty": frequency_penalty, "presence_penalty": presence_penalty,
+        "ignore_eos": ignore_eos, "return_logprob": return_logprob,
+        "logprob_start_len": logprob_start_len, "top_logprobs_num": top_logprobs_num,
+        "return_text_in_logprobs": return_text_in_logprobs,
+    }
+    if choices_method is not None:
+        others = {**sglang_options, **sampling, "dtype": dtype, "regex": regex,
+                  "json_schema": json_schema, "tools": tools, "temperature": None}
+        given = sorted(k for k, v in others.items() if v is not None)
+        if given or separate_reasoning:
+            raise TypeError("gen(choices=..., choices_method=...) is a select (the choices "
+                            "scored, nothing generated): it takes none of "
+                            f"{given or ['separate_reasoning']}")
+        return select(name, choices, priority=priority, choices_method=choices_method,
+                      temperature=temperature or 0.0)
     check_priority(priority)
     if not isinstance(separate_reasoning, bool):
         raise TypeError(f"separate_reasoning must be a bool, got {separate_reasoning!r}")
-    sampling = sampling_fields(sampling, "gen()")
+    sampling = sampling_fields({**sglang_options, **sampling}, "gen()")
     if dtype is not None:
         if regex is not None:
             raise ValueError("give one of dtype= and regex= (dtype is a regex constraint)")
-        regex = dtype_regex(dtype)
+        regex, stops = dtype_regex(dtype)
+        if stops:  # a number ends at a space or a newline, as in SGLang
+            given_stops = sampling.get("stop", ())
+            given_stops = [given_stops] if isinstance(given_stops, str) else list(given_stops)
+            sampling["stop"] = given_stops + [s for s in stops if s not in given_stops]
     given = {k: v for k, v in (("regex", regex), ("json_schema", json_schema),
                                 ("choices", choices)) if v is not None}
     if tools is not None:
@@ -80,35 +127,59 @@ def gen(
         if kind == "json_schema" and not isinstance(pattern, str):
             pattern = json.dumps(pattern)
         sampling[kind] = pattern
-    params = SamplingParams(**sampling)  # the runtime's checks: a ValueError naming the value
+    params = sampling_params_of(sampling)  # the runtime's checks: a ValueError naming the value
     if params.n != 1:
         raise ValueError(f"gen(n={params.n}) is not supported: fork the state to get n samples")
     return Gen(name, sampling, priority, separate_reasoning)
 
 
-def gen_int(name: str | None = None, **options: Any) -> Gen:
-    """gen(name, dtype=int): an integer (SGLang's gen_int)."""
-    return gen(name, dtype=int, **options)
+# gen_int / gen_string's positional parameters after the name, in SGLang's order
+TYPED_GEN_POSITIONAL = (
+    "max_tokens", "n", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p", "top_k",
+    "min_p", "frequency_penalty", "presence_penalty", "ignore_eos", "return_logprob",
+    "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs",
+)
 
 
-def gen_string(name: str | None = None, **options: Any) -> Gen:
+def _typed(kind: str, args: tuple[Any, ...], options: dict[str, Any]) -> dict[str, Any]:
+    if len(args) > len(TYPED_GEN_POSITIONAL):
+        raise TypeError(f"{kind}() takes at most {len(TYPED_GEN_POSITIONAL) + 1} positional "
+                        f"arguments ({len(args) + 1} given)")
+    named = dict(zip(TYPED_GEN_POSITIONAL, args))
+    twice = sorted(set(named) & set(options))
+    if twice:
+        raise TypeError(f"{kind}() got multiple values for {twice}")
+    return {**named, **options}
+
+
+def gen_int(name: str | None = None, *args: Any, **options: Any) -> Gen:
+    """gen(name, dtype=int): an integer (SGLang's gen_int; its positional parameters after the
+    name: TYPED_GEN_POSITIONAL)."""
+    return gen(name, dtype=int, **_typed("gen_int", args, options))  # type: ignore[return-value]
+
+
+def gen_string(name: str | None = None, *args: Any, **options: Any) -> Gen:
     """gen(name, dtype=str): a double-quoted string of letters, digits and spaces (SGLang's
-    gen_string)."""
-    return gen(name, dtype=str, **options)
+    gen_string; positional parameters as gen_int's)."""
+    return gen(name, dtype=str, **_typed("gen_string", args, options))  # type: ignore[return-value]
 
 
 def select(
-    name: str | None = None, choices: Sequence[str] | None = None,
+    name: str | None = None, choices: Sequence[str] | None = None, temperature: float = 0.0,
+    choices_method: SelectMethod | str | None = None, *,
     method: str | SelectMethod = "token_length_normalized", priority: int | None = None,
-    *, choices_method: SelectMethod | str | None = None, temperature: float = 0.0,
 ) -> Select:
     """Append whichever of `choices` the model finds most likely here (and store it in `name`).
+    The positional parameters are SGLang's: select(name, choices, temperature, choices_method).
 
     method: token_length_normalized (mean token log-probability; the default), greedy (best
     first token, ties broken by the next ones) or unconditional_likelihood_normalized (mean
     log-probability minus that of the choice on its own); SGLang's `choices_method=` objects
     (rx.greedy_token_selection, ...) say the same. priority: as gen's. temperature: SGLang's
     argument, where only 0 is meaningful (choices are scored, not sampled)."""
+    if isinstance(temperature, (str, SelectMethod)):
+        raise TypeError("select's third positional parameter is SGLang's temperature: give the "
+                        f"method by name, method={temperature!r}")
     if temperature != 0.0:
         raise ValueError(f"select(temperature={temperature}) is not supported: select scores "
                          "every choice and takes the best; leave temperature out")
@@ -137,22 +208,49 @@ def check_priority(priority: Any) -> None:
 
 
 def _role(role: str, content: Any) -> Expr:
-    return Concat((RoleBegin(role), as_expr(content), RoleEnd(role)))
+    inside = () if content is None else (as_expr(content),)
+    return Concat((RoleBegin(role), *inside, RoleEnd(role)))
 
 
-def system(content: Any) -> Expr:
-    """A system message: the model's chat template's markers around `content`."""
+def system(content: Any = None) -> Expr:
+    """A system message: the model's chat template's markers around `content` (None: an empty
+    message, as SGLang's `system()`)."""
     return _role("system", content)
 
 
-def user(content: Any) -> Expr:
+def user(content: Any = None) -> Expr:
     """A user message: the model's chat template's markers around `content`."""
     return _role("user", content)
 
 
-def assistant(content: Any) -> Expr:
+def assistant(content: Any = None) -> Expr:
     """An assistant message; put gen(...) inside to have the model write it."""
     return _role("assistant", content)
+
+
+# SGLang's expressions for one marker: `s += rx.user_begin() + "..." + rx.user_end()`
+def system_begin() -> Expr:
+    return RoleBegin("system")
+
+
+def system_end() -> Expr:
+    return RoleEnd("system")
+
+
+def user_begin() -> Expr:
+    return RoleBegin("user")
+
+
+def user_end() -> Expr:
+    return RoleEnd("user")
+
+
+def assistant_begin() -> Expr:
+    return RoleBegin("assistant")
+
+
+def assistant_end() -> Expr:
+    return RoleEnd("assistant")
 
 
 def tool(content: Any) -> Expr:
@@ -180,6 +278,11 @@ class _DefaultBackend:
     def set(self, backend: Any) -> None:
         with self._lock:
             self._backend = backend
+
+    def peek(self) -> Any:
+        """The backend, or None when none is set."""
+        with self._lock:
+            return self._backend
 
     def get(self) -> Any:
         with self._lock:

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -80,7 +81,85 @@ class ChoiceLogprobs:
     unconditional: list[float] = field(default_factory=list)
 
 
-PieceCallback = Callable[[str], None]
+@dataclass(frozen=True)
+class PieceMeta:
+    """What one streamed piece of a gen's output carried besides its text: how many tokens it
+    holds, and their logprob entries (output_token_logprobs / output_top_logprobs, as GenResult's
+    logprobs) when logprobs were asked for. A piece's text may be "" while its tokens are not
+    (a character still incomplete, text held back while it may start a stop string)."""
+
+    tokens: int
+    logprobs: dict[str, list[Any]] = field(default_factory=dict)
+
+
+# on_piece(text) or on_piece(text, PieceMeta): a backend that knows a piece's tokens says so
+PieceCallback = Callable[..., None]
+
+
+class TokenUsage:
+    """What a backend's calls sent and received (SGLang's `backend.token_usage`): prompt tokens
+    (those the runtime found cached among them: cached_tokens), completion tokens and calls,
+    counted as the runtime reports each generate (gens and pins; select's scoring calls are not
+    generates and are not counted). Thread-safe; `reset()` starts again from zero."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(("prompt_tokens", "completion_tokens", "cached_tokens",
+                                      "calls"), 0)
+
+    def add(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> None:
+        with self._lock:
+            self._counts["prompt_tokens"] += int(prompt_tokens)
+            self._counts["completion_tokens"] += int(completion_tokens)
+            self._counts["cached_tokens"] += int(cached_tokens)
+            self._counts["calls"] += 1
+
+    def reset(self) -> None:
+        with self._lock:
+            self._counts = dict.fromkeys(self._counts, 0)
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.snapshot()["prompt_tokens"]
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.snapshot()["completion_tokens"]
+
+    @property
+    def cached_tokens(self) -> int:
+        return self.snapshot()["cached_tokens"]
+
+    @property
+    def calls(self) -> int:
+        return self.snapshot()["calls"]
+
+    def __repr__(self) -> str:
+        return f"TokenUsage({self.snapshot()})"
+
+
+class SummedTokenUsage(TokenUsage):
+    """The usage of several backends (a ReplicaEndpoint's replicas) read as one: the sums of
+    theirs; reset() resets each."""
+
+    def __init__(self, parts: Iterable[TokenUsage]) -> None:
+        super().__init__()
+        self._parts = list(parts)
+
+    def add(self, prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> None:
+        raise TypeError("a summed usage is read-only: its backends count their own calls")
+
+    def reset(self) -> None:
+        for part in self._parts:
+            part.reset()
+
+    def snapshot(self) -> dict[str, int]:
+        snaps = [part.snapshot() for part in self._parts]
+        return {key: sum(s[key] for s in snaps) for key in self._counts}
 
 
 class Backend(Protocol):
@@ -92,7 +171,8 @@ class Backend(Protocol):
     ) -> GenResult:
         """Continue `text` under `params` (SamplingParams fields, a constraint among them:
         constraint_of(params); SEPARATE_REASONING as well); stream pieces of the output to
-        on_piece when given. priority: lower is more urgent in the runtime's queue."""
+        on_piece when given: on_piece(text), or on_piece(text, PieceMeta) where the backend
+        knows the piece's tokens. priority: lower is more urgent in the runtime's queue."""
         ...
 
     def score(self, text: str, choices: list[str], unconditional: bool,
@@ -110,6 +190,11 @@ class Backend(Protocol):
     def info(self) -> dict[str, Any]:
         """The runtime's counters (cache_hit_rate, cached_tokens, ...) where it reports them."""
         ...
+
+    # Optional: `token_usage` (a TokenUsage: global_config.default_backend.token_usage) and
+    # `token_texts(token_ids) -> list[str]` (each id decoded on its own with the model's
+    # tokenizer: gen(return_text_in_logprobs=True) needs it where logprob entries carry ids
+    # without texts).
 
 
 def program_backend(backend: Any) -> Any:

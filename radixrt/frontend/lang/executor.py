@@ -4,6 +4,11 @@
 `s += expr` only queues the expression, so a program's forks run at the same time; reading a
 variable (`s["x"]`) or the text waits for the work it depends on. A failure stops the state: the
 rest of its queue is dropped and every reader gets the exception.
+
+Every piece of text is logged as it is appended, with its variable and its meta info (a gen's
+streamed pieces: stream_meta.py), for the text iterators. With `spec_tokens` (the program's
+num_api_spec_tokens), gens take their values from speculated text where they can
+(speculation.py).
 """
 
 from __future__ import annotations
@@ -13,7 +18,14 @@ import functools
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-from radixrt.frontend.lang.backend import SEPARATE_REASONING, Backend, BackendError
+from radixrt.frontend.lang.backend import (
+    SEPARATE_REASONING,
+    Backend,
+    BackendError,
+    GenResult,
+    PieceMeta,
+)
+from radixrt.frontend.lang.global_config import global_config
 from radixrt.frontend.lang.ir import (
     Gen,
     RoleBegin,
@@ -29,6 +41,9 @@ from radixrt.frontend.lang.ir import (
 )
 from radixrt.frontend.lang.runners import LoopCondition, LoopRunner, ThreadRunner
 from radixrt.frontend.lang.select_methods import pick
+from radixrt.frontend.lang.sglang_names import TOKEN_TEXTS
+from radixrt.frontend.lang.speculation import Speculation, Taken, speculates
+from radixrt.frontend.lang.stream_meta import GenStream, with_token_texts
 from radixrt.frontend.lang.tools import parse_calls
 from radixrt.frontend.lang.transcript import Transcript
 
@@ -45,6 +60,7 @@ class StreamExecutor:
         priority: int = 0,
         defaults: dict[str, Any] | None = None,
         runner: ThreadRunner | LoopRunner | None = None,
+        spec_tokens: int | None = None,
     ) -> None:
         self.backend = backend
         self.runner = runner or ThreadRunner()
@@ -60,13 +76,16 @@ class StreamExecutor:
         self._cond = self.runner.condition()
         self._pending = 0  # leaves queued and not yet run
         self._done = False
-        self._log: list[tuple[str | None, str]] = []  # (variable or None, text) as appended
+        # (variable or None, text, meta info or None) as appended
+        self._log: list[tuple[str | None, str, dict[str, Any] | None]] = []
+        self.speculation = None if spec_tokens is None else Speculation(spec_tokens)
         self._queue = self.runner.queue()
         self._join = self.runner.start(self._loop, "radixrt-state")
 
     def child(self) -> StreamExecutor:
         """A fork's executor: a copy of this state's text and variables, the same backend,
-        priority, sampling defaults and runner."""
+        priority, sampling defaults and runner; no speculation (as in SGLang: a child's gens
+        call for themselves, with no N tokens written past each)."""
         return StreamExecutor(self.backend, self.transcript.copy(), self.variables, self.stream,
                               self.priority, self.defaults, self.runner)
 
@@ -124,8 +143,21 @@ class StreamExecutor:
             self.set_here += [n for n in values if n not in self.set_here]  # nested joins
             self._cond.notify_all()
 
-    def pieces(self, name: str | None) -> Iterator[str]:
-        """Text as it is appended: of one variable, or (name None) everything."""
+    def assign(self, name: str, value: Any) -> None:
+        """`state[name] = value`: in order with what was appended (as a gen would set it), or at
+        once on a state that has ended (SGLang's set_var after the run)."""
+        with self._cond:
+            if self._done and self.error is None:
+                self.variables[name] = value
+                self.meta[name] = {}
+                if name not in self.set_here:
+                    self.set_here.append(name)
+                return
+        self.submit(SetVar(name, value))
+
+    def pieces(self, name: str | None, with_meta: bool = False) -> Iterator[Any]:
+        """Text as it is appended: of one variable, or (name None) everything; with_meta:
+        (text, meta info) pairs (stream_meta.py; {} for text no gen or select made)."""
         index = 0
         while True:
             with self._cond:
@@ -133,30 +165,30 @@ class StreamExecutor:
                 batch = self._log[index:]
                 index = len(self._log)
                 finished = self._finished_for(name)
-            for var, text in batch:
+            for var, text, meta in batch:
                 if name is None or var == name:
-                    yield text
+                    yield (text, meta or {}) if with_meta else text
             if finished:
                 with self._cond:
                     self._raise_if_failed()
                 return
 
-    async def apieces(self, name: str | None) -> AsyncIterator[str]:
+    async def apieces(self, name: str | None, with_meta: bool = False) -> AsyncIterator[Any]:
         """`pieces` for async code on the event loop of an arun (a state of `run`: its
         blocking iterator, one step at a time on a worker thread)."""
         if not isinstance(self._cond, LoopCondition):
-            pieces, done = self.pieces(name), object()
+            pieces, done = self.pieces(name, with_meta), object()
             while (piece := await asyncio.to_thread(next, pieces, done)) is not done:
-                yield piece  # type: ignore[misc]
+                yield piece
             return
         index = 0
         while True:
             while not self._has_news(index, name):
                 await self._cond.wait_async()
             batch, index = self._log[index:], len(self._log)
-            for var, text in batch:
+            for var, text, meta in batch:
                 if name is None or var == name:
-                    yield text
+                    yield (text, meta or {}) if with_meta else text
             if self._finished_for(name):
                 self._raise_if_failed()
                 return
@@ -217,18 +249,58 @@ class StreamExecutor:
             raise TypeError(f"cannot run {leaf!r}")
 
     def _gen(self, leaf: Gen) -> None:
-        streamed: list[str] = []
-
-        def on_piece(piece: str) -> None:
-            streamed.append(piece)
-            self._log_piece(leaf.name, piece)
-
         params = {**self.defaults, **leaf.params}  # the gen's own options (its constraint) win
+        texts = bool(params.pop(TOKEN_TEXTS, False))
+        if not global_config.skip_special_tokens_in_output:
+            params.setdefault("skip_special_tokens", False)
         if leaf.separate_reasoning:  # not a sampling field: the runtime's endpoint takes it
             params[SEPARATE_REASONING] = True
+        spec = self.speculation
+        if spec is not None and speculates(params):
+            taken = spec.take(params)
+            if taken is None:  # nothing (fitting) speculated: one call that writes on past it
+                self._speculate(leaf, params)
+                taken = spec.take(params)
+            if taken is not None:
+                self._take(leaf, taken)
+                return
+        if spec is not None:
+            spec.drop()  # this gen calls for real: its output is not the speculated text
+        self._call(leaf, params, texts)
+
+    def _call(self, leaf: Gen, params: dict[str, Any], texts: bool) -> None:
+        """One generate for the gen, streamed into the log when the run streams."""
+        streamed: list[str] = []
+        stream = GenStream(bool(params.get("logprobs") or params.get("top_logprobs")))
+
+        def on_piece(piece: str, meta: PieceMeta | None = None) -> None:
+            out = stream.piece(piece, meta)
+            if piece:
+                streamed.append(piece)
+                self._log_piece(leaf.name, piece, self._texts(out) if texts else out)
+
         result = self.runner.call(self.backend, "generate", self.transcript.text, params,
                                   on_piece if self.stream else None,
                                   priority=self._priority(leaf.priority))
+        value, extra = self._value(leaf, result)
+        meta = {
+            **extra,
+            "finish_reason": result.finish_reason,
+            "prompt_tokens": result.prompt_tokens,
+            "cached_tokens": result.cached_tokens,
+            "completion_tokens": result.completion_tokens,
+            **result.logprobs,
+        }
+        if texts:
+            meta = self._texts(meta)
+        self.transcript.text += result.text
+        already = "".join(streamed)
+        if result.text.startswith(already) and len(result.text) > len(already):
+            self._log_piece(leaf.name, result.text[len(already):], stream.last(meta))
+        self._set(leaf.name, value, meta)
+
+    def _value(self, leaf: Gen, result: GenResult) -> tuple[Any, dict[str, Any]]:
+        """The gen's variable from its result (and the meta info that comes with it)."""
         reason = result.finish_reason or ""
         what = f"gen {leaf.name!r}" if leaf.name else "gen"
         if reason.startswith("error"):  # the runtime ended it: never a silent empty answer
@@ -243,18 +315,37 @@ class StreamExecutor:
                 value = parse_calls(result.tool_calls)
             except ValueError as exc:
                 raise BackendError(f"{what}: {exc}") from None
-        self.transcript.text += result.text
-        already = "".join(streamed)
-        if result.text.startswith(already) and len(result.text) > len(already):
-            self._log_piece(leaf.name, result.text[len(already):])
-        self._set(leaf.name, value, {
-            **extra,
-            "finish_reason": result.finish_reason,
-            "prompt_tokens": result.prompt_tokens,
-            "cached_tokens": result.cached_tokens,
-            "completion_tokens": result.completion_tokens,
-            **result.logprobs,
-        })
+        return value, extra
+
+    def _speculate(self, leaf: Gen, params: dict[str, Any]) -> None:
+        """The speculative call: the gen's options, no stop strings, N tokens at least; its
+        pieces are counted (streamed) so that later gens take whole tokens."""
+        spec = self.speculation
+        assert spec is not None
+        pieces: list[tuple[str, int]] = []
+
+        def on_piece(piece: str, meta: PieceMeta | None = None) -> None:
+            pieces.append((piece, meta.tokens if meta is not None else int(bool(piece))))
+
+        result = self.runner.call(self.backend, "generate", self.transcript.text,
+                                  spec.call_params(params), on_piece,
+                                  priority=self._priority(leaf.priority))
+        self._value(leaf, result)  # a runtime error raises here
+        spec.keep(params, pieces, result.text, result.completion_tokens, result.finish_reason,
+                  result.prompt_tokens, result.cached_tokens)
+
+    def _take(self, leaf: Gen, taken: Taken) -> None:
+        """The gen's value from speculated text: appended and set as its own call's would be."""
+        meta = {"finish_reason": taken.finish_reason, "prompt_tokens": taken.prompt_tokens,
+                "cached_tokens": taken.cached_tokens, "completion_tokens": taken.tokens,
+                "speculative": True}
+        self.transcript.text += taken.text
+        self._log_piece(leaf.name, taken.text, dict(meta))
+        self._set(leaf.name, taken.text, meta)
+
+    def _texts(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """return_text_in_logprobs: decoded with the backend's tokenizer (stream_meta.py)."""
+        return with_token_texts(meta, getattr(self.backend, "token_texts", None))
 
     def _select(self, leaf: Select) -> None:
         unconditional = leaf.method == "unconditional_likelihood_normalized"
@@ -263,26 +354,33 @@ class StreamExecutor:
                                   priority=self._priority(leaf.priority))
         best, scores = pick(leaf.method, scored)
         choice = leaf.choices[best]
-        self._append(leaf.name, choice)
-        self._set(leaf.name, choice, {
+        meta = {
             "method": leaf.method,
             "scores": scores,
             "token_logprobs": [c.logprobs for c in scored],
             "unconditional_token_logprobs": [c.unconditional for c in scored],
-        })
+        }
+        self._append(leaf.name, choice, meta=meta)
+        self._set(leaf.name, choice, meta)
 
     def _priority(self, own: int | None) -> int:
         return self.priority if own is None else own
 
-    def _append(self, name: str | None, text: str, add: bool = True) -> None:
+    def _append(self, name: str | None, text: str, add: bool = True,
+                meta: dict[str, Any] | None = None) -> None:
+        """Text the program appends (not a gen's output): logged, and matched against what is
+        speculated (add=False: the transcript has it already)."""
         if add:
             self.transcript.text += text
-        self._log_piece(name, text)
+        if self.speculation is not None:
+            self.speculation.fill(text)
+        self._log_piece(name, text, meta)
 
-    def _log_piece(self, name: str | None, text: str) -> None:
+    def _log_piece(self, name: str | None, text: str,
+                   meta: dict[str, Any] | None = None) -> None:
         if text:
             with self._cond:
-                self._log.append((name, text))
+                self._log.append((name, text, meta))
                 self._cond.notify_all()
 
     def _set(self, name: str | None, value: Any, meta: dict[str, Any]) -> None:

@@ -13,26 +13,62 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from radixrt.frontend.lang.api import DEFAULT_BACKEND, check_priority
-from radixrt.frontend.lang.backend import Backend, program_backend
+from radixrt.frontend.lang.backend import PREFILL_ONLY, Backend, program_backend
 from radixrt.frontend.lang.executor import StreamExecutor
+from radixrt.frontend.lang.global_config import PRINTS_TEXT_FROM, global_config
 from radixrt.frontend.lang.runners import LoopRunner, spawn
-from radixrt.frontend.lang.sglang_names import is_sampling_option, sampling_fields
+from radixrt.frontend.lang.sglang_names import (
+    is_sampling_option,
+    sampling_fields,
+    sampling_params_of,
+)
+from radixrt.frontend.lang.speculation import Speculation
 from radixrt.frontend.lang.state import ProgramState
 from radixrt.frontend.lang.tracer import constant_prefix
 from radixrt.frontend.lang.transcript import Transcript
-from radixrt.runtime.sampling_params import SamplingParams
 
 MAX_BATCH_THREADS = 64  # run_batch: programs in flight at once by default
 
 
 class Program:
-    def __init__(self, func: Callable[..., Any]) -> None:
+    def __init__(self, func: Callable[..., Any], num_api_spec_tokens: int | None = None,
+                 bind_arguments: Mapping[str, Any] | None = None) -> None:
+        """num_api_spec_tokens: API speculative execution (speculation.py): a gen's call writes
+        up to this many tokens past it, and later gens and literal text take their values from
+        that text. bind_arguments: arguments every run passes (SGLang's `bind`)."""
         self.func = func
         params = list(inspect.signature(func).parameters.values())
         if not params:
             raise TypeError(f"@function {func.__name__} must take the state as its first argument")
         self.arg_names = [p.name for p in params[1:]]
+        if num_api_spec_tokens is not None:
+            Speculation(num_api_spec_tokens)  # a bad value raises here, naming it
+        self.num_api_spec_tokens = num_api_spec_tokens
+        self.bind_arguments = dict(bind_arguments or {})
+        unknown = sorted(set(self.bind_arguments) - set(self.arg_names))
+        if unknown:
+            raise TypeError(f"{func.__name__} takes no argument(s) {unknown} to bind")
         functools.update_wrapper(self, func)
+
+    def bind(self, **kwargs: Any) -> Program:
+        """A program that runs with these arguments given (SGLang's `bind`)."""
+        return Program(self.func, self.num_api_spec_tokens, {**self.bind_arguments, **kwargs})
+
+    def cache(self, backend: Backend | None = None) -> str:
+        """Compute the program's constant prefix (found by tracing) in the runtime now, so that
+        the runs that follow find it cached (SGLang's `cache`); the prefix is returned. Unlike
+        run_batch's, it is not pinned: it stays in the cache as long as the cache keeps it."""
+        backend = backend or DEFAULT_BACKEND.get()
+        prefix = constant_prefix(self.func, self.arg_names, backend.chat_format)
+        if prefix:
+            backend.generate(prefix, dict(PREFILL_ONLY), None)
+        return prefix
+
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        raise NotImplementedError(
+            "SGLang's Program.trace() (its IR graph of a program) is not supported: radixrt "
+            "traces a program only for its constant prefix, which run_batch computes and caches "
+            "by itself (and prog.cache() on demand)")
 
     def run(self, *args: Any, backend: Backend | None = None, stream: bool = False,
             priority: int = 0, **kwargs: Any) -> ProgramState:
@@ -48,7 +84,8 @@ class Program:
         bound = self._bind(args, kwargs)
         backend = program_backend(backend)  # over several replicas: this program's one
         state = ProgramState(StreamExecutor(backend, Transcript(backend.chat_format), None, stream,
-                                            priority, defaults))
+                                            priority, defaults,
+                                            spec_tokens=self.num_api_spec_tokens))
         if stream:
             threading.Thread(target=self._run_quietly, args=(state, bound), daemon=True,
                              name=f"radixrt-{self.func.__name__}").start()
@@ -77,7 +114,8 @@ class Program:
         runner = LoopRunner()
         backend = program_backend(backend)
         state = ProgramState(StreamExecutor(backend, Transcript(backend.chat_format), None, stream,
-                                            priority, defaults, runner))
+                                            priority, defaults, runner,
+                                            self.num_api_spec_tokens))
         if stream:
             state._task = asyncio.ensure_future(self._arun_state(state, bound, runner))
             return state
@@ -90,7 +128,7 @@ class Program:
         *,
         backend: Backend | None = None,
         max_concurrency: int | None = None,
-        prefix_cache: bool = True,
+        prefix_cache: bool | None = None,
         priority: int = 0,
         **sampling: Any,
     ) -> list[ProgramState]:
@@ -108,7 +146,7 @@ class Program:
                   for a in batch]
         limit = asyncio.Semaphore(max_concurrency or len(batch))
         handle = None
-        if prefix_cache:
+        if _precache(prefix_cache):
             prefix = constant_prefix(self.func, self.arg_names, backend.chat_format)
             if prefix:
                 pin = functools.partial(LoopRunner().call, backend, "pin", priority=priority)
@@ -141,13 +179,14 @@ class Program:
         backend: Backend | None = None,
         num_threads: int | str | None = None,
         progress_bar: bool = False,
-        prefix_cache: bool = True,
+        prefix_cache: bool | None = None,
         priority: int = 0,
         **sampling: Any,
     ) -> list[ProgramState]:
         """Run once per kwargs dict (or per list of positional arguments), concurrently
         (num_threads programs at a time, default or "auto": all, up to 64). The program's
-        constant prefix (found by tracing) is computed once first and kept cached for the batch.
+        constant prefix (found by tracing) is computed once first and kept cached for the batch
+        (prefix_cache; None: global_config.enable_precache_with_tracing, True by default).
         `sampling`: defaults for every gen, as run's. Raises the first program failure after
         the batch has finished."""
         backend = backend or DEFAULT_BACKEND.get()
@@ -163,7 +202,7 @@ class Program:
             raise ValueError(f"num_threads={num_threads!r}: give an int >= 1 or 'auto'")
         threads = num_threads or min(len(bounds), MAX_BATCH_THREADS)
         handle = None
-        if prefix_cache:
+        if _precache(prefix_cache):
             prefix = constant_prefix(self.func, self.arg_names, backend.chat_format)
             handle = backend.pin(prefix, priority) if prefix else None
         progress = _Progress(len(bounds), progress_bar, self.func.__name__)
@@ -191,6 +230,7 @@ class Program:
         return mine, run_defaults(options, f"{self.func.__name__}.run()")
 
     def _bind(self, args: tuple, kwargs: dict[str, Any]) -> dict[str, Any]:
+        kwargs = {**self.bind_arguments, **kwargs}
         try:
             bound = inspect.signature(self.func).bind(None, *args, **kwargs)
         except TypeError as exc:
@@ -211,6 +251,8 @@ class Program:
             state._end()
         finally:
             state._finished.set()
+        if global_config.verbosity >= PRINTS_TEXT_FROM:
+            print(state.text())
 
     def _run_quietly(self, state: ProgramState, bound: dict[str, Any]) -> None:
         """Streaming runs: a failure is recorded on the state, where its readers see it."""
@@ -224,7 +266,8 @@ class Program:
                  ) -> tuple[ProgramState, BaseException | None]:
         backend = program_backend(backend)
         state = ProgramState(StreamExecutor(backend, Transcript(backend.chat_format),
-                                            priority=priority, defaults=defaults))
+                                            priority=priority, defaults=defaults,
+                                            spec_tokens=self.num_api_spec_tokens))
         try:
             self._run_state(state, bound)
             return state, None
@@ -242,7 +285,7 @@ def run_defaults(options: dict[str, Any], where: str) -> dict[str, Any]:
     if refused:
         raise TypeError(f"{where}: {refused} cannot be a run's default for every gen: give "
                         "them to a gen (fork the state for several samples)")
-    SamplingParams(**defaults)  # a bad default raises here, naming the field
+    sampling_params_of(defaults)  # a bad default raises here, naming the field
     return defaults
 
 
@@ -251,9 +294,17 @@ def _is_positional(args: Any) -> bool:
     return isinstance(args, (list, tuple))
 
 
-def function(func: Callable[..., Any]) -> Program:
-    """Decorate `def prog(s, ...)` to make a runnable program: prog.run(...), prog.run_batch."""
-    return Program(func)
+def function(func: Callable[..., Any] | None = None, *,
+             num_api_spec_tokens: int | None = None) -> Any:
+    """Decorate `def prog(s, ...)` to make a runnable program: prog.run(...), prog.run_batch.
+    `@function(num_api_spec_tokens=N)`: API speculative execution (speculation.py)."""
+    if func is not None:
+        return Program(func, num_api_spec_tokens)
+    return functools.partial(Program, num_api_spec_tokens=num_api_spec_tokens)
+
+
+def _precache(prefix_cache: bool | None) -> bool:
+    return global_config.enable_precache_with_tracing if prefix_cache is None else prefix_cache
 
 
 class _Progress:

@@ -7,7 +7,16 @@ import threading
 from collections.abc import AsyncIterator, Iterator
 from typing import TYPE_CHECKING, Any
 
-from radixrt.frontend.lang.ir import Expr, RoleBegin, RoleEnd, SetVar, VarScopeBegin, VarScopeEnd
+from radixrt.frontend.lang.ir import (
+    Concat,
+    Expr,
+    RoleBegin,
+    RoleEnd,
+    SetVar,
+    VarScopeBegin,
+    VarScopeEnd,
+    as_expr,
+)
 
 if TYPE_CHECKING:
     from radixrt.frontend.lang.executor import StreamExecutor
@@ -30,20 +39,27 @@ class ProgramState:
         return self
 
     @contextlib.contextmanager
-    def _role(self, role: str) -> Iterator[ProgramState]:
+    def _role_scope(self, role: str) -> Iterator[ProgramState]:
         self._executor.submit(RoleBegin(role))
         yield self
         self._executor.submit(RoleEnd(role))
 
-    def system(self) -> contextlib.AbstractContextManager[ProgramState]:
-        """`with s.system(): s += "..."`: the same as `s += system("...")`."""
-        return self._role("system")
+    def _role(self, role: str, content: Any) -> Any:
+        if content is None:
+            return self._role_scope(role)
+        self._executor.submit(Concat((RoleBegin(role), as_expr(content), RoleEnd(role))))
+        return None
 
-    def user(self) -> contextlib.AbstractContextManager[ProgramState]:
-        return self._role("user")
+    def system(self, content: Any = None) -> Any:
+        """`with s.system(): s += "..."`: the same as `s += system("...")`, which SGLang's
+        `s.system("...")` also is."""
+        return self._role("system", content)
 
-    def assistant(self) -> contextlib.AbstractContextManager[ProgramState]:
-        return self._role("assistant")
+    def user(self, content: Any = None) -> Any:
+        return self._role("user", content)
+
+    def assistant(self, content: Any = None) -> Any:
+        return self._role("assistant", content)
 
     # SGLang's spellings of the same: s.user_begin(); s += ...; s.user_end()
     def system_begin(self) -> None:
@@ -76,10 +92,13 @@ class ProgramState:
         self._executor.submit(SetVar(name, value))
         return self
 
-    def fork(self, n: int) -> ForkGroup:
+    def fork(self, n: int = 1, position_ids_offset: Any = None) -> ForkGroup:
         """n states that continue from the text so far. That text is computed once and kept in
         the runtime's cache until the group is joined (or the program ends); the children run
-        concurrently."""
+        concurrently. (SGLang's position_ids_offset is not supported.)"""
+        if position_ids_offset is not None:
+            raise TypeError("fork(position_ids_offset=...) is not supported: radixrt's forks "
+                            "continue at the parent's positions")
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"fork(n) needs an int n >= 1, got {n!r}")
         ex = self._executor
@@ -91,9 +110,34 @@ class ProgramState:
         self._groups.append(group)
         return group
 
+    @contextlib.contextmanager
+    def copy(self, position_ids_offset: Any = None) -> Iterator[ProgramState]:
+        """SGLang's `with s.copy() as c:` a fork of one, joined at the end of the block."""
+        group = self.fork(1, position_ids_offset)
+        try:
+            yield group[0]
+        finally:
+            group.join()
+
+    def __setitem__(self, name: str, value: Any) -> None:
+        """`s["x"] = value`: set_var (also on a finished state, as SGLang's)."""
+        self._executor.assign(name, value)
+
     # --- reading -----------------------------------------------------------------------------
     def __getitem__(self, name: str) -> Any:
         return self._executor.get(name)
+
+    def __contains__(self, name: str) -> bool:
+        """`"x" in s`: whether variable x is set, once what was appended so far has run."""
+        self._executor.sync()
+        return name in self._executor.variables
+
+    def error(self) -> BaseException | None:
+        """The state's failure once what was appended so far has run (None: none); SGLang's
+        state.error(). Reading the state raises it too."""
+        with contextlib.suppress(Exception):
+            self._executor.sync()
+        return self._executor.error
 
     def get_var(self, name: str) -> Any:
         return self._executor.get(name)
@@ -117,15 +161,26 @@ class ProgramState:
         self._executor.sync()
         return [dict(m) for m in self._executor.transcript.messages]
 
-    def text_iter(self, name: str | None = None) -> Iterator[str]:
-        """Stream text as it arrives: of the variable `name`, or all of it (name None). Pieces
-        come as the model makes them when the program runs with run(stream=True)."""
-        return self._executor.pieces(name)
+    def text_iter(self, name: str | None = None, *, var_name: str | None = None
+                  ) -> Iterator[str]:
+        """Stream text as it arrives: of the variable `name` (SGLang's var_name), or all of it
+        (None). Pieces come as the model makes them when the program runs with
+        run(stream=True)."""
+        return self._executor.pieces(_one_name(name, var_name))
 
-    def atext_iter(self, name: str | None = None) -> AsyncIterator[str]:
+    def atext_iter(self, name: str | None = None, *, var_name: str | None = None
+                   ) -> AsyncIterator[str]:
         """`text_iter` for asyncio: `async for piece in state.atext_iter("x")`, on a state of
         `arun(stream=True)` (or of `run`, read from a worker thread)."""
-        return self._executor.apieces(name)
+        return self._executor.apieces(_one_name(name, var_name))
+
+    def text_async_iter(self, var_name: str | None = None,
+                        return_meta_data: bool = False) -> AsyncIterator[Any]:
+        """SGLang's name of `atext_iter`; with return_meta_data, (piece, meta info) pairs: for a
+        gen's pieces completion_tokens (so far) and, with logprobs, output_token_logprobs (only
+        those new since the previous piece) and output_token_logprobs_length (so far):
+        stream_meta.py. Text no gen made comes with {} (a select's choice: its meta info)."""
+        return self._executor.apieces(var_name, with_meta=return_meta_data)
 
     async def await_done(self) -> ProgramState:
         """An `arun(stream=True)` program's end: wait for it; raises its failure."""
@@ -177,6 +232,12 @@ class ProgramState:
         return "ProgramState(<failed>)"
 
 
+def _one_name(name: str | None, var_name: str | None) -> str | None:
+    if name is not None and var_name is not None:
+        raise TypeError("give the variable as name or as SGLang's var_name, not both")
+    return name if var_name is None else var_name
+
+
 JOIN_MODES = ("gather_variable", "concate_and_append")
 
 
@@ -211,6 +272,15 @@ class ForkGroup:
                             "forks[i] += ...")
 
     def __iadd__(self, expr: Any) -> ForkGroup:
+        """An expression for every child; a function of the child's index; or (SGLang's) a
+        list or tuple of one expression per child."""
+        if isinstance(expr, (list, tuple)):
+            if len(expr) != len(self.states):
+                raise ValueError(f"forks += a list of {len(expr)} expressions for "
+                                 f"{len(self.states)} forks: give one per fork")
+            for state, one in zip(self.states, expr):
+                state += one
+            return self
         for i, state in enumerate(self.states):
             state += expr(i) if callable(expr) and not isinstance(expr, Expr) else expr
         return self

@@ -70,16 +70,23 @@ class TracingState:
         yield self
         self.transcript.end_role(role)
 
-    def system(self) -> contextlib.AbstractContextManager[TracingState]:
-        return self._role("system")
+    def _role_or_message(self, role: str, content: Any) -> Any:
+        if content is None:
+            return self._role(role)
+        self += Concat((RoleBegin(role), as_expr(content), RoleEnd(role)))
+        return None
 
-    def user(self) -> contextlib.AbstractContextManager[TracingState]:
-        return self._role("user")
+    def system(self, content: Any = None) -> Any:
+        return self._role_or_message("system", content)
 
-    def assistant(self) -> contextlib.AbstractContextManager[TracingState]:
-        return self._role("assistant")
+    def user(self, content: Any = None) -> Any:
+        return self._role_or_message("user", content)
+
+    def assistant(self, content: Any = None) -> Any:
+        return self._role_or_message("assistant", content)
 
     __getitem__ = fork = text = messages = get_var = get_meta_info = text_iter = _stop
+    __setitem__ = __contains__ = set_var = copy = text_async_iter = atext_iter = _stop
 
 
 def constant_prefix(func: Callable[..., Any], arg_names: list[str],

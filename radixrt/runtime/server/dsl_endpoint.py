@@ -3,7 +3,9 @@ in the private directory, and tcp:// when asked for) speaking DslRequest / DslRe
 messages. Each generate runs through the same TokenizerManager as HTTP requests.
 
 Ops: generate (optionally streamed, optionally pinning its prefix in the radix cache), unpin,
-score (the choices of a `select`), abort, info (server_info plus the chat template's roles)."""
+score (the choices of a `select`), abort, info (server_info plus the chat template's roles and
+the local folder of the tokenizer), token_texts (token ids to their texts, each decoded on its
+own: what gen(return_text_in_logprobs=True) shows)."""
 
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ from radixrt.runtime.messages import DslReply, DslRequest, DslSample, DslToolCal
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.server.chat_tool_plan import ChatFeatures
 from radixrt.runtime.server.dsl_scoring import score_choices
+from radixrt.runtime.server.http_replica import local_tokenizer_path
+from radixrt.runtime.server.logprob_formats import TokenText
 from radixrt.runtime.server.reasoning_parsers import split_reasoning
 from radixrt.runtime.server.tenants import ApiKeys
 from radixrt.runtime.server.tool_parsers import parse_tool_calls
@@ -30,6 +34,8 @@ from radixrt.runtime.tokenizer.pin_leases import PinService
 from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 
 log = logging.getLogger("radixrt.dsl")
+
+MAX_TOKEN_TEXTS = 1 << 16  # op token_texts: ids per call
 
 
 class DslEndpoint:
@@ -56,6 +62,7 @@ class DslEndpoint:
         self._loop_task: asyncio.Task | None = None
         self._chat = dsl_chat_info(manager.tokenizer, self.features.tool_format)
         self._cache_on: bool | None = None  # the runtime's radix cache, read on first use
+        self._token_text = TokenText(manager.tokenizer)
 
     def start(self) -> None:
         self._loop_task = asyncio.create_task(self._serve())
@@ -87,7 +94,8 @@ class DslEndpoint:
                 task = self._calls.get(key)
                 if task is not None:
                     task.cancel()
-            elif req.op in ("info", "generate", "score", "unpin", "renew", "flush_cache"):
+            elif req.op in ("info", "generate", "score", "unpin", "renew", "flush_cache",
+                            "token_texts"):
                 handler = getattr(self, f"_{req.op}")
                 task = asyncio.create_task(self._run(handler, identity, req, tenant or ""))
                 self._calls[key] = task
@@ -96,7 +104,7 @@ class DslEndpoint:
                 await self._reply(identity, DslReply(
                     call_id=req.call_id, done=True,
                     error=f"unknown op {req.op!r}: use generate, score, unpin, renew, abort, "
-                          "flush_cache or info"))
+                          "flush_cache, token_texts or info"))
 
     def _authorize(self, req: DslRequest) -> tuple[bool, str | None]:
         """(whether the request may run, its tenant: the name of its key, if named)."""
@@ -126,12 +134,29 @@ class DslEndpoint:
         info = await self.manager.server_info()
         info["chat"] = self._chat
         info.update(self.pins.info())
+        path = local_tokenizer_path(self.manager.tokenizer)
+        if path is not None:  # only a path on this machine (a client here may load it)
+            info["model_path"] = path
         await self._reply(identity, DslReply(call_id=req.call_id, done=True, info=info))
 
     async def _flush_cache(self, identity: bytes, req: DslRequest) -> None:
         freed = await self.manager.flush_cache()
         await self._reply(identity, DslReply(call_id=req.call_id, done=True,
                                              info={"freed_tokens": freed}))
+
+    async def _token_texts(self, identity: bytes, req: DslRequest) -> None:
+        ids = list(req.input_ids or [])
+        if len(ids) > MAX_TOKEN_TEXTS:
+            raise ValueError(f"token_texts: {len(ids)} ids in one call, at most "
+                             f"{MAX_TOKEN_TEXTS}")
+        vocab = self.manager.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise ValueError(f"token_texts: ids {bad[:8]} are not in the vocabulary "
+                             f"(0 <= id < {vocab})")
+        texts = [self._token_text(t) for t in ids]
+        await self._reply(identity, DslReply(call_id=req.call_id, done=True,
+                                             info={"texts": texts}))
 
     async def _unpin(self, identity: bytes, req: DslRequest) -> None:
         await self.pins.release(req.pin_id)  # unknown: its lease ran out, released already

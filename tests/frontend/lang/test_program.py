@@ -405,3 +405,110 @@ def test_review_regressions_of_the_async_and_sglang_paths():
         return (await tagged.arun(backend=AsyncEcho())).text()
 
     assert asyncio.run(main()) == "req-7"
+
+
+class Recording(EchoBackend):
+    """EchoBackend that keeps each generate's text and params."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.generated: list[tuple[str, dict[str, Any]]] = []
+
+    def generate(self, text: str, params: dict[str, Any], on_piece: Any,
+                 priority: int = 0) -> rx.GenResult:
+        self.generated.append((text, dict(params)))
+        return super().generate(text, params, on_piece, priority)
+
+
+def test_gen_and_select_take_sglangs_positional_parameters():
+    from radixrt.frontend.lang.sglang_names import REGEX_INT
+
+    assert rx.gen("x", 256).params == {"max_tokens": 256}
+    assert rx.gen("x", 64, 2, None, ["\n"], [7], None, 0.5).params == {
+        "max_tokens": 64, "min_tokens": 2, "stop": ["\n"], "stop_token_ids": [7],
+        "temperature": 0.5}
+    assert rx.gen("x", 8, return_logprob=True, top_logprobs_num=2).params == {
+        "max_tokens": 8, "logprobs": True, "top_logprobs": 2}
+    assert rx.gen("x", 8, max_new_tokens=None).params == {"max_tokens": 8}
+    with pytest.raises(TypeError, match="max_tokens= / max_new_tokens="):
+        rx.gen("x", 8, max_new_tokens=9)
+    with pytest.raises(TypeError, match="stop_regex"):
+        rx.gen("x", 8, None, None, None, None, r"\d")
+    # a number stops at a space or a newline, as SGLang's runtime backend makes it
+    assert rx.gen("n", dtype=int, stop=".").params == {"stop": [".", " ", "\n"],
+                                                       "regex": REGEX_INT}
+    assert rx.gen_int("n", 16, None, "\n").params["stop"] == ["\n", " "]
+    assert rx.gen_string("s", 16).params["max_tokens"] == 16
+    with pytest.raises(TypeError, match="multiple values"):
+        rx.gen_int("n", 16, max_tokens=8)
+    # gen(choices=, choices_method=) is SGLang's gen-as-select; choices alone stay a constraint
+    picked = rx.gen("c", choices=["a", "b"], choices_method=rx.greedy_token_selection)
+    assert isinstance(picked, rx.frontend.lang.ir.Select) and picked.method == "greedy"
+    assert rx.gen("c", choices=["a", "b"]).params == {"choices": ["a", "b"]}
+    with pytest.raises(TypeError, match="max_tokens"):
+        rx.gen("c", 8, choices=["a"], choices_method=rx.greedy_token_selection)
+    chosen = rx.select("c", ["a", "b"], 0.0, rx.unconditional_likelihood_normalized)
+    assert chosen.method == "unconditional_likelihood_normalized"
+    with pytest.raises(TypeError, match="method='greedy'"):
+        rx.select("c", ["a", "b"], "greedy")
+
+
+def test_sglang_state_idioms():
+    backend = Recording()
+
+    @rx.function
+    def prog(s):
+        s.system("Be brief.")  # SGLang's role call with its content: appended at once
+        s += rx.user_begin() + "Hi" + rx.user_end()
+        s["note"] = "set in order"
+        assert "note" in s and "nothing" not in s
+        with s.copy() as c:  # a fork of one, joined at the end of the block
+            c += rx.gen("inner")
+        forks = s.fork(2)
+        forks += [rx.gen("a"), rx.gen("b")]  # one expression a child
+        forks.join()
+        s += rx.assistant()  # an empty message
+
+    state = prog.run(backend=backend)
+    assert state.text().startswith("<system>Be brief.</system><user>Hi</user>")
+    assert state.text().endswith("<assistant></assistant>")
+    assert state["note"] == "set in order" and len(state["inner"]) == 1
+    assert len(state["a"]) == len(state["b"]) == 2  # gathered over both children
+    assert state["a"][1] is None and state["b"][0] is None
+    state["int_res"] = 24  # after the run, as SGLang's test_dtype_gen does
+    assert state["int_res"] == 24 and state.error() is None
+    with pytest.raises(ValueError, match="one per fork"):
+        rx.function(lambda s: s.fork(2).__iadd__([rx.gen("x")])).run(backend=backend)
+    with pytest.raises(TypeError, match="position_ids_offset"):
+        rx.function(lambda s: s.fork(2, position_ids_offset=[0, 1])).run(backend=backend)
+
+    @rx.function
+    def fails(s):
+        s += rx.gen("x", max_tokens=7)  # EchoBackend refuses max_tokens=7
+
+    failed = fails.run(backend=EchoBackend(), stream=True)
+    with pytest.raises(rx.BackendError):
+        failed.wait(5)
+    assert isinstance(failed.error(), rx.BackendError)  # SGLang's way to read it
+
+
+def test_sglang_program_idioms():
+    backend = EchoBackend()
+
+    @rx.function(num_api_spec_tokens=16)
+    def spec(s, q):
+        s += q + rx.gen("a")
+
+    @rx.function()
+    def plain(s, q, r="!"):
+        s += "Prefix. " + q + r + rx.gen("a")
+
+    assert spec.num_api_spec_tokens == 16 and plain.num_api_spec_tokens is None
+    bound = plain.bind(r="?")
+    assert bound.run("Q", backend=backend).text().startswith("Prefix. Q?")
+    assert bound.run_batch([("X",)], backend=backend)[0].text().startswith("Prefix. X?")
+    with pytest.raises(TypeError, match="no argument"):
+        plain.bind(nope=1)
+    assert plain.cache(backend=backend) == "Prefix. "  # the constant prefix, prefilled now
+    with pytest.raises(NotImplementedError, match="trace"):
+        plain.trace()

@@ -3,7 +3,9 @@ only the import changed (`import radixrt as sgl`), against a live runtime (`sgl.
 real process trio) on the default model: run-level sampling defaults, fork item appends and
 lambda appends, both join modes, typed gens, var_scope, logprobs in the meta info, control flow
 on a select, streaming, sync, the role begin/end calls, set_var, flush_cache / get_server_info,
-and the same programs through an http:// RuntimeEndpoint."""
+the same programs through an http:// RuntimeEndpoint, and what SGLang's test programs read of
+the default backend: logprob token texts, streamed meta info, the model's tokenizer path and the
+token usage."""
 
 from __future__ import annotations
 
@@ -209,9 +211,55 @@ def test_an_http_runtime_endpoint_runs_the_same_programs(runtime):
 
 
 def test_sglang_spellings_radixrt_does_not_have_say_so(runtime):
-    with pytest.raises(TypeError, match="return_text_in_logprobs"):
-        sgl.gen("x", return_text_in_logprobs=True)
+    with pytest.raises(TypeError, match="stop_regex"):
+        sgl.gen("x", stop_regex=r"\d")
     with pytest.raises(TypeError, match="max_tokens= / max_new_tokens="):
         sgl.gen("x", max_tokens=3, max_new_tokens=4)
     with pytest.raises(ValueError, match="temperature"):
         sgl.select("x", choices=["a", "b"], temperature=0.7)
+
+
+def test_token_texts_streamed_meta_model_path_and_token_usage(runtime):
+    import asyncio
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(
+        sgl.global_config.default_backend.endpoint.get_model_name())
+
+    @sgl.function
+    def texts(s):
+        s += "The capital of France is"
+        s += sgl.gen("x", 6, return_logprob=True, top_logprobs_num=2,
+                     return_text_in_logprobs=True, logprob_start_len=0)
+
+    usage = runtime.token_usage
+    usage.reset()
+    meta = texts.run(temperature=0, ignore_eos=True).get_meta_info("x")
+    for entry in meta["output_token_logprobs"] + meta["input_token_logprobs"]:
+        assert entry[2] == tokenizer.decode([entry[1]])  # SGLang's shape: each id on its own
+    assert all(text is not None for top in meta["output_top_logprobs"] for _, _, text in top)
+    with pytest.raises(sgl.BackendError, match="not in the vocabulary"):
+        runtime.token_texts([1, 10**9])  # the runtime's op refuses ids its model lacks
+    assert (usage.prompt_tokens, usage.completion_tokens, usage.calls) == \
+        (meta["prompt_tokens"], meta["completion_tokens"], 1)
+
+    async def streamed() -> list[tuple[str, dict]]:
+        state = texts.run(temperature=0, ignore_eos=True, stream=True)
+        return [c async for c in state.text_async_iter("x", return_meta_data=True)]
+
+    before = 0
+    for piece, piece_meta in asyncio.run(streamed()):  # test_stream_logprobs' checks
+        assert piece and piece_meta["completion_tokens"] == \
+            piece_meta["output_token_logprobs_length"]
+        assert len(piece_meta["output_token_logprobs"]) == \
+            piece_meta["completion_tokens"] - before
+        before = piece_meta["completion_tokens"]
+    assert before == 6
+
+    @sgl.function
+    def number(s):
+        s += "The number of days in a week is " + sgl.gen_int("days", 8) + " days."
+
+    state = number.run(temperature=0)
+    int(state["days"])  # ended at a space or a newline (not part of it), or at max_tokens
