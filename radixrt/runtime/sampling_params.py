@@ -75,7 +75,7 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-CONSTRAINT_FIELDS = ("regex", "json_schema", "choices", "tool_calls")
+CONSTRAINT_FIELDS = ("regex", "json_schema", "choices", "tool_calls", "ebnf", "lark")
 
 
 class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -109,6 +109,10 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # tool calls (a constraint like the three above): JSON text {"format", "mode", "parallel",
     # "tools": [{"name", "parameters"}]}, the calls the output must be (constrained/structural.py)
     tool_calls: str | None = None
+    # context-free grammars (run on llguidance): GBNF as llama.cpp writes it (root ::= ...), or
+    # Lark as llguidance and vLLM take it (start: ...)
+    ebnf: str | None = None
+    lark: str | None = None
     # the output starts with this reasoning format's thinking (REASONING_FORMAT_NAMES); the
     # constraint, if any, applies only after it
     reasoning_format: str | None = None
@@ -252,6 +256,10 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.tool_calls is not None and (not isinstance(self.tool_calls, str)
                                             or not self.tool_calls):
             raise _bad("tool_calls", self.tool_calls, "must be a non-empty str (JSON text)")
+        for name in ("ebnf", "lark"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, str) or not value.strip()):
+                raise _bad(name, value, "must be a non-empty str (a grammar)")
         if self.reasoning_format is not None and \
                 self.reasoning_format not in REASONING_FORMAT_NAMES:
             raise _bad("reasoning_format", self.reasoning_format,
@@ -264,8 +272,8 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                                  "are allowed")
         given = [n for n in CONSTRAINT_FIELDS if getattr(self, n) is not None]
         if len(given) > 1:
-            raise ValueError("give at most one of regex, json_schema, choices and tool_calls "
-                             f"(got {given})")
+            raise ValueError("give at most one of regex, json_schema, choices, tool_calls, ebnf "
+                             f"and lark (got {given})")
         if given and self.ignore_eos:
             raise _bad("ignore_eos", True, f"cannot be combined with {given[0]}: a grammar ends "
                        "the output with EOS when it is complete")

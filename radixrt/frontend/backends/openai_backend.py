@@ -256,8 +256,9 @@ class OpenAICompatible:
 
 
 def constraint_fields(params: dict[str, Any]) -> dict[str, Any]:
-    """The constraint in a gen's params as request fields: `regex` and `choices` extras
-    (radixrt's and SGLang's names), a JSON schema as OpenAI's response_format."""
+    """The constraint in a gen's params as request fields: `regex`, `choices`, `ebnf` and
+    `lark` extras (radixrt's, SGLang's and vLLM's names), a JSON schema as OpenAI's
+    response_format."""
     constraint = constraint_of(params)
     if constraint is None:
         return {}
@@ -290,6 +291,8 @@ def check_constrained(params: dict[str, Any], result: GenResult, base_url: str) 
             ok = True
         except ValueError:
             ok = False
+    elif kind in ("ebnf", "lark"):
+        ok = True  # no parser of those grammars here: the output is taken as it is
     else:
         try:
             ok = re.fullmatch(pattern, text) is not None

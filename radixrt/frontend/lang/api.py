@@ -68,7 +68,8 @@ def gen(
     Constrained decoding (one of): regex= (the output matches it in full), json_schema= (a dict
     or JSON text: the output is JSON valid under it), choices= (the output is one of them),
     dtype= int | float | bool | str (a number, which also stops at a space or a newline, as in
-    SGLang; True / False; or a quoted string).
+    SGLang; True / False; or a quoted string); ebnf= / lark= (a context-free grammar in GBNF
+    or Lark, as SamplingParams takes them).
     choices= with choices_method= (SGLang's gen-as-select) is `select(name, choices,
     choices_method=...)`: the choices scored, not decoded; it takes no other option.
 

@@ -1,126 +1,122 @@
-"""GrammarCompiler: regex / JSON schema / choices -> CompiledGrammar, with a bounded LRU cache,
-compilation on background threads, and (for the process trio) a directory where the tokenizer
-process leaves compiled indexes for the worker to load."""
+"""GrammarCompiler: constraint -> Grammar through the engine its kind runs on, with a bounded
+LRU cache, compilation on background threads, and (for the process trio) a folder where the
+tokenizer process leaves compiled grammars for the worker to load.
+
+Which engine: `grammar_backend` names one for every kind, or "auto" picks per kind by measured
+coverage and speed (benchmarks/grammar_engines.py): llguidance for JSON schemas (compiles in
+milliseconds, covers more schemas, refuses what it cannot enforce), outlines-core for regexes,
+choices and tool calls (its precomputed DFA masks those cheaper). Context-free grammars (ebnf,
+lark) run on llguidance whatever the backend: it is the only engine that takes them."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
-import re
 import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
-from outlines_core import Index, Vocabulary
-
-from radixrt.runtime.config import JSON_WHITESPACE_PATTERN
-from radixrt.runtime.constrained.grammar import END_MARKER, CompiledGrammar, end_marker_token
-from radixrt.runtime.constrained.json_bounds import schema_to_regex
-from radixrt.runtime.constrained.structural import (
-    escape_literal,
-    parse_reasoning_constraint,
-    parse_tool_call_spec,
-    reasoning_regex,
-    tool_calls_regex,
+from radixrt.runtime.config import (
+    DEFAULT_GRAMMAR_BACKEND,
+    GRAMMAR_BACKENDS,
+    JSON_WHITESPACE_PATTERN,
 )
+from radixrt.runtime.constrained.grammar import END_MARKER, OUTLINES_ENGINE
+from radixrt.runtime.constrained.grammar_engine import Constraint, Grammar, GrammarEngine
 from radixrt.runtime.constrained.token_table import TokenTable
 
 GRAMMAR_CACHE_SIZE = 64  # compiled grammars kept per process (LRU)
 GRAMMAR_COMPILE_THREADS = 2  # grammars compile off the hot path on this many threads
+LLGUIDANCE = "llguidance"
+CFG_KINDS = ("ebnf", "lark")  # only llguidance takes them
+AUTO_ENGINES = {"json_schema": LLGUIDANCE}  # "auto": these kinds on llguidance, the rest outlines
 
-Constraint = tuple[str, "str | tuple[str, ...]"]
 
-
-def to_regex(constraint: Constraint) -> str:
-    """The regex a constraint means. Raises ValueError for a schema outlines-core cannot use."""
+def constraint_kind(constraint: Constraint) -> str:
+    """The kind that decides the engine: a reasoning constraint's is the one it wraps."""
     kind, pattern = constraint
-    if kind == "regex":
-        return str(pattern)
-    if kind == "choices":  # longest first: outlines-core's automaton takes the first alternative
-        # that matches, so a choice listed after one it extends ("no", "no way") was unreachable
-        ordered = sorted(pattern, key=len, reverse=True)
-        return "(" + "|".join(escape_literal(c) for c in ordered) + ")"
-    if kind == "json_schema":
+    if kind == "reasoning":
         try:
-            return schema_to_regex(str(pattern), JSON_WHITESPACE_PATTERN)
-        except (ValueError, TypeError, KeyError, ArithmeticError, RecursionError) as exc:
-            raise ValueError(f"json_schema is invalid: {exc}") from None
-    if kind == "tool_calls":
-        spec = parse_tool_call_spec(str(pattern))
-        try:
-            return tool_calls_regex(spec)
-        except (ValueError, TypeError, KeyError, ArithmeticError, RecursionError) as exc:
-            raise ValueError(f"tool_calls: a tool's parameters schema is invalid: {exc}") \
-                from None
-    if kind == "reasoning":  # a thinking section, then the wrapped constraint (if any)
-        fmt, inner = parse_reasoning_constraint(str(pattern))
-        return reasoning_regex(fmt, to_regex(inner))
-    raise ValueError(f"unknown constraint kind {kind!r}")
+            return str(json.loads(str(pattern))["then"][0])
+        except (ValueError, KeyError, IndexError, TypeError):
+            return kind  # the engine's check names the problem
+    return kind
+
+
+def engine_for(backend: str, kind: str) -> str:
+    """The engine a constraint of this kind runs on under the backend."""
+    if kind in CFG_KINDS:
+        return LLGUIDANCE
+    if backend == "auto":
+        return AUTO_ENGINES.get(kind, OUTLINES_ENGINE)
+    return backend
+
+
+def make_engine(name: str, table: TokenTable) -> GrammarEngine:
+    if name == OUTLINES_ENGINE:
+        from radixrt.runtime.constrained.outlines_engine import OutlinesEngine
+
+        return OutlinesEngine(table)
+    from radixrt.runtime.constrained.llguidance_engine import LLGuidanceEngine
+
+    return LLGuidanceEngine(table)
 
 
 class GrammarCompiler:
     def __init__(self, table: TokenTable, store_dir: str | os.PathLike | None = None,
-                 capacity: int = GRAMMAR_CACHE_SIZE) -> None:
+                 capacity: int = GRAMMAR_CACHE_SIZE,
+                 backend: str = DEFAULT_GRAMMAR_BACKEND) -> None:
+        if backend not in GRAMMAR_BACKENDS:
+            raise ValueError(f"grammar_backend {backend!r} is unknown: use one of "
+                             f"{list(GRAMMAR_BACKENDS)}")
         self.table = table
+        self.backend = backend
         self.store_dir = Path(store_dir) if store_dir is not None else None
         self.capacity = capacity
-        self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self._engines: dict[str, GrammarEngine] = {}
+        self._cache: OrderedDict[str, Grammar] = OrderedDict()
         self._inflight: dict[str, Future] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(GRAMMAR_COMPILE_THREADS, thread_name_prefix="grammar")
-        # any byte is a token here: compiling against it checks a regex's syntax in milliseconds
-        self._byte_vocab = Vocabulary(256, {bytes([b]): [b] for b in range(256)})
         self.compiled = 0  # how many times a grammar was actually compiled (cache misses)
+
+    def engine(self, constraint: Constraint) -> GrammarEngine:
+        """The engine that runs this constraint (made on first use)."""
+        name = engine_for(self.backend, constraint_kind(constraint))
+        with self._lock:
+            engine = self._engines.get(name)
+            if engine is None:
+                engine = self._engines[name] = make_engine(name, self.table)
+            return engine
 
     def key(self, constraint: Constraint) -> str:
         kind, pattern = constraint
+        name = engine_for(self.backend, constraint_kind(constraint))
         text = "\0".join([kind, repr(pattern), self.table.identity, JSON_WHITESPACE_PATTERN,
-                          f"end-marker-{END_MARKER}"])
+                          f"end-marker-{END_MARKER}", name])
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
-    def validate(self, constraint: Constraint) -> str:
-        """The regex of a constraint, checked for syntax. Raises ValueError naming the problem."""
-        regex = to_regex(constraint)
-        what = f"{constraint[0]} {_short(constraint[1])}"
-        try:  # the engine that will run it decides (Rust regex syntax: \p{L} is fine) ...
-            Index(regex, self._byte_vocab)
-        except (ValueError, RuntimeError) as exc:
-            try:  # ... and where both refuse it, Python's parser names the problem better
-                re.compile(regex)
-            except re.error as py_exc:
-                raise ValueError(f"{what} is invalid: {py_exc}") from None
-            raise ValueError(f"{what} cannot be compiled: {exc}") from None
-        return regex
-
-    def plan(self, constraint: Constraint) -> tuple[str, bool]:
-        r"""(the regex to index, whether it ends with the end marker: grammar.py). A pattern the
-        marker cannot follow (an end anchor `$` / `\z`, a trailing `(?x)` comment) is indexed
-        as it is, with outlines-core's own final states. Raises ValueError as validate does."""
-        regex = self.validate(constraint)
-        if end_marker_token(self.table) is None:
-            return regex, False
-        marked = f"(?:{regex})\\x{END_MARKER:02x}"
-        try:
-            if Index(marked, self._byte_vocab).get_final_states():
-                return marked, True
-        except (ValueError, RuntimeError):
-            pass
-        return regex, False
+    def check(self, constraint: Constraint) -> Any:
+        """What the engine compiles. Raises ValueError naming what is wrong."""
+        return self.engine(constraint).check(constraint)
 
     def compile_async(self, constraint: Constraint) -> Future:
-        """Future of the CompiledGrammar. A cached grammar comes back done; otherwise the
-        constraint is checked here (ValueError naming the problem) and compiled on a thread."""
+        """Future of the Grammar. A cached grammar comes back done; otherwise the constraint is
+        checked here (ValueError naming the problem) and compiled on a thread."""
         key = self.key(constraint)
         with self._lock:
             known = self._known(key)
         if known is not None:
             return known
-        regex, marked = self.plan(constraint)
+        engine = self.engine(constraint)
+        checked = engine.check(constraint)
         with self._lock:
             known = self._known(key)
             if known is None:
-                known = self._pool.submit(self._compile, key, regex, marked)
+                known = self._pool.submit(self._compile, engine, key, checked)
                 self._inflight[key] = known
             return known
 
@@ -134,22 +130,19 @@ class GrammarCompiler:
         done.set_result(cached)
         return done
 
-    def get(self, constraint: Constraint) -> CompiledGrammar:
+    def get(self, constraint: Constraint) -> Grammar:
         return self.compile_async(constraint).result()
 
-    def load(self, key: str, constraint: Constraint) -> CompiledGrammar:
-        """The worker's way in: from the cache, else the file the tokenizer process left, else
-        compile here."""
+    def load(self, key: str, constraint: Constraint) -> Grammar:
+        """The worker's way in: from the cache, else what the tokenizer process left in the
+        store, else compile here."""
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
                 self._cache.move_to_end(key)
                 return cached
-        path = self._path(key)
-        if path is not None and path.exists():
-            with open(path, "rb") as f:  # outlines-core's own binary format, not a pickle
-                index = Index.from_binary(f.read())
-            grammar = CompiledGrammar(key, index, self.table, self.plan(constraint)[1])
+        grammar = self.engine(constraint).load(key, constraint, self.store_dir)
+        if grammar is not None:
             self._remember(key, grammar)
             return grammar
         return self.get(constraint)
@@ -158,44 +151,20 @@ class GrammarCompiler:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
     # --- internals ----------------------------------------------------------------------------
-    def _compile(self, key: str, regex: str, marked: bool) -> CompiledGrammar:
+    def _compile(self, engine: GrammarEngine, key: str, checked: Any) -> Grammar:
         try:
-            index = Index(regex, self.table.vocabulary)
+            grammar = engine.compile(key, checked)
             self.compiled += 1
-            path = self._path(key)
-            if path is not None and not path.exists():
-                tmp = path.with_suffix(".tmp")
-                with open(tmp, "wb") as f:
-                    f.write(_index_bytes(index))
-                os.replace(tmp, path)
-            grammar = CompiledGrammar(key, index, self.table, marked)
+            engine.save(grammar, self.store_dir)
             self._remember(key, grammar)
             return grammar
         finally:
             with self._lock:
                 self._inflight.pop(key, None)
 
-    def _remember(self, key: str, grammar: CompiledGrammar) -> None:
+    def _remember(self, key: str, grammar: Grammar) -> None:
         with self._lock:
             self._cache[key] = grammar
             self._cache.move_to_end(key)
             while len(self._cache) > self.capacity:
                 self._cache.popitem(last=False)
-
-    def _path(self, key: str) -> Path | None:
-        if self.store_dir is None:
-            return None
-        self.store_dir.mkdir(parents=True, exist_ok=True)
-        return self.store_dir / f"{key}.index"
-
-
-def _index_bytes(index: Index) -> bytes:
-    """outlines-core's serialisation of an Index (what its pickle support wraps)."""
-    loader, (data,) = index.__reduce__()
-    assert loader == Index.from_binary and isinstance(data, bytes)
-    return data
-
-
-def _short(pattern: object, limit: int = 80) -> str:
-    text = repr(pattern)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -1,6 +1,6 @@
-"""A compiled grammar (an outlines-core Index over the model's vocabulary) and the per-request
-state that walks it: the allowed-token bitmask of each step, and the forced continuation that
-jump-forward appends without sampling.
+"""The outlines-core engine's grammar (an Index over the model's vocabulary) and the per-request
+state that walks it (grammar_engine.py's interface): the allowed-token bitmask of each step,
+and the forced continuation that jump-forward appends without sampling.
 
 Forced continuation: from a state where every accepted output continues with the same bytes
 (the keys and punctuation of a JSON object, say), those bytes are forced. They are found byte by
@@ -26,20 +26,23 @@ import torch
 from outlines_core import Guide, Index
 
 from radixrt.runtime.config import GRAMMAR_END_MARKER
+from radixrt.runtime.constrained.grammar_engine import Grammar, GrammarState, clear_tokens
 from radixrt.runtime.constrained.token_table import TokenTable
 
+OUTLINES_ENGINE = "outlines"
+MAX_GUIDE_ROLLBACK = 64  # the Guide keeps this many prior states; a longer rollback replays
 MAX_FORCED_TOKENS = 64  # jump-forward appends at most this many tokens at a time
 
-BITS = 32  # outlines-core writes masks as 32-bit words, token t at bit t % 32 of word t // 32
 END_MARKER = GRAMMAR_END_MARKER  # the compiler appends it to every grammar (module docstring)
 
 
-class CompiledGrammar:
+class CompiledGrammar(Grammar):
+    engine = OUTLINES_ENGINE
+
     def __init__(self, key: str, index: Index, table: TokenTable, end_marked: bool) -> None:
-        """end_marked: the index is of `(?:R)\\x00` (GrammarCompiler.plan)."""
-        self.key = key
+        """end_marked: the index is of `(?:R)\\x00` (OutlinesEngine.plan)."""
+        super().__init__(key, table)
         self.index = index
-        self.table = table
         # the marker's token stands for EOS (None: plain final states); no token holding the
         # marker byte is ever allowed
         self.end_token = end_marker_token(table) if end_marked else None
@@ -147,65 +150,49 @@ class CompiledGrammar:
     def _only_end(self, state: int) -> bool:
         return self.accepts_end(state) and not len(self.text_tokens(state))
 
+    def new_state(self) -> OutlinesState:
+        return OutlinesState(self)
 
-class GrammarState:
-    """Where one request is in its grammar. Advance it with every output token."""
 
+class OutlinesState(GrammarState):
     def __init__(self, grammar: CompiledGrammar) -> None:
-        self.grammar = grammar
-        self._guide = Guide(grammar.index)
-        self.ended = False  # EOS was accepted
-
-    @classmethod
-    def replay(cls, grammar: CompiledGrammar, tokens: list[int]) -> GrammarState:
-        state = cls(grammar)
-        for token in tokens:
-            state.advance(token)
-        return state
+        super().__init__(grammar)
+        self.grammar: CompiledGrammar = grammar
+        self._guide = Guide(grammar.index, max_rollback=MAX_GUIDE_ROLLBACK)
+        self._tokens: list[int] = []  # text tokens advanced past (a long rollback replays)
 
     @property
     def state(self) -> int:
         return int(self._guide.get_state())
 
-    def advance(self, token: int) -> None:
-        if self.ended:
-            raise ValueError(f"token {token} after the grammar ended")
-        if token in self.grammar.table.eos_token_ids:
-            if not self.grammar.accepts_end(self.state):
-                raise ValueError(f"EOS where grammar {self.grammar.key} does not accept")
-            self.ended = True
-            return
+    def _consume(self, token: int) -> None:
         if token in self.grammar.marker_tokens:
             raise ValueError(f"token {token} holds the end marker of grammar {self.grammar.key}")
         self._guide.advance(token, return_tokens=False)
+        self._tokens.append(token)
 
-    def accepts_end(self) -> bool:
-        return not self.ended and self.grammar.accepts_end(self.state)
+    def _accepting(self) -> bool:
+        return self.grammar.accepts_end(self.state)
 
-    def forced(self) -> tuple[int, ...]:
-        return () if self.ended else self.grammar.forced_from(self.state)
+    def _forced(self) -> tuple[int, ...]:
+        return self.grammar.forced_from(self.state)
+
+    def _rollback(self, n: int) -> None:
+        kept = self._tokens[: len(self._tokens) - n]
+        if n <= self._guide.get_allowed_rollback():
+            self._guide.rollback_state(n)
+        else:
+            self._guide = Guide(self.grammar.index, max_rollback=MAX_GUIDE_ROLLBACK)
+            for token in kept:
+                self._guide.advance(token, return_tokens=False)
+        self._tokens = kept
 
     def write_mask(self, words: torch.Tensor) -> None:
-        """Fill words ([ceil(vocab / 32)] int32, contiguous, on the CPU) with the allowed text
-        tokens (never the end marker; EOS: see accepts_end)."""
         self._guide.write_mask_into(words.data_ptr(), words.numel(), 4)
-        for token in self.grammar.marker_tokens.tolist():
-            bit = token % BITS
-            words[token // BITS] &= ~(1 << bit) if bit != 31 else (1 << 31) - 1
+        clear_tokens(words, self.grammar.marker_tokens.tolist())
 
 
 def end_marker_token(table: TokenTable) -> int | None:
     """The single-byte token of END_MARKER (None where the vocabulary has none)."""
     token = table.byte_token[END_MARKER]
     return token if token >= 0 else None
-
-
-def expand_bitmask(words: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[n, ceil(vocab / 32)] int32 bitmasks -> [n, vocab_size] bool."""
-    shifts = torch.arange(BITS, dtype=torch.int32, device=words.device)  # [32]
-    bits = (words.unsqueeze(-1) >> shifts) & 1  # [n, words, 32]
-    return bits.bool().reshape(words.shape[0], -1)[:, :vocab_size]
-
-
-def mask_words(vocab_size: int) -> int:
-    return (vocab_size + BITS - 1) // BITS

@@ -68,9 +68,9 @@ class TokenTable:
         marker = bytes([GRAMMAR_END_MARKER])  # never allowed under a grammar (grammar.py)
         self.marker_tokens = np.array([t for t, data in enumerate(self.token_bytes)
                                        if data and marker in data], dtype=np.int64)
-        self._tokenizer = tokenizer
+        self.tokenizer = tokenizer
         self.identity = f"{getattr(tokenizer, 'name_or_path', '')}:{len(by_bytes)}:{vocab_size}"
 
     def encode(self, text: str) -> list[int]:
         """The tokenizer's own split of text (no special tokens)."""
-        return list(self._tokenizer.encode(text, add_special_tokens=False))
+        return list(self.tokenizer.encode(text, add_special_tokens=False))

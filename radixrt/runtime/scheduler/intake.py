@@ -98,6 +98,7 @@ class SchedulerIntake:
             schedule_policy=sched.config.schedule_policy,
             preemption=sched.config.preemption,
             disable_radix_cache=sched.config.disable_radix_cache,
+            grammar_backend=sched.config.grammar_backend,
             vocab_size=ready.vocab_size,
             eos_token_ids=list(ready.eos_token_ids),
             tensor_parallel=msgspec.to_builtins(ready.tp) if ready.tp else None,

@@ -44,7 +44,6 @@ SAMPLING_OFF: dict[str, tuple[Any, ...]] = {
     "spaces_between_special_tokens": (True,),  # radixrt's detokenizer joins special tokens as is
     "no_stop_trim": (False,),
     "stop_regex": (None, [], ""),
-    "ebnf": (None,),
     "structural_tag": (None,),
     "stream_interval": (None,),
     "custom_params": (None, {}),

@@ -87,10 +87,12 @@ class StreamOptions(BaseModel):
 
 class ResponseFormat(BaseModel):
     """OpenAI's: {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}, or
-    {"type": "json_object"} (any JSON object), or {"type": "text"}."""
+    {"type": "json_object"} (any JSON object), or {"type": "text"}; and vLLM's
+    {"type": "grammar", "grammar": "..."} (GBNF or Lark, told apart by their syntax)."""
 
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "grammar"]
     json_schema: dict[str, Any] | None = None
+    grammar: str | None = None
 
 
 class SamplingFields(BaseModel):
@@ -119,6 +121,8 @@ class SamplingFields(BaseModel):
     regex: str | None = None
     json_schema: dict[str, Any] | str | None = None
     choices: list[str] | None = None
+    ebnf: str | None = None  # a context-free grammar in GBNF (SGLang's and llama.cpp's name)
+    lark: str | None = None  # ... or in Lark (vLLM's and llguidance's syntax)
     # scheduling (extra body fields, as vLLM takes them): lower priority = more urgent; requests
     # with different cache_salt never share cached KV; timeout: seconds it may wait in the queue
     priority: int | None = None
@@ -201,9 +205,18 @@ _PASSED_THROUGH = ("temperature", "top_p", "top_k", "min_p", "n", "seed", "frequ
                    "presence_penalty", "repetition_penalty", "ignore_eos", "min_tokens")
 
 
+REQUEST_CONSTRAINTS = ("regex", "json_schema", "choices", "ebnf", "lark")
+
+
+def grammar_syntax(grammar: str) -> str:
+    """ "ebnf" for GBNF (rules written `name ::= ...`), else "lark"."""
+    return "ebnf" if "::=" in grammar else "lark"
+
+
 def constraint_fields(fields: SamplingFields) -> dict[str, Any]:
-    """The regex / json_schema / choices SamplingParams fields a request asks for."""
-    values = {name: getattr(fields, name) for name in ("regex", "json_schema", "choices")
+    """The regex / json_schema / choices / ebnf / lark SamplingParams fields a request asks
+    for."""
+    values = {name: getattr(fields, name) for name in REQUEST_CONSTRAINTS
               if getattr(fields, name) is not None}
     fmt = fields.response_format
     if fmt is None or fmt.type == "text":
@@ -213,6 +226,11 @@ def constraint_fields(fields: SamplingFields) -> dict[str, Any]:
                        "give one", param="response_format")
     if fmt.type == "json_object":
         return {"json_schema": {"type": "object"}}
+    if fmt.type == "grammar":
+        if not isinstance(fmt.grammar, str) or not fmt.grammar.strip():
+            raise APIError('response_format of type grammar needs "grammar": the grammar text '
+                           "(GBNF or Lark)", param="response_format")
+        return {grammar_syntax(fmt.grammar): fmt.grammar}
     schema = (fmt.json_schema or {}).get("schema")
     if not isinstance(schema, dict):
         raise APIError('response_format of type json_schema needs "json_schema": {"name": ..., '

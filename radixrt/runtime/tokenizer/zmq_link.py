@@ -76,5 +76,6 @@ class ZmqSchedulerLink:
         if self._grammars is None:
             vocab = int(self.info["vocab_size"])
             table = TokenTable(self.front.tokenizer, vocab, self.info["eos_token_ids"])
-            self._grammars = GrammarCompiler(table, self._grammar_dir)
+            self._grammars = GrammarCompiler(table, self._grammar_dir,
+                                             backend=self.info["grammar_backend"])
         return self._grammars

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import torch
 
-from radixrt.runtime.constrained.grammar import GrammarState, expand_bitmask, mask_words
+from radixrt.runtime.constrained.grammar_engine import GrammarState, expand_bitmask, mask_words
 from radixrt.runtime.worker.sampler import AllowedTokens
 
 

@@ -143,6 +143,7 @@ def build_worker(
         grammars=grammars,
         jump_forward=not config.disable_jump_forward,
         grammar_dir=grammar_dir,
+        grammar_backend=config.grammar_backend,
     )
     ready = WorkerReady(
         num_pages=num_pages,

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 
 import torch
 
+from radixrt.runtime.config import DEFAULT_GRAMMAR_BACKEND
 from radixrt.runtime.constrained.compiler import GrammarCompiler
-from radixrt.runtime.constrained.grammar import CompiledGrammar, GrammarState
+from radixrt.runtime.constrained.grammar_engine import Grammar, GrammarState
 from radixrt.runtime.constrained.token_table import TokenTable
 from radixrt.runtime.forward.forward_batch import ForwardBatch, PrefixGroup
 from radixrt.runtime.forward.kv_cache import KVCache
@@ -58,11 +59,12 @@ class Worker:
         grammars: GrammarCompiler | None = None,
         jump_forward: bool = True,
         grammar_dir: str | None = None,
+        grammar_backend: str = DEFAULT_GRAMMAR_BACKEND,
     ) -> None:
         """grammars: where constrained requests' compiled grammars come from (the Engine shares
         its compiler); if None, one is made on first use, reading the grammars the tokenizer
         process left in grammar_dir. jump_forward: append the tokens a grammar forces without
-        sampling them."""
+        sampling them. grammar_backend: the engines of the compiler made here."""
         self.model = loaded.model
         self.config = loaded.config
         param = next(self.model.parameters())
@@ -77,6 +79,7 @@ class Worker:
         self.tokenizer = loaded.tokenizer
         self.grammars = grammars
         self.grammar_dir = grammar_dir
+        self.grammar_backend = grammar_backend
         self.jump_forward = jump_forward
         self.graph_runner = None  # decode steps from CUDA graphs (triton backend on CUDA only)
         if cuda_graph_max_bs > 0 and self.device.type == "cuda":
@@ -125,12 +128,13 @@ class Worker:
             grammar=grammar,
         )
 
-    def _grammar(self, params: SamplingParams) -> CompiledGrammar:
+    def _grammar(self, params: SamplingParams) -> Grammar:
         constraint = params.constraint
         assert constraint is not None
         if self.grammars is None:
             table = TokenTable(self.tokenizer, self.config.vocab_size, self.config.eos_token_ids)
-            self.grammars = GrammarCompiler(table, self.grammar_dir)
+            self.grammars = GrammarCompiler(table, self.grammar_dir,
+                                            backend=self.grammar_backend)
         return self.grammars.load(self.grammars.key(constraint), constraint)
 
     def _forward(self, plan: StepPlan) -> StepResult:

@@ -15,14 +15,11 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from radixrt.runtime.constrained.compiler import GrammarCompiler, escape_literal, to_regex
-from radixrt.runtime.constrained.grammar import (
-    MAX_FORCED_TOKENS,
-    CompiledGrammar,
-    GrammarState,
-    expand_bitmask,
-    mask_words,
-)
+from radixrt.runtime.constrained.compiler import GrammarCompiler
+from radixrt.runtime.constrained.grammar import MAX_FORCED_TOKENS, CompiledGrammar, OutlinesState
+from radixrt.runtime.constrained.grammar_engine import GrammarState, expand_bitmask, mask_words
+from radixrt.runtime.constrained.outlines_engine import to_regex
+from radixrt.runtime.constrained.structural import escape_literal
 from radixrt.runtime.constrained.token_table import TokenTable
 
 # The toy vocabulary: specials first, then the tokens. BPE merges in rank order: "cd" is merged
@@ -56,7 +53,7 @@ def table() -> TokenTable:
 
 @pytest.fixture(scope="module")
 def compiler(table: TokenTable) -> Iterator[GrammarCompiler]:
-    comp = GrammarCompiler(table)
+    comp = GrammarCompiler(table, backend="outlines")
     yield comp
     comp.close()
 
@@ -125,7 +122,7 @@ def test_token_table_identity_tells_vocabularies_apart(table: TokenTable) -> Non
 
 def test_forced_chain_uses_the_tokenizers_own_split(compiler: GrammarCompiler) -> None:
     g = grammar_of(compiler, "abcd")
-    state = GrammarState(g)
+    state = OutlinesState(g)
     # the model could pick a, ab or abc here; the forced text is tokenized ab|cd as the
     # tokenizer would (longest match would be abc|d), then the end is forced
     assert allowed(g, state.state) == set(T("a", "ab", "abc"))
@@ -139,10 +136,10 @@ def test_forced_chain_falls_back_to_longest_match() -> None:
     tok = bpe_tokenizer(tokens, [("a", "b")], normalizer=normalizers.Lowercase())
     table = TokenTable(tok, len(SPECIALS) + len(tokens), [END])
     assert table.encode("ABc") != [table.byte_token[ord(c)] for c in "ABc"]
-    comp = GrammarCompiler(table)
+    comp = GrammarCompiler(table, backend="outlines")
     try:
         ids = {t: i for i, t in enumerate(SPECIALS + tokens)}
-        state = GrammarState(comp.get(("regex", "ABc")))
+        state = OutlinesState(comp.get(("regex", "ABc")))
         assert state.forced() == (ids["AB"], ids["c"], EOS)
     finally:
         comp.close()
@@ -152,17 +149,17 @@ def test_forced_chain_leaves_a_token_the_model_could_extend(compiler: GrammarCom
     # "abx" is forced, but after "ab" the model may also write "xx" (x then the x of the
     # choice): forcing "x" would take that choice away, so only "ab" is forced
     g = grammar_of(compiler, "abx(x|c)")
-    assert GrammarState(g).forced() == T("ab")
+    assert OutlinesState(g).forced() == T("ab")
     after = walk(g, T("ab"))
     assert allowed(g, after.state) == set(T("x", "xx"))
     assert after.forced() == ()
     # "abc" may be chosen where "ab" is forced bytes and c|d follows: nothing is forced
-    assert GrammarState(grammar_of(compiler, "ab(c|d)")).forced() == ()
+    assert OutlinesState(grammar_of(compiler, "ab(c|d)")).forced() == ()
 
 
 def test_nothing_is_forced_at_a_branch(compiler: GrammarCompiler) -> None:
     g = grammar_of(compiler, "(a|c)d")
-    state = GrammarState(g)
+    state = OutlinesState(g)
     assert state.forced() == ()
     assert allowed(g, state.state) == set(T("a", "c", "cd"))
     state.advance(VOCAB["a"])
@@ -172,7 +169,7 @@ def test_nothing_is_forced_at_a_branch(compiler: GrammarCompiler) -> None:
 def test_an_accepting_state_forces_nothing_and_only_the_end_forces_eos(
         compiler: GrammarCompiler) -> None:
     g = grammar_of(compiler, "ab(cd)?")
-    state = GrammarState(g)
+    state = OutlinesState(g)
     assert state.forced() == T("ab")  # no EOS: "abcd" may follow
     state.advance(VOCAB["ab"])
     assert g.index.is_final_state(state.state)
@@ -180,12 +177,12 @@ def test_an_accepting_state_forces_nothing_and_only_the_end_forces_eos(
     state.advance(VOCAB["cd"])
     assert state.forced() == (EOS,)  # nothing but the end is left
     exact = grammar_of(compiler, "ab")
-    assert exact.forced_from(GrammarState(exact).state) == T("ab") + (EOS,)
+    assert exact.forced_from(OutlinesState(exact).state) == T("ab") + (EOS,)
 
 
 def test_forced_chain_is_capped(compiler: GrammarCompiler) -> None:
     g = grammar_of(compiler, "x{150}")
-    state = GrammarState(g)
+    state = OutlinesState(g)
     chain = state.forced()
     assert chain == T("xx") * MAX_FORCED_TOKENS  # capped: no EOS after a cut chain
     for token in chain:
@@ -195,7 +192,7 @@ def test_forced_chain_is_capped(compiler: GrammarCompiler) -> None:
 
 def test_forced_chains_are_cached_per_state(compiler: GrammarCompiler) -> None:
     g = grammar_of(compiler, "abcd")
-    start = GrammarState(g).state
+    start = OutlinesState(g).state
     first = g.forced_from(start)
     assert g.forced_from(start) is first
 
@@ -204,8 +201,8 @@ def test_step_by_step_forcing_gives_the_same_tokens(compiler: GrammarCompiler) -
     """Jump-forward off: the mask allows only the first forced token each step; the tokens
     are the chain jump-forward appends at once."""
     g = grammar_of(compiler, "xxabcdx(a|c)")
-    jump = GrammarState(g).forced()
-    state = GrammarState(g)
+    jump = OutlinesState(g).forced()
+    state = OutlinesState(g)
     steps: list[int] = []
     while state.forced():
         token = state.forced()[0]
@@ -222,7 +219,7 @@ def test_step_by_step_forcing_gives_the_same_tokens(compiler: GrammarCompiler) -
 def test_the_mask_is_the_allowed_set_and_has_eos_only_where_the_regex_accepts(
         compiler: GrammarCompiler, regex: str) -> None:
     g = grammar_of(compiler, regex)
-    state = GrammarState(g)
+    state = OutlinesState(g)
     for _ in range(6):
         mask = mask_of(state)
         assert mask == allowed(g, state.state)
@@ -236,7 +233,7 @@ def test_the_mask_is_the_allowed_set_and_has_eos_only_where_the_regex_accepts(
 
 def test_eos_is_refused_where_the_regex_does_not_accept(compiler: GrammarCompiler) -> None:
     g = grammar_of(compiler, "ab(cd)?")
-    state = GrammarState(g)
+    state = OutlinesState(g)
     with pytest.raises(ValueError, match="EOS where grammar .* does not accept"):
         state.advance(EOS)
     with pytest.raises(ValueError, match="EOS where grammar"):
@@ -250,7 +247,7 @@ def test_eos_is_refused_where_the_regex_does_not_accept(compiler: GrammarCompile
 
 
 def test_a_token_outside_the_grammar_is_refused(compiler: GrammarCompiler) -> None:
-    state = GrammarState(grammar_of(compiler, "ab"))
+    state = OutlinesState(grammar_of(compiler, "ab"))
     with pytest.raises(ValueError):
         state.advance(VOCAB["c"])
 
@@ -258,11 +255,11 @@ def test_a_token_outside_the_grammar_is_refused(compiler: GrammarCompiler) -> No
 def test_replay_reaches_the_same_state(compiler: GrammarCompiler) -> None:
     g = grammar_of(compiler, "(ab|cd)+x")
     tokens = T("ab", "cd", "a", "b")
-    state = GrammarState(g)
+    state = OutlinesState(g)
     for token in tokens:
         state.advance(token)
     again = walk(g, tokens)
-    assert again.state == state.state != GrammarState(g).state
+    assert again.state == state.state != OutlinesState(g).state
     assert not again.ended and mask_of(again) == mask_of(state)
     assert walk(g, tokens + T("x") + (EOS,)).ended
 
@@ -316,7 +313,7 @@ def completions(grammar: CompiledGrammar, table: TokenTable, state: int,
 def test_forced_chains_are_what_every_accepted_output_continues_with(
         compiler: GrammarCompiler, table: TokenTable, regex: str, choices: list[int]) -> None:
     g = grammar_of(compiler, regex)
-    state = GrammarState(g)
+    state = OutlinesState(g)
     for choice in [*choices, None]:
         chain = state.forced()
         s = state.state
@@ -350,7 +347,7 @@ def test_forced_chains_are_what_every_accepted_output_continues_with(
 
 
 def test_the_cache_compiles_a_constraint_once(table: TokenTable) -> None:
-    comp = GrammarCompiler(table)
+    comp = GrammarCompiler(table, backend="outlines")
     try:
         first = comp.get(("regex", "ab+"))
         assert comp.compiled == 1
@@ -364,7 +361,7 @@ def test_the_cache_compiles_a_constraint_once(table: TokenTable) -> None:
 
 
 def test_concurrent_requests_for_one_grammar_share_one_compile(table: TokenTable) -> None:
-    comp = GrammarCompiler(table)
+    comp = GrammarCompiler(table, backend="outlines")
     try:
         futures = [comp.compile_async(("regex", "(ab|cd){1,5}x")) for _ in range(4)]
         grammars = {id(f.result()) for f in futures}
@@ -374,7 +371,7 @@ def test_concurrent_requests_for_one_grammar_share_one_compile(table: TokenTable
 
 
 def test_the_cache_is_lru_bounded(table: TokenTable) -> None:
-    comp = GrammarCompiler(table, capacity=2)
+    comp = GrammarCompiler(table, backend="outlines", capacity=2)
     try:
         a = comp.get(("regex", "a"))
         comp.get(("regex", "b"))
@@ -389,8 +386,9 @@ def test_the_cache_is_lru_bounded(table: TokenTable) -> None:
 
 
 def test_keys_name_the_constraint_and_the_vocabulary(table: TokenTable) -> None:
-    comp = GrammarCompiler(table)
-    other = GrammarCompiler(TokenTable(bpe_tokenizer(TOKENS[:-1], MERGES[:-1]), VOCAB_SIZE, []))
+    comp = GrammarCompiler(table, backend="outlines")
+    other = GrammarCompiler(TokenTable(bpe_tokenizer(TOKENS[:-1], MERGES[:-1]), VOCAB_SIZE, []),
+                            backend="outlines")
     try:
         key = comp.key(("regex", "ab"))
         assert key == comp.key(("regex", "ab")) and len(key) == 32
@@ -413,7 +411,7 @@ def test_keys_name_the_constraint_and_the_vocabulary(table: TokenTable) -> None:
 ])
 def test_invalid_constraints_are_refused_before_compiling(
         table: TokenTable, constraint: Any, message: str) -> None:
-    comp = GrammarCompiler(table)
+    comp = GrammarCompiler(table, backend="outlines")
     try:
         with pytest.raises(ValueError, match=re.escape(message)):
             comp.compile_async(constraint)
@@ -425,7 +423,7 @@ def test_invalid_constraints_are_refused_before_compiling(
 
 
 def test_a_regex_the_vocabulary_cannot_write_fails_in_its_future(table: TokenTable) -> None:
-    comp = GrammarCompiler(table)
+    comp = GrammarCompiler(table, backend="outlines")
     try:
         future = comp.compile_async(("regex", "az"))  # valid, but no token has a "z"
         with pytest.raises(ValueError, match="incompatible with the regex"):
@@ -445,10 +443,10 @@ def test_choices_are_escaped_literals(compiler: GrammarCompiler) -> None:
     assert to_regex(("regex", "a.b")) == "a.b"
     assert re.fullmatch(to_regex(("choices", ("a+b", "(x)"))), "a+b")
     g = compiler.get(("choices", ("ab", "cd")))
-    assert GrammarState(g).forced() == ()
+    assert OutlinesState(g).forced() == ()
     assert walk(g, T("cd")).forced() == (EOS,)
     assert walk(g, T("ab")).forced() == (EOS,)
-    assert g.index.get_next_state(GrammarState(g).state, VOCAB["abc"]) is None
+    assert g.index.get_next_state(OutlinesState(g).state, VOCAB["abc"]) is None
 
 
 def test_every_choice_is_reachable_when_one_extends_another(compiler: GrammarCompiler) -> None:
@@ -458,25 +456,3 @@ def test_every_choice_is_reachable_when_one_extends_another(compiler: GrammarCom
     after_ab = walk(g, T("ab"))
     assert VOCAB["cd"] in allowed(g, after_ab.state)
     assert after_ab.forced() == ()  # the output may end or go on
-
-
-def test_the_store_dir_hands_compiled_indexes_to_another_process(
-        table: TokenTable, tmp_path: Any) -> None:
-    maker = GrammarCompiler(table, store_dir=tmp_path)  # the tokenizer process
-    loader = GrammarCompiler(table, store_dir=tmp_path)  # the worker
-    try:
-        constraint = ("regex", "(ab|cd)x{2}")
-        made = maker.get(constraint)
-        assert (tmp_path / f"{made.key}.index").exists()
-        loaded = loader.load(made.key, constraint)
-        assert loader.compiled == 0  # read from the file, not compiled
-        assert loaded.key == made.key and loader.load(made.key, constraint) is loaded
-        for tokens in [(), T("ab"), T("cd", "x")]:
-            assert walk(loaded, tokens).forced() == walk(made, tokens).forced()
-            assert mask_of(walk(loaded, tokens)) == mask_of(walk(made, tokens))
-        fresh = ("regex", "abc")
-        assert loader.load(loader.key(fresh), fresh).key == loader.key(fresh)
-        assert loader.compiled == 1  # no file for it: compiled here
-    finally:
-        maker.close()
-        loader.close()

@@ -16,8 +16,9 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from toy_tokenizers import byte_level_bpe
 from transformers import PreTrainedTokenizerFast
 
-from radixrt.runtime.constrained.compiler import GrammarCompiler, to_regex
-from radixrt.runtime.constrained.grammar import GrammarState, expand_bitmask, mask_words
+from radixrt.runtime.constrained.compiler import GrammarCompiler
+from radixrt.runtime.constrained.grammar_engine import GrammarState, expand_bitmask, mask_words
+from radixrt.runtime.constrained.outlines_engine import to_regex
 from radixrt.runtime.constrained.structural import (
     TOOL_FORMATS,
     ToolCallSpec,
@@ -42,10 +43,23 @@ CORPUS = ["<tool_call>", "</tool_call>", "<think>", "</think>", '{"name": "get_w
 
 
 @pytest.fixture(scope="module")
-def compiler() -> Iterator[GrammarCompiler]:
+def table() -> TokenTable:
     tok = byte_level_bpe(CORPUS, 400)
-    table = TokenTable(tok, len(tok), [tok.eos_token_id])
-    compiler = GrammarCompiler(table)
+    return TokenTable(tok, len(tok), [tok.eos_token_id])
+
+
+@pytest.fixture(scope="module", params=["outlines", "llguidance"])
+def compiler(request: pytest.FixtureRequest, table: TokenTable) -> Iterator[GrammarCompiler]:
+    """The same tool-call and reasoning languages on both engines."""
+    compiler = GrammarCompiler(table, backend=request.param)
+    yield compiler
+    compiler.close()
+
+
+@pytest.fixture(scope="module")
+def outlines(table: TokenTable) -> Iterator[GrammarCompiler]:
+    """outlines-core alone (its end marker)."""
+    compiler = GrammarCompiler(table, backend="outlines")
     yield compiler
     compiler.close()
 
@@ -58,10 +72,12 @@ def spec(mode: str, fmt: str = "hermes", parallel: bool = True) -> str:
 
 def accepts(compiler: GrammarCompiler, constraint: tuple[str, str], text: str) -> bool:
     """Whether the compiled grammar takes `text` (the tokenizer's split) and may end there."""
-    grammar = compiler.get(constraint)
-    state = GrammarState(grammar)
+    state = compiler.get(constraint).new_state()
+    vocab = compiler.table.vocab_size
     for token in compiler.table.encode(text):
-        if token not in grammar.index.get_allowed_tokens(state.state):
+        words = torch.zeros(mask_words(vocab), dtype=torch.int32)
+        state.write_mask(words)
+        if not expand_bitmask(words[None], vocab)[0, token]:
             return False
         state.advance(token)
     return state.accepts_end()
@@ -137,7 +153,7 @@ def test_the_fixed_text_of_a_call_is_forced(compiler: GrammarCompiler) -> None:
     """After the opener's tag, the keys, quotes and braces up to the tool's name are forced
     (jump-forward appends them without sampling)."""
     grammar = compiler.get(("tool_calls", spec("required")))
-    forced = GrammarState(grammar).forced()
+    forced = grammar.new_state().forced()
     text = b"".join(compiler.table.token_bytes[t] or b"" for t in forced).decode()
     assert text.startswith('<tool_call>\n{"name": "')
 
@@ -145,12 +161,12 @@ def test_the_fixed_text_of_a_call_is_forced(compiler: GrammarCompiler) -> None:
 # --- the end marker ------------------------------------------------------------------------------
 
 
-def test_a_token_out_of_an_accepting_state_is_allowed(compiler: GrammarCompiler) -> None:
+def test_a_token_out_of_an_accepting_state_is_allowed(outlines: GrammarCompiler) -> None:
     """outlines-core alone drops " " after "Yes" under `Yes( sir)?` (its DFA's matches are
     delayed by a byte); the end marker keeps it, and EOS is allowed exactly where the pattern
     is complete."""
-    grammar = compiler.get(("regex", "Yes( sir)?"))
-    table = compiler.table
+    grammar = outlines.get(("regex", "Yes( sir)?"))
+    table = outlines.table
     state = GrammarState.replay(grammar, table.encode("Yes"))
     assert state.accepts_end()
     assert table.byte_token[ord(" ")] in grammar.index.get_allowed_tokens(state.state)
@@ -162,9 +178,9 @@ def test_a_token_out_of_an_accepting_state_is_allowed(compiler: GrammarCompiler)
 
 
 def test_the_marker_never_ends_a_pattern_that_takes_it_as_a_character(
-        compiler: GrammarCompiler) -> None:
-    grammar = compiler.get(("regex", "a.*b"))
-    table = compiler.table
+        outlines: GrammarCompiler) -> None:
+    grammar = outlines.get(("regex", "a.*b"))
+    table = outlines.table
     assert not GrammarState.replay(grammar, table.encode("a")).accepts_end()
     assert GrammarState.replay(grammar, table.encode("axb")).accepts_end()
     with pytest.raises(ValueError, match="end marker"):
@@ -174,12 +190,12 @@ def test_the_marker_never_ends_a_pattern_that_takes_it_as_a_character(
 @pytest.mark.parametrize(("regex", "text"), [
     ("yes$", "yes"), ("yes\\z", "yes"), ("[a-z]+$", "yes"), ("(?x)abc # a comment", "abc")])
 def test_a_pattern_the_marker_cannot_follow_is_indexed_as_it_is(
-        compiler: GrammarCompiler, regex: str, text: str) -> None:
+        outlines: GrammarCompiler, regex: str, text: str) -> None:
     """An end anchor or a trailing verbose-mode comment: no end marker, the pattern's own
     final states (as before the marker)."""
-    grammar = compiler.get(("regex", regex))
+    grammar = outlines.get(("regex", regex))
     assert grammar.end_token is None
-    assert GrammarState.replay(grammar, compiler.table.encode(text)).accepts_end()
+    assert GrammarState.replay(grammar, outlines.table.encode(text)).accepts_end()
 
 
 def test_no_token_holding_the_marker_byte_is_ever_allowed() -> None:
@@ -196,9 +212,9 @@ def test_no_token_holding_the_marker_byte_is_ever_allowed() -> None:
     tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
     table = TokenTable(tok, len(tok), [0])
     assert len(table.marker_tokens) > 1
-    compiler = GrammarCompiler(table)
+    compiler = GrammarCompiler(table, backend="outlines")
     grammar = compiler.get(("choices", ("yes", "no")))
-    state = GrammarState(grammar)
+    state = grammar.new_state()
     words = torch.zeros(mask_words(len(tok)), dtype=torch.int32)
     state.write_mask(words)
     allowed = set(torch.nonzero(expand_bitmask(words[None], len(tok))[0]).flatten().tolist())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -276,6 +277,24 @@ def test_echo_streams_the_prompt_first(served: Served) -> None:
         assert merged["token_logprobs"][0] is None
 
 
+ARITHMETIC_GBNF = 'root ::= term (op term)?\nterm ::= [0-9] [0-9]?\nop ::= "+" | "*"'
+
+
+@pytest.mark.parametrize("fields", [
+    {"ebnf": ARITHMETIC_GBNF},
+    {"lark": 'start: TERM (OP TERM)?\nTERM: /[0-9]{1,2}/\nOP: "+" | "*"'},
+    {"response_format": {"type": "grammar", "grammar": ARITHMETIC_GBNF}},
+])
+def test_context_free_grammars_over_http(served: Served, fields: dict[str, Any]) -> None:
+    """ebnf / lark extra fields (SGLang's and vLLM's names) and vLLM's response_format of type
+    grammar: the output is in the grammar's language."""
+    body = post_completion(served, prompt="Write a sum: ", max_tokens=16, temperature=0.8,
+                           seed=3, n=3, **fields)
+    for choice in body["choices"]:
+        assert choice["finish_reason"] == "stop"
+        assert re.fullmatch(r"[0-9]{1,2}([+*][0-9]{1,2})?", choice["text"]), choice["text"]
+
+
 def test_stop_string_trims_output(served: Served) -> None:
     text = complete(served, max_tokens=12, extra_body={"ignore_eos": True}).choices[0].text
     assert len(text) >= 8, text
@@ -522,6 +541,14 @@ BAD_REQUESTS: list[Bad] = [Bad(*case) for case in [
      '"schema"'),
     ("/v1/completions", {"model": MODEL, "prompt": "x", "regex": "a+", "choices": ["a"]},
      "at most one of"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "lark": 'start: "a" bar'},
+     "lark is invalid: at 1(8): unknown name"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "ebnf": 'root ::= ("a"'},
+     "ebnf is invalid: Expected ')' at line 1"),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "response_format": {"type": "grammar"}},
+     '"grammar"'),
+    ("/v1/completions", {"model": MODEL, "prompt": "x", "lark": "start: x\n" * 40000},
+     "65536"),
     ("/generate", {"text": "x", "sampling_params": {"choices": []}}, "choices"),
     ("/v1/chat/completions", {"model": MODEL, "messages": []}, "messages is empty"),
     ("/v1/chat/completions", {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]},

@@ -1,0 +1,117 @@
+"""Tool-call and reasoning grammars in Lark, for the llguidance engine: the same languages as
+structural.py's regexes, with each tool's arguments compiled by llguidance's own JSON-schema
+compiler (`%json`) instead of a regex.
+
+llguidance's lexer is greedy and never backtracks, so text that may be followed by a block is
+one terminal with the block's opener in it (free text that never contains the opener, then the
+opener), beside the terminal of text that ends the output."""
+
+from __future__ import annotations
+
+import json
+
+from radixrt.runtime.constrained.structural import (
+    ReasoningFormat,
+    ToolCallSpec,
+    avoid_regex,
+    escape_literal,
+)
+
+LLGUIDANCE_JSON_OPTIONS = {"whitespace_flexible": False}  # compact, as json_bounds.py writes it
+
+
+def lark_literal(text: str) -> str:
+    """A Lark string literal for text."""
+    return json.dumps(text, ensure_ascii=False)
+
+
+def lark_regex(regex: str) -> str:
+    """A Lark regex terminal for regex (Rust syntax, as llguidance reads it)."""
+    return "/" + regex.replace("/", "\\/") + "/"
+
+
+def json_schema_with_options(schema: str) -> dict:
+    """The schema as llguidance compiles it here: compact JSON (options under "x-guidance"),
+    and objects closed where the schema lists properties and says nothing of others, as the
+    outlines-core path and OpenAI's structured outputs read them (a small model otherwise
+    invents keys until max_tokens). ValueError for what is not a schema object."""
+    value = json.loads(schema)
+    if value is True:
+        value = {}
+    if not isinstance(value, dict):
+        raise ValueError("a JSON schema must be an object (or true)")
+    value = close_objects(value)
+    return {**value, "x-guidance": {**LLGUIDANCE_JSON_OPTIONS, **value.get("x-guidance", {})}}
+
+
+_OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
+_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties",
+                   "dependentSchemas")
+_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
+_SUBSCHEMA_ONE = ("items", "additionalItems", "additionalProperties", "contains", "not",
+                  "if", "then", "else", "propertyNames")
+
+
+def close_objects(node: object) -> object:
+    """A copy of a schema where every object schema with properties and none of the keys
+    that admit others gets additionalProperties false (allOf branches are left open: each
+    branch lists only its part of the properties)."""
+    if not isinstance(node, dict):
+        return node
+    out = dict(node)
+    for key in _SUBSCHEMA_MAPS:
+        if isinstance(out.get(key), dict):
+            out[key] = {name: close_objects(sub) for name, sub in out[key].items()}
+    for key in _SUBSCHEMA_LISTS:
+        if isinstance(out.get(key), list):
+            out[key] = [close_objects(sub) for sub in out[key]]
+    for key in _SUBSCHEMA_ONE:
+        if isinstance(out.get(key), dict):
+            out[key] = close_objects(out[key])
+    if isinstance(out.get("items"), list):
+        out["items"] = [close_objects(sub) for sub in out["items"]]
+    if "properties" in out and "allOf" not in out and not any(k in out for k in _OPEN_KEYS):
+        out["additionalProperties"] = False
+    return out
+
+
+def tool_calls_lark(spec: ToolCallSpec) -> str:
+    fmt = spec.format
+    calls = " | ".join(
+        f"{lark_literal(fmt.call_prefix(name))} %json {json.dumps(json_schema_with_options(p))}"
+        ' "}"'
+        for name, p in spec.tools)
+    block = f"{lark_literal(fmt.opener)} call {lark_literal(fmt.closer)}" if fmt.opener else \
+        f"call {lark_literal(fmt.closer)}" if fmt.closer else "call"
+    rest = f"({lark_literal(fmt.separator)} {block})*" if spec.parallel else ""
+    lines = [f"call: {calls}"] if spec.tools and spec.mode != "none" else []
+    if fmt.trigger:
+        text = avoid_regex(fmt.trigger)
+        lines.append(f"TEXT: {lark_regex(text)}")
+        if spec.mode == "none" or not spec.tools:
+            start = "TEXT?"
+        elif spec.mode == "required":
+            start = f"{block} {rest}"
+        else:  # auto: free text, or free text up to and with the opener, then the calls
+            after_open = f"call {lark_literal(fmt.closer)} {rest}"
+            lines.append(f"TEXT_OPEN: {lark_regex(text + escape_literal(fmt.opener))}")
+            start = f"TEXT? | TEXT_OPEN {after_open}"
+    else:  # no opener (Llama-3 JSON): calls are the whole output, else text not starting "{"
+        lines.append(r"TEXT: /[ \t\n\r]*[^{ \t\n\r][\s\S]*|[ \t\n\r]+/")
+        if spec.mode == "none" or not spec.tools:
+            start = "TEXT?"
+        elif spec.mode == "required":
+            start = f"{block} {rest}"
+        else:
+            start = f"{block} {rest} | TEXT?"
+    return "\n".join([f"start: {start}", *lines]) + "\n"
+
+
+def reasoning_lark(fmt: ReasoningFormat, inner: str) -> str:
+    """Thinking (free up to the closer, then at most two spaces or newlines) before the
+    grammar called `inner` in the same grammar list."""
+    thinking = avoid_regex(fmt.closer) + escape_literal(fmt.closer) + r"[ \n]{0,2}"
+    opener = escape_literal(fmt.opener)
+    if fmt.starts_inside:
+        return f"start: THINK @{inner}\nTHINK: {lark_regex(f'(?:{opener})?{thinking}')}\n"
+    return f"start: THINK? @{inner}\nTHINK: {lark_regex(opener + thinking)}\n"
