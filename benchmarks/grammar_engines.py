@@ -164,6 +164,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--per-folder", type=int, default=None, help="default 10 (--quick: 2)")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds per schema (compile + walks); default 30 (--quick: 10)")
+    p.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
     p.add_argument("--quick", action="store_true")
     p.add_argument("--seed", type=int, default=0)
     add_plot_dir(p)
@@ -183,7 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     schemas = sample(args.data, args.per_folder)
     print(f"{len(schemas)} schemas, {args.per_folder} per folder; timeout {args.timeout:.0f} s")
     results: dict[str, list[tuple[str, dict[str, Any]]]] = {}
-    for engine in ENGINES:
+    for engine in args.engines:
         proc = EngineProcess(engine)
         rows = []
         for i, (folder, _name, text) in enumerate(schemas):
@@ -218,17 +219,18 @@ def report(results: dict[str, list[tuple[str, dict[str, Any]]]], total: int) -> 
         print(f"{engine:<11} {s['compiled']:>4}/{total:<4} {s['refused']:>8} {s['timeout']:>8} "
               f"{s['compile_p50']:>12.1f} {s['compile_p95']:>8.1f} {s['mask_p50']:>9.0f} "
               f"{s['mask_p99']:>8.0f} {s['valid']:>6}/{s['finished']:<5}")
-    a, b = sums["outlines"], sums["llguidance"]
-    print(f"\nllguidance vs outlines-core: coverage {b['compiled']}/{a['compiled']}, compile p50 "
-          f"{a['compile_p50'] / b['compile_p50']:.0f}x faster, mask p50 "
-          f"{a['mask_p50'] / b['mask_p50']:.1f}x faster")
-    print("\nper folder (compiled, outlines / llguidance):")
-    folders = sorted({f for f, _ in results["outlines"]})
+    if len(sums) == len(ENGINES):
+        a, b = sums["outlines"], sums["llguidance"]
+        print(f"\nllguidance vs outlines-core: coverage {b['compiled']}/{a['compiled']}, "
+              f"compile p50 {a['compile_p50'] / b['compile_p50']:.0f}x faster, mask p50 "
+              f"{a['mask_p50'] / b['mask_p50']:.1f}x faster")
+    print(f"\nper folder (compiled, {' / '.join(results)}):")
+    folders = sorted({f for rows in results.values() for f, _ in rows})
     for folder in folders:
         counts = [sum(r["status"] == "compiled" for f, r in results[e] if f == folder)
-                  for e in ENGINES]
-        n = sum(f == folder for f, _ in results["outlines"])
-        print(f"  {folder:<16} {counts[0]:>3} / {counts[1]:<3} of {n}")
+                  for e in results]
+        n = sum(f == folder for f, _ in next(iter(results.values())))
+        print(f"  {folder:<16} {' / '.join(f'{c:>3}' for c in counts)} of {n}")
     for engine, rows in results.items():
         reasons = Counter(reason_of(r["reason"]) for _, r in rows if r["status"] == "refused")
         print(f"\n{engine} refusals:")
@@ -237,9 +239,9 @@ def report(results: dict[str, list[tuple[str, dict[str, Any]]]], total: int) -> 
 
 
 def plot(results: dict[str, list[tuple[str, dict[str, Any]]]], plot_dir: str | None) -> None:
-    folders = sorted({f for f, _ in results["outlines"]})
+    folders = sorted({f for rows in results.values() for f, _ in rows})
     per: dict[str, list[float]] = defaultdict(list)
-    for engine in ENGINES:
+    for engine in results:
         for folder in folders:
             rows = [r for f, r in results[engine] if f == folder]
             per[engine].append(100.0 * sum(r["status"] == "compiled" for r in rows) / len(rows))

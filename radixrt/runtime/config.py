@@ -14,6 +14,7 @@ SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
 # (per kind, by measured coverage and speed)
 GRAMMAR_BACKENDS = ("auto", "outlines", "llguidance")
 DEFAULT_GRAMMAR_BACKEND = "auto"
+DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S = 30.0  # a grammar compiling longer is refused (a 4xx)
 PREEMPTION_MODES = ("recompute", "swap")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "dummy")
@@ -124,6 +125,9 @@ class EngineConfig:
         "help": "the engine of constrained decoding: outlines (outlines-core), llguidance, or "
         "auto (llguidance for JSON schemas, outlines-core for regexes, choices and tool calls); "
         "ebnf / lark grammars always run on llguidance"})
+    grammar_compile_timeout: float = field(default=DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S, metadata={
+        "help": "seconds a grammar may take to compile (outlines-core's compile is stopped "
+        "there); past it the request is refused (400) naming this flag"})
     check_integrity: bool = field(default=False, metadata={
         "help": "check the KV invariants after every step; a violation stops the server (debug)"})
     seed: int = field(default=0, metadata={"help": "seed of unseeded sampling"})
@@ -183,6 +187,9 @@ class EngineConfig:
             raise bad("device", self.device, "use auto, cpu, cuda or cuda:N")
         if self.schedule_policy not in SCHEDULE_POLICIES:
             raise bad("schedule_policy", self.schedule_policy, f"use one of {SCHEDULE_POLICIES}")
+        if not 0 < self.grammar_compile_timeout <= 86400:
+            raise bad("grammar_compile_timeout", self.grammar_compile_timeout,
+                      "must be in (0, 86400] seconds")
         if self.grammar_backend not in GRAMMAR_BACKENDS:
             raise bad("grammar_backend", self.grammar_backend, f"use one of {GRAMMAR_BACKENDS}")
         if self.preemption not in PREEMPTION_MODES:

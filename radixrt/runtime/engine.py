@@ -137,7 +137,8 @@ class Engine:
         if self._grammars is None:
             cfg = self.model_config
             table = TokenTable(self.tokenizer, cfg.vocab_size, cfg.eos_token_ids)
-            self._grammars = GrammarCompiler(table, backend=self.config.grammar_backend)
+            self._grammars = GrammarCompiler(table, backend=self.config.grammar_backend,
+                                             timeout_s=self.config.grammar_compile_timeout)
             self.worker.grammars = self._grammars
         return self._grammars
 

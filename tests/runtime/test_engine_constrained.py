@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from typing import Any
 
 import jsonschema
@@ -239,6 +240,18 @@ def test_invalid_patterns_are_refused_at_submit(make_engine, field, value, fragm
     out = engine.generate("2 + 2 =", SamplingParams(max_tokens=4, temperature=0.0,
                                                     regex="[0-9]+"))[0]
     assert re.fullmatch("[0-9]+", out.text)
+
+
+def test_a_grammar_past_the_compile_timeout_is_refused_at_submit(make_engine):
+    """outlines-core's check and compile run in a process stopped at grammar_compile_timeout:
+    the request is refused naming the flag, and the engine serves the next ones."""
+    engine = make_engine(grammar_backend="outlines", grammar_compile_timeout=2)
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="--grammar-compile-timeout"):
+        engine.submit("x", SamplingParams(regex="[ab]*a[ab]{17}"))
+    assert time.monotonic() - start < 20
+    out = engine.generate("Yes or no? ", SamplingParams(max_tokens=4, regex="(yes|no)"))[0]
+    assert out.text in ("yes", "no")
 
 
 def test_bad_combinations_are_refused():

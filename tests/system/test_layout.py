@@ -35,7 +35,6 @@ WITHOUT_TEST_FILE = (
     "radixrt/kernels/triton_utils.py",
     "radixrt/plan_cli.py",
     "radixrt/runtime/config.py",
-    "radixrt/runtime/constrained/compiler.py",
     "radixrt/runtime/constrained/json_bounds.py",
     "radixrt/runtime/constrained/token_table.py",
     "radixrt/runtime/distributed/group.py",

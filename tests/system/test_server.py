@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -354,6 +355,46 @@ def test_response_format_json_schema_and_a_broken_regex(server, client):
     again = client.completions.create(model="default", prompt="2 + 2 =", max_tokens=4,
                                       temperature=0, extra_body={"regex": "[0-9]+"})
     assert again.choices[0].text.isdigit()
+
+
+SLOW_REGEX = "[ab]*a[ab]{17}"  # a DFA of 2^18 states: its check and index take long
+
+
+def test_a_slow_grammar_is_stopped_at_its_limit_and_never_blocks_the_server():
+    """With outlines-core and --grammar-compile-timeout 4: a grammar that would compile for
+    long is refused with a 400 naming the flag after ~4 s, while a plain request sent during
+    it is served at once (no grammar work runs on the server's event loop); the same grammar
+    again is refused at once, and other grammars still compile."""
+    srv = Server("--max-total-tokens", "2048", "--grammar-backend", "outlines",
+                 "--grammar-compile-timeout", "4", "--log-level", "warning")
+    try:
+        http = httpx.Client(base_url=srv.url, timeout=120)
+        http.post("/v1/completions", json={"model": "default", "prompt": "Hi",
+                                           "max_tokens": 2, "regex": "yes|no"})  # warm
+        slow: list[httpx.Response] = []
+        body = {"model": "default", "prompt": "x", "max_tokens": 4, "regex": SLOW_REGEX}
+        start = time.monotonic()
+        thread = threading.Thread(target=lambda: slow.append(
+            httpx.post(srv.url + "/v1/completions", json=body, timeout=120)))
+        thread.start()
+        time.sleep(1.0)  # the slow grammar is compiling
+        plain_start = time.monotonic()
+        plain = http.post("/v1/completions", json={"model": "default", "prompt": "Hello",
+                                                   "max_tokens": 4, "temperature": 0})
+        plain_s = time.monotonic() - plain_start
+        thread.join(timeout=120)
+        slow_s = time.monotonic() - start
+        assert plain.status_code == 200 and plain_s < 3.0, plain_s
+        assert slow[0].status_code == 400, slow[0].text
+        assert "--grammar-compile-timeout" in slow[0].text and 4 <= slow_s < 30, slow_s
+        again_start = time.monotonic()
+        again = http.post("/v1/completions", json=body)
+        assert again.status_code == 400 and time.monotonic() - again_start < 2.0
+        ok = http.post("/v1/completions", json={"model": "default", "prompt": "Yes or no?",
+                                                "max_tokens": 4, "regex": "(yes|no)"})
+        assert ok.status_code == 200 and ok.json()["choices"][0]["text"] in ("yes", "no")
+    finally:
+        srv.stop()
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions", "/generate"])

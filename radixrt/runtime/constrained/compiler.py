@@ -1,6 +1,12 @@
-"""GrammarCompiler: constraint -> Grammar through the engine its kind runs on, with a bounded
-LRU cache, compilation on background threads, and (for the process trio) a folder where the
-tokenizer process leaves compiled grammars for the worker to load.
+"""GrammarCompiler: constraint -> Grammar through the engine its kind runs on, with an LRU
+cache bounded in grammars and in bytes, compilation on background threads within a time limit
+(a constraint that failed, by its error or its time, fails at once the next time), and (for
+the process trio) a folder where the tokenizer process leaves compiled grammars for the worker
+to load.
+
+Where the check runs: the Engine checks at submit (a ValueError before anything is queued, on
+the caller's thread); the server's tokenizer process checks on the compile threads, never on
+its event loop (the error arrives with the grammar future, before the response starts: a 400).
 
 Which engine: `grammar_backend` names one for every kind, or "auto" picks per kind by measured
 coverage and speed (benchmarks/grammar_engines.py): llguidance for JSON schemas (compiles in
@@ -17,10 +23,10 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 from radixrt.runtime.config import (
     DEFAULT_GRAMMAR_BACKEND,
+    DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S,
     GRAMMAR_BACKENDS,
     JSON_WHITESPACE_PATTERN,
 )
@@ -28,7 +34,9 @@ from radixrt.runtime.constrained.grammar import END_MARKER, OUTLINES_ENGINE
 from radixrt.runtime.constrained.grammar_engine import Constraint, Grammar, GrammarEngine
 from radixrt.runtime.constrained.token_table import TokenTable
 
-GRAMMAR_CACHE_SIZE = 64  # compiled grammars kept per process (LRU)
+GRAMMAR_CACHE_SIZE = 64  # compiled grammars kept per process (LRU) ...
+GRAMMAR_CACHE_BYTES = 2 << 30  # ... and at most this many bytes of them (the newest is kept)
+FAILED_CACHE_SIZE = 256  # constraints remembered as failed (their error is raised again)
 GRAMMAR_COMPILE_THREADS = 2  # grammars compile off the hot path on this many threads
 LLGUIDANCE = "llguidance"
 CFG_KINDS = ("ebnf", "lark")  # only llguidance takes them
@@ -59,7 +67,7 @@ def make_engine(name: str, table: TokenTable) -> GrammarEngine:
     if name == OUTLINES_ENGINE:
         from radixrt.runtime.constrained.outlines_engine import OutlinesEngine
 
-        return OutlinesEngine(table)
+        return OutlinesEngine(table, processes=GRAMMAR_COMPILE_THREADS)
     from radixrt.runtime.constrained.llguidance_engine import LLGuidanceEngine
 
     return LLGuidanceEngine(table)
@@ -68,7 +76,12 @@ def make_engine(name: str, table: TokenTable) -> GrammarEngine:
 class GrammarCompiler:
     def __init__(self, table: TokenTable, store_dir: str | os.PathLike | None = None,
                  capacity: int = GRAMMAR_CACHE_SIZE,
-                 backend: str = DEFAULT_GRAMMAR_BACKEND) -> None:
+                 backend: str = DEFAULT_GRAMMAR_BACKEND,
+                 timeout_s: float = DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S,
+                 max_bytes: int = GRAMMAR_CACHE_BYTES, check_inline: bool = True) -> None:
+        """timeout_s: a compile past it fails (GrammarTimeout). check_inline: compile_async
+        checks the constraint on the caller's thread (the Engine) or on the compile thread (a
+        server's event loop)."""
         if backend not in GRAMMAR_BACKENDS:
             raise ValueError(f"grammar_backend {backend!r} is unknown: use one of "
                              f"{list(GRAMMAR_BACKENDS)}")
@@ -76,6 +89,11 @@ class GrammarCompiler:
         self.backend = backend
         self.store_dir = Path(store_dir) if store_dir is not None else None
         self.capacity = capacity
+        self.timeout_s = timeout_s
+        self.max_bytes = max_bytes
+        self.check_inline = check_inline
+        self._bytes = 0  # of the cached grammars
+        self._failed: OrderedDict[str, ValueError] = OrderedDict()
         self._engines: dict[str, GrammarEngine] = {}
         self._cache: OrderedDict[str, Grammar] = OrderedDict()
         self._inflight: dict[str, Future] = {}
@@ -99,35 +117,42 @@ class GrammarCompiler:
                           f"end-marker-{END_MARKER}", name])
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
-    def check(self, constraint: Constraint) -> Any:
-        """What the engine compiles. Raises ValueError naming what is wrong."""
-        return self.engine(constraint).check(constraint)
+    def check(self, constraint: Constraint) -> None:
+        """Raises ValueError naming what is wrong with the constraint."""
+        self.engine(constraint).check(constraint, self.timeout_s)
 
     def compile_async(self, constraint: Constraint) -> Future:
-        """Future of the Grammar. A cached grammar comes back done; otherwise the constraint is
-        checked here (ValueError naming the problem) and compiled on a thread."""
+        """Future of the Grammar. A cached grammar comes back done, a failed one failed;
+        otherwise the constraint is checked (here with check_inline: a ValueError naming the
+        problem) and compiled on a thread (its ValueError / GrammarTimeout in the future)."""
         key = self.key(constraint)
         with self._lock:
             known = self._known(key)
         if known is not None:
             return known
         engine = self.engine(constraint)
-        checked = engine.check(constraint)
+        if self.check_inline:
+            engine.check(constraint, self.timeout_s)
         with self._lock:
             known = self._known(key)
             if known is None:
-                known = self._pool.submit(self._compile, engine, key, checked)
+                known = self._pool.submit(self._compile, engine, key, constraint)
                 self._inflight[key] = known
             return known
 
     def _known(self, key: str) -> Future | None:
-        """A done future for a cached grammar, or the one compiling it (hold the lock)."""
+        """A done future for a cached or failed grammar, or the one compiling it (hold the
+        lock)."""
         cached = self._cache.get(key)
-        if cached is None:
+        failed = self._failed.get(key)
+        if cached is None and failed is None:
             return self._inflight.get(key)
-        self._cache.move_to_end(key)
         done: Future = Future()
-        done.set_result(cached)
+        if cached is not None:
+            self._cache.move_to_end(key)
+            done.set_result(cached)
+        else:
+            done.set_exception(failed)
         return done
 
     def get(self, constraint: Constraint) -> Grammar:
@@ -141,30 +166,45 @@ class GrammarCompiler:
             if cached is not None:
                 self._cache.move_to_end(key)
                 return cached
-        grammar = self.engine(constraint).load(key, constraint, self.store_dir)
+        grammar = self.engine(constraint).load(key, self.store_dir)
         if grammar is not None:
             self._remember(key, grammar)
             return grammar
         return self.get(constraint)
 
+    @property
+    def cached_bytes(self) -> int:
+        return self._bytes
+
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
+        for engine in self._engines.values():
+            engine.close()
 
     # --- internals ----------------------------------------------------------------------------
-    def _compile(self, engine: GrammarEngine, key: str, checked: Any) -> Grammar:
+    def _compile(self, engine: GrammarEngine, key: str, constraint: Constraint) -> Grammar:
         try:
-            grammar = engine.compile(key, checked)
-            self.compiled += 1
-            engine.save(grammar, self.store_dir)
-            self._remember(key, grammar)
-            return grammar
+            grammar = engine.compile(key, constraint, self.timeout_s, self.store_dir)
+        except ValueError as exc:
+            with self._lock:
+                self._failed[key] = exc
+                while len(self._failed) > FAILED_CACHE_SIZE:
+                    self._failed.popitem(last=False)
+            raise
         finally:
             with self._lock:
                 self._inflight.pop(key, None)
+        self.compiled += 1
+        self._remember(key, grammar)
+        return grammar
 
     def _remember(self, key: str, grammar: Grammar) -> None:
         with self._lock:
+            old = self._cache.pop(key, None)
+            self._bytes -= old.nbytes if old is not None else 0
             self._cache[key] = grammar
-            self._cache.move_to_end(key)
-            while len(self._cache) > self.capacity:
-                self._cache.popitem(last=False)
+            self._bytes += grammar.nbytes
+            while len(self._cache) > 1 and (len(self._cache) > self.capacity
+                                            or self._bytes > self.max_bytes):
+                _, evicted = self._cache.popitem(last=False)
+                self._bytes -= evicted.nbytes

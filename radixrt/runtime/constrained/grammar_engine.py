@@ -19,6 +19,7 @@ EOS handling lives here once; engines implement the text side."""
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ class Grammar(ABC):
     def __init__(self, key: str, table: TokenTable) -> None:
         self.key = key
         self.table = table
+        self.nbytes = 0  # memory it holds (what the compiler's cache bound counts)
 
     @abstractmethod
     def new_state(self) -> GrammarState:
@@ -120,21 +122,25 @@ class GrammarEngine(ABC):
         self.table = table
 
     @abstractmethod
-    def check(self, constraint: Constraint) -> Any:
-        """What compile needs (cheap, on the caller's thread). Raises ValueError naming what
-        is wrong with the constraint, or the keyword this engine cannot enforce."""
+    def check(self, constraint: Constraint, timeout_s: float) -> None:
+        """Raise ValueError naming what is wrong with the constraint, or the keyword this
+        engine cannot enforce; GrammarTimeout past timeout_s (the Engine checks at submit;
+        compile checks again)."""
 
     @abstractmethod
-    def compile(self, key: str, checked: Any) -> Grammar:
-        """The grammar of a checked constraint (may be slow: runs on a compile thread)."""
+    def compile(self, key: str, constraint: Constraint, timeout_s: float,
+                store: Path | None) -> Grammar:
+        """Check and compile (on a compile thread). Raises ValueError as check does, and
+        GrammarTimeout past timeout_s. Engines whose compile is slow leave the result in the
+        store folder (when there is one) for other processes; the others compile again where
+        they need it."""
 
-    def load(self, key: str, constraint: Constraint, store: Any) -> Grammar | None:
-        """A grammar another process compiled and left in its store (None: not there)."""
+    def load(self, key: str, store: Path | None) -> Grammar | None:
+        """A grammar another process compiled and left in the store (None: not there)."""
         return None
 
-    def save(self, grammar: Grammar, store: Any) -> None:
-        """Leave a compiled grammar in the store for other processes (engines whose compile is
-        slow do; the others compile again where they need it)."""
+    def close(self) -> None:
+        """Stop what the engine started (compile processes)."""
         return None
 
 

@@ -11,6 +11,7 @@ bytes, so any tokenizer radixrt loads works."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import llguidance
@@ -25,7 +26,7 @@ from radixrt.runtime.constrained.grammar_engine import (
     GrammarState,
     clear_tokens,
 )
-from radixrt.runtime.constrained.outlines_engine import to_regex
+from radixrt.runtime.constrained.outlines_regex import to_regex
 from radixrt.runtime.constrained.structural import (
     parse_reasoning_constraint,
     parse_tool_call_spec,
@@ -39,6 +40,10 @@ from radixrt.runtime.constrained.token_table import TokenTable
 
 LLGUIDANCE_ENGINE = "llguidance"
 MAX_FORCED_TOKENS = 64  # jump-forward appends at most this many tokens at a time
+# a compiled llguidance grammar holds its parser tables and lexer states (built lazily, shared
+# by the copies each request walks): the cache's byte bound counts it as this many bytes per
+# character of its text, an estimate (outlines-core's indexes are counted exactly)
+LLGUIDANCE_BYTES_PER_CHAR = 64
 _LOG_SILENT = 0
 
 
@@ -167,15 +172,24 @@ class LLGuidanceEngine(GrammarEngine):
         self.tokenizer = LLTokenizer(wrapper, n_vocab=table.vocab_size,
                                      eos_token=sorted(table.eos_token_ids))
 
-    def check(self, constraint: Constraint) -> str:
+    def check(self, constraint: Constraint, timeout_s: float) -> None:
+        self._checked(constraint)  # milliseconds, bounded by llguidance's own limits
+
+    def compile(self, key: str, constraint: Constraint, timeout_s: float,
+                store: Path | None) -> LLGuidanceGrammar:
+        """Milliseconds: llguidance bounds its own work (its parser limits), so the time limit
+        is never reached here."""
+        text = self._checked(constraint)
+        matcher = LLMatcher(self.tokenizer, text, log_level=_LOG_SILENT)
+        if matcher.is_error():
+            raise ValueError(refusal(constraint[0], matcher.get_error()))
+        grammar = LLGuidanceGrammar(key, self.table, matcher)
+        grammar.nbytes = len(text) * LLGUIDANCE_BYTES_PER_CHAR
+        return grammar
+
+    def _checked(self, constraint: Constraint) -> str:
         text = grammar_text(constraint)
         is_error, messages = LLMatcher.validate_grammar_with_warnings(text, self.tokenizer)
         if is_error:
             raise ValueError(refusal(constraint[0], messages[0]))
         return text
-
-    def compile(self, key: str, checked: str) -> LLGuidanceGrammar:
-        matcher = LLMatcher(self.tokenizer, checked, log_level=_LOG_SILENT)
-        if matcher.is_error():
-            raise ValueError(f"grammar cannot be compiled: {matcher.get_error()}")
-        return LLGuidanceGrammar(key, self.table, matcher)

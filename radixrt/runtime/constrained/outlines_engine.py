@@ -2,126 +2,94 @@
 json_bounds.py, tool calls and reasoning through structural.py), indexed over the vocabulary
 into a DFA whose allowed tokens per state are precomputed (grammar.py walks it).
 
-Indexing is slow for big automata (seconds), so compiled indexes are left in the store folder
-(outlines-core's own binary format) for the worker process to load."""
+Indexing is slow for big automata (seconds to minutes), so it runs in a child process the
+compiler can stop at its time limit (index_process.py), and compiled indexes are left in the
+store folder (outlines-core's own binary format, after a byte saying whether the end marker
+was appended) for the worker process to load."""
 
 from __future__ import annotations
 
 import os
-import re
+import queue
+import threading
 from pathlib import Path
 
-from outlines_core import Index, Vocabulary
+from outlines_core import Index
 
-from radixrt.runtime.config import JSON_WHITESPACE_PATTERN
-from radixrt.runtime.constrained.grammar import (
-    END_MARKER,
-    OUTLINES_ENGINE,
-    CompiledGrammar,
-    end_marker_token,
-)
+from radixrt.runtime.constrained.grammar import OUTLINES_ENGINE, CompiledGrammar
 from radixrt.runtime.constrained.grammar_engine import Constraint, GrammarEngine
-from radixrt.runtime.constrained.json_bounds import schema_to_regex
-from radixrt.runtime.constrained.structural import (
-    escape_literal,
-    parse_reasoning_constraint,
-    parse_tool_call_spec,
-    reasoning_regex,
-    tool_calls_regex,
-)
+from radixrt.runtime.constrained.index_process import IndexProcess, IndexReply, vocabulary_spec
 from radixrt.runtime.constrained.token_table import TokenTable
-
-_SCHEMA_ERRORS = (ValueError, TypeError, KeyError, ArithmeticError, RecursionError)
-
-
-def to_regex(constraint: Constraint) -> str:
-    """The regex a constraint means. Raises ValueError for a schema outlines-core cannot use."""
-    kind, pattern = constraint
-    if kind == "regex":
-        return str(pattern)
-    if kind == "choices":  # longest first: outlines-core's automaton takes the first alternative
-        # that matches, so a choice listed after one it extends ("no", "no way") was unreachable
-        ordered = sorted(pattern, key=len, reverse=True)
-        return "(" + "|".join(escape_literal(c) for c in ordered) + ")"
-    if kind == "json_schema":
-        try:
-            return schema_to_regex(str(pattern), JSON_WHITESPACE_PATTERN)
-        except _SCHEMA_ERRORS as exc:
-            raise ValueError(f"json_schema is invalid: {exc}") from None
-    if kind == "tool_calls":
-        spec = parse_tool_call_spec(str(pattern))
-        try:
-            return tool_calls_regex(spec)
-        except _SCHEMA_ERRORS as exc:
-            raise ValueError(f"tool_calls: a tool's parameters schema is invalid: {exc}") \
-                from None
-    if kind == "reasoning":  # a thinking section, then the wrapped constraint (if any)
-        fmt, inner = parse_reasoning_constraint(str(pattern))
-        return reasoning_regex(fmt, to_regex(inner))
-    if kind in ("ebnf", "lark"):
-        raise ValueError(f"{kind} grammars need the llguidance engine (outlines-core takes "
-                         "regular languages only)")
-    raise ValueError(f"unknown constraint kind {kind!r}")
 
 
 class OutlinesEngine(GrammarEngine):
     name = OUTLINES_ENGINE
     kinds = ("regex", "choices", "json_schema", "tool_calls", "reasoning")
 
-    def __init__(self, table: TokenTable) -> None:
+    def __init__(self, table: TokenTable, processes: int) -> None:
+        """processes: at most this many compile processes (one per compile thread)."""
         super().__init__(table)
-        # any byte is a token here: compiling against it checks a regex's syntax in milliseconds
-        self._byte_vocab = Vocabulary(256, {bytes([b]): [b] for b in range(256)})
+        self._spec = vocabulary_spec(table)
+        self._idle: queue.SimpleQueue[IndexProcess] = queue.SimpleQueue()
+        self._all: list[IndexProcess] = []
+        self._max = processes
+        self._lock = threading.Lock()
 
-    def validate(self, constraint: Constraint) -> str:
-        """The regex of a constraint, checked for syntax. Raises ValueError naming the problem."""
-        regex = to_regex(constraint)
-        what = f"{constraint[0]} {_short(constraint[1])}"
-        try:  # the engine that will run it decides (Rust regex syntax: \p{L} is fine) ...
-            Index(regex, self._byte_vocab)
-        except (ValueError, RuntimeError) as exc:
-            try:  # ... and where both refuse it, Python's parser names the problem better
-                re.compile(regex)
-            except re.error as py_exc:
-                raise ValueError(f"{what} is invalid: {py_exc}") from None
-            raise ValueError(f"{what} cannot be compiled: {exc}") from None
-        return regex
+    def check(self, constraint: Constraint, timeout_s: float) -> None:
+        """In a compile process too: a pattern's check builds an automaton, which can take as
+        long as its index."""
+        self._build(constraint, timeout_s, check_only=True)
 
-    def check(self, constraint: Constraint) -> tuple[str, bool]:
-        r"""(the regex to index, whether it ends with the end marker: grammar.py). A pattern the
-        marker cannot follow (an end anchor `$` / `\z`, a trailing `(?x)` comment) is indexed
-        as it is, with outlines-core's own final states. Raises ValueError as validate does."""
-        regex = self.validate(constraint)
-        if end_marker_token(self.table) is None:
-            return regex, False
-        marked = f"(?:{regex})\\x{END_MARKER:02x}"
-        try:
-            if Index(marked, self._byte_vocab).get_final_states():
-                return marked, True
-        except (ValueError, RuntimeError):
-            pass
-        return regex, False
+    def compile(self, key: str, constraint: Constraint, timeout_s: float,
+                store: Path | None) -> CompiledGrammar:
+        reply = self._build(constraint, timeout_s, check_only=False)
+        path = _path(store, key)
+        if path is not None and not path.exists():
+            tmp = path.with_suffix(".tmp")
+            with open(tmp, "wb") as f:
+                f.write(b"M" if reply.marked else b"U")
+                f.write(reply.index)
+            os.replace(tmp, path)
+        grammar = CompiledGrammar(key, Index.from_binary(reply.index), self.table, reply.marked)
+        grammar.nbytes = len(reply.index)
+        return grammar
 
-    def compile(self, key: str, checked: tuple[str, bool]) -> CompiledGrammar:
-        regex, marked = checked
-        return CompiledGrammar(key, Index(regex, self.table.vocabulary), self.table, marked)
-
-    def load(self, key: str, constraint: Constraint, store: Path | None) -> CompiledGrammar | None:
+    def load(self, key: str, store: Path | None) -> CompiledGrammar | None:
         path = _path(store, key)
         if path is None or not path.exists():
             return None
         with open(path, "rb") as f:  # outlines-core's own binary format, not a pickle
-            index = Index.from_binary(f.read())
-        return CompiledGrammar(key, index, self.table, self.check(constraint)[1])
+            marked = f.read(1) == b"M"
+            data = f.read()
+        grammar = CompiledGrammar(key, Index.from_binary(data), self.table, marked)
+        grammar.nbytes = len(data)
+        return grammar
 
-    def save(self, grammar: CompiledGrammar, store: Path | None) -> None:  # type: ignore[override]
-        path = _path(store, grammar.key)
-        if path is None or path.exists():
-            return
-        tmp = path.with_suffix(".tmp")
-        with open(tmp, "wb") as f:
-            f.write(_index_bytes(grammar.index))
-        os.replace(tmp, path)
+    def close(self) -> None:
+        for proc in self._all:
+            proc.close()
+
+    def _build(self, constraint: Constraint, timeout_s: float, check_only: bool) -> IndexReply:
+        proc = self._take()
+        try:
+            reply = proc.build(constraint[0], constraint[1], timeout_s, check_only)
+        finally:
+            self._idle.put(proc)
+        if reply.error:
+            raise ValueError(reply.error)
+        return reply
+
+    def _take(self) -> IndexProcess:
+        try:
+            return self._idle.get_nowait()
+        except queue.Empty:
+            pass
+        with self._lock:
+            if len(self._all) < self._max:
+                proc = IndexProcess(self._spec)
+                self._all.append(proc)
+                return proc
+        return self._idle.get()
 
 
 def _path(store: Path | None, key: str) -> Path | None:
@@ -131,13 +99,3 @@ def _path(store: Path | None, key: str) -> Path | None:
     return store / f"{key}.index"
 
 
-def _index_bytes(index: Index) -> bytes:
-    """outlines-core's serialisation of an Index (what its pickle support wraps)."""
-    loader, (data,) = index.__reduce__()
-    assert loader == Index.from_binary and isinstance(data, bytes)
-    return data
-
-
-def _short(pattern: object, limit: int = 80) -> str:
-    text = repr(pattern)
-    return text if len(text) <= limit else text[: limit - 3] + "..."

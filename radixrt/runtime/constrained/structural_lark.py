@@ -55,7 +55,8 @@ _SUBSCHEMA_ONE = ("items", "additionalItems", "additionalProperties", "contains"
 def close_objects(node: object) -> object:
     """A copy of a schema where every object schema with properties and none of the keys
     that admit others gets additionalProperties false (allOf branches are left open: each
-    branch lists only its part of the properties)."""
+    branch lists only its part of the properties; so is an object that requires a key it does
+    not list, which closing would make unsatisfiable)."""
     if not isinstance(node, dict):
         return node
     out = dict(node)
@@ -70,7 +71,10 @@ def close_objects(node: object) -> object:
             out[key] = close_objects(out[key])
     if isinstance(out.get("items"), list):
         out["items"] = [close_objects(sub) for sub in out["items"]]
-    if "properties" in out and "allOf" not in out and not any(k in out for k in _OPEN_KEYS):
+    listed = out.get("properties")
+    required = out.get("required", [])
+    if (isinstance(listed, dict) and "allOf" not in out and not any(k in out for k in _OPEN_KEYS)
+            and isinstance(required, list) and set(required) <= set(listed)):
         out["additionalProperties"] = False
     return out
 

@@ -99,6 +99,7 @@ class SchedulerIntake:
             preemption=sched.config.preemption,
             disable_radix_cache=sched.config.disable_radix_cache,
             grammar_backend=sched.config.grammar_backend,
+            grammar_compile_timeout=sched.config.grammar_compile_timeout,
             vocab_size=ready.vocab_size,
             eos_token_ids=list(ready.eos_token_ids),
             tensor_parallel=msgspec.to_builtins(ready.tp) if ready.tp else None,

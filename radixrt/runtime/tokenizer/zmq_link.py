@@ -76,6 +76,7 @@ class ZmqSchedulerLink:
         if self._grammars is None:
             vocab = int(self.info["vocab_size"])
             table = TokenTable(self.front.tokenizer, vocab, self.info["eos_token_ids"])
-            self._grammars = GrammarCompiler(table, self._grammar_dir,
-                                             backend=self.info["grammar_backend"])
+            self._grammars = GrammarCompiler(
+                table, self._grammar_dir, backend=self.info["grammar_backend"],
+                timeout_s=self.info["grammar_compile_timeout"], check_inline=False)
         return self._grammars

@@ -144,6 +144,7 @@ def build_worker(
         jump_forward=not config.disable_jump_forward,
         grammar_dir=grammar_dir,
         grammar_backend=config.grammar_backend,
+        grammar_compile_timeout=config.grammar_compile_timeout,
     )
     ready = WorkerReady(
         num_pages=num_pages,

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from radixrt.runtime.config import DEFAULT_GRAMMAR_BACKEND
+from radixrt.runtime.config import DEFAULT_GRAMMAR_BACKEND, DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.constrained.grammar_engine import Grammar, GrammarState
 from radixrt.runtime.constrained.token_table import TokenTable
@@ -60,6 +60,7 @@ class Worker:
         jump_forward: bool = True,
         grammar_dir: str | None = None,
         grammar_backend: str = DEFAULT_GRAMMAR_BACKEND,
+        grammar_compile_timeout: float = DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S,
     ) -> None:
         """grammars: where constrained requests' compiled grammars come from (the Engine shares
         its compiler); if None, one is made on first use, reading the grammars the tokenizer
@@ -80,6 +81,7 @@ class Worker:
         self.grammars = grammars
         self.grammar_dir = grammar_dir
         self.grammar_backend = grammar_backend
+        self.grammar_compile_timeout = grammar_compile_timeout
         self.jump_forward = jump_forward
         self.graph_runner = None  # decode steps from CUDA graphs (triton backend on CUDA only)
         if cuda_graph_max_bs > 0 and self.device.type == "cuda":
@@ -133,8 +135,9 @@ class Worker:
         assert constraint is not None
         if self.grammars is None:
             table = TokenTable(self.tokenizer, self.config.vocab_size, self.config.eos_token_ids)
-            self.grammars = GrammarCompiler(table, self.grammar_dir,
-                                            backend=self.grammar_backend)
+            self.grammars = GrammarCompiler(table, self.grammar_dir, backend=self.grammar_backend,
+                                            timeout_s=self.grammar_compile_timeout,
+                                            check_inline=False)
         return self.grammars.load(self.grammars.key(constraint), constraint)
 
     def _forward(self, plan: StepPlan) -> StepResult:

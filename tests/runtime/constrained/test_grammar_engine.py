@@ -114,21 +114,28 @@ def test_forced_tokens_are_the_only_continuation(compiler: GrammarCompiler) -> N
     assert exact.forced()[-1] == compiler.table.eos_token_id  # only the end is left after it
 
 
+@pytest.fixture(scope="module")
+def both(table: TokenTable) -> Iterator[list[GrammarCompiler]]:
+    compilers = [GrammarCompiler(table, backend=b) for b in ("outlines", "llguidance")]
+    yield compilers
+    for compiler in compilers:
+        compiler.close()
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.sampled_from(REGEXES), st.text(alphabet="abcder gl-0129 ", max_size=12))
-def test_both_engines_accept_the_same_texts(table: TokenTable, regex: str, text: str) -> None:
+def test_both_engines_accept_the_same_texts(both: list[GrammarCompiler], regex: str,
+                                            text: str) -> None:
     verdicts = []
-    for backend in ("outlines", "llguidance"):
-        compiler = GrammarCompiler(table, backend=backend)
+    for compiler in both:
         state = compiler.get(("regex", regex)).new_state()
         ok = True
-        for token in table.encode(text):
+        for token in compiler.table.encode(text):
             if token not in allowed(state):
                 ok = False
                 break
             state.advance(token)
         verdicts.append(ok and state.accepts_end())
-        compiler.close()
     assert verdicts[0] == verdicts[1] == bool(re.fullmatch(regex, text))
 
 

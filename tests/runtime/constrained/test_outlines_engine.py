@@ -10,7 +10,8 @@ import pytest
 from test_grammar import END, MERGES, TOKENS, VOCAB_SIZE, T, bpe_tokenizer, mask_of, walk
 
 from radixrt.runtime.constrained.compiler import GrammarCompiler
-from radixrt.runtime.constrained.outlines_engine import OutlinesEngine, to_regex
+from radixrt.runtime.constrained.outlines_engine import OutlinesEngine
+from radixrt.runtime.constrained.outlines_regex import to_regex
 from radixrt.runtime.constrained.token_table import TokenTable
 
 
@@ -44,6 +45,6 @@ def test_the_store_dir_hands_compiled_indexes_to_another_process(
 @pytest.mark.parametrize("kind", ["ebnf", "lark"])
 def test_context_free_grammars_are_left_to_llguidance(table: TokenTable, kind: str) -> None:
     with pytest.raises(ValueError, match=f"{kind} grammars need the llguidance engine"):
-        OutlinesEngine(table).check((kind, "start: \"a\""))
+        OutlinesEngine(table, processes=1).check((kind, "start: \"a\""), timeout_s=60)
     with pytest.raises(ValueError, match="unknown constraint kind 'gbnf'"):
         to_regex(("gbnf", "x"))

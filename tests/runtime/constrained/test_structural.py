@@ -18,7 +18,7 @@ from transformers import PreTrainedTokenizerFast
 
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.constrained.grammar_engine import GrammarState, expand_bitmask, mask_words
-from radixrt.runtime.constrained.outlines_engine import to_regex
+from radixrt.runtime.constrained.outlines_regex import to_regex
 from radixrt.runtime.constrained.structural import (
     TOOL_FORMATS,
     ToolCallSpec,

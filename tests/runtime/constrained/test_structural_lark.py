@@ -51,6 +51,7 @@ def test_objects_are_closed_where_the_schema_lists_properties() -> None:
     {"properties": {"a": {}}, "additionalProperties": True},
     {"properties": {"a": {}}, "patternProperties": {"^x": {}}},
     {"properties": {"a": {}}, "allOf": [{"properties": {"b": {}}}]},
+    {"properties": {"a": {}}, "required": ["a", "id"]},  # closing it would refuse every value
 ])
 def test_schemas_that_say_how_other_keys_go_stay_as_they_are(schema: dict) -> None:
     assert close_objects(schema).get("additionalProperties") == schema.get(

@@ -1,0 +1,131 @@
+"""outlines-core's compile in a child process the compiler can stop: an Index over a big
+automaton can take minutes (and a schema's regex check tens of seconds), holding a thread no one
+can interrupt. The child checks the constraint and builds the index; past the time limit the
+parent kills it (a fresh child takes the next job) and the request is refused naming the limit.
+
+The child gets the vocabulary once, at start; jobs and replies are msgspec messages over the
+pipe (never pickles)."""
+
+from __future__ import annotations
+
+import multiprocessing
+from typing import Any
+
+import msgspec
+
+from radixrt.runtime.constrained.token_table import TokenTable
+
+START_TIMEOUT_S = 120.0  # a child that is not ready by then is a broken install
+
+
+class VocabularySpec(msgspec.Struct, frozen=True):
+    """What the child needs of a TokenTable: outlines-core's Vocabulary and the end marker."""
+
+    eos_token_id: int
+    entries: list[tuple[bytes, list[int]]]  # token bytes -> the ids with those bytes
+    marker_token: int  # the end marker's single-byte token, -1 where there is none
+
+
+class IndexJob(msgspec.Struct, frozen=True):
+    kind: str
+    pattern: str | list[str]
+    check_only: bool = False  # the check alone (the Engine's submit), no index
+
+
+class IndexReply(msgspec.Struct, frozen=True):
+    error: str = ""  # the check refused the constraint (a ValueError's message)
+    marked: bool = False
+    index: bytes = b""  # outlines-core's serialised Index
+
+
+class GrammarTimeout(ValueError):
+    """A grammar did not compile within the limit (a 4xx: the request asked too much)."""
+
+
+def vocabulary_spec(table: TokenTable) -> VocabularySpec:
+    by_bytes: dict[bytes, list[int]] = {}
+    for token_id, data in enumerate(table.token_bytes):
+        if data is not None:
+            by_bytes.setdefault(data, []).append(token_id)
+    from radixrt.runtime.constrained.grammar import end_marker_token
+
+    marker = end_marker_token(table)
+    return VocabularySpec(table.eos_token_id, sorted(by_bytes.items()),
+                          -1 if marker is None else marker)
+
+
+class IndexProcess:
+    """One child that builds outlines-core indexes, one job at a time (started on first use,
+    replaced after a timeout)."""
+
+    def __init__(self, spec: VocabularySpec) -> None:
+        self._spec = msgspec.msgpack.encode(spec)
+        self._proc: Any = None
+        self._conn: Any = None
+        self._decode = msgspec.msgpack.Decoder(IndexReply)
+
+    def build(self, kind: str, pattern: str | tuple[str, ...], timeout_s: float,
+              check_only: bool = False) -> IndexReply:
+        """Check and index a constraint (check_only: check it); GrammarTimeout past timeout_s
+        (the child is killed)."""
+        if self._proc is None or not self._proc.is_alive():
+            self._start()
+        value = list(pattern) if isinstance(pattern, tuple) else pattern
+        self._conn.send_bytes(msgspec.msgpack.encode(IndexJob(kind, value, check_only)))
+        if not self._conn.poll(timeout_s):
+            self.close()
+            raise GrammarTimeout(f"the {kind} did not compile within the grammar compile "
+                                 f"timeout ({timeout_s:g} s, --grammar-compile-timeout): "
+                                 "simplify it, or ask the operator for a longer limit")
+        try:
+            return self._decode.decode(self._conn.recv_bytes())
+        except EOFError:  # the child died (out of memory, say)
+            self.close()
+            raise ValueError(f"the {kind} could not be compiled: its compile process "
+                             "exited") from None
+
+    def _start(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(target=serve_index, args=(child,), daemon=True,
+                                 name="radixrt-grammar")
+        self._proc.start()
+        child.close()
+        self._conn.send_bytes(self._spec)
+        if not self._conn.poll(START_TIMEOUT_S):
+            self.close()
+            raise RuntimeError("the grammar compile process did not start")
+        self._conn.recv_bytes()  # ready
+
+    def close(self) -> None:
+        if self._proc is not None:
+            self._proc.kill()
+            self._proc.join()
+            self._conn.close()
+        self._proc = self._conn = None
+
+
+def serve_index(conn: Any) -> None:
+    """The child: build indexes until the parent closes the pipe."""
+    from outlines_core import Index, Vocabulary
+
+    from radixrt.runtime.constrained.outlines_regex import index_bytes, plan_regex
+
+    spec = msgspec.msgpack.decode(conn.recv_bytes(), type=VocabularySpec)
+    vocabulary = Vocabulary(spec.eos_token_id, {data: ids for data, ids in spec.entries})
+    byte_vocab = Vocabulary(256, {bytes([b]): [b] for b in range(256)})
+    decode = msgspec.msgpack.Decoder(IndexJob)
+    conn.send_bytes(b"ready")
+    while True:
+        try:
+            job = decode.decode(conn.recv_bytes())
+        except EOFError:
+            return
+        pattern = tuple(job.pattern) if isinstance(job.pattern, list) else job.pattern
+        try:
+            regex, marked = plan_regex((job.kind, pattern), byte_vocab, spec.marker_token >= 0)
+            data = b"" if job.check_only else index_bytes(Index(regex, vocabulary))
+        except (ValueError, RuntimeError) as exc:  # the check's, or the vocabulary cannot
+            conn.send_bytes(msgspec.msgpack.encode(IndexReply(error=str(exc))))  # write it
+            continue
+        conn.send_bytes(msgspec.msgpack.encode(IndexReply(marked=marked, index=data)))
