@@ -105,15 +105,28 @@ class IndexProcess:
         self._proc = self._conn = None
 
 
-def serve_index(conn: Any) -> None:
-    """The child: build indexes until the parent closes the pipe."""
+def build_index(constraint: tuple[str, Any], vocabulary: Any, has_marker: bool,
+                check_only: bool) -> IndexReply:
+    """Check a constraint and (unless check_only) index it over the vocabulary."""
     from outlines_core import Index, Vocabulary
 
     from radixrt.runtime.constrained.outlines_regex import index_bytes, plan_regex
 
+    byte_vocab = Vocabulary(256, {bytes([b]): [b] for b in range(256)})
+    try:
+        regex, marked = plan_regex(constraint, byte_vocab, has_marker)
+        data = b"" if check_only else index_bytes(Index(regex, vocabulary))
+    except (ValueError, RuntimeError) as exc:  # the check's, or the vocabulary cannot write it
+        return IndexReply(error=str(exc))
+    return IndexReply(marked=marked, index=data)
+
+
+def serve_index(conn: Any) -> None:
+    """The child: build indexes until the parent closes the pipe."""
+    from outlines_core import Vocabulary
+
     spec = msgspec.msgpack.decode(conn.recv_bytes(), type=VocabularySpec)
     vocabulary = Vocabulary(spec.eos_token_id, {data: ids for data, ids in spec.entries})
-    byte_vocab = Vocabulary(256, {bytes([b]): [b] for b in range(256)})
     decode = msgspec.msgpack.Decoder(IndexJob)
     conn.send_bytes(b"ready")
     while True:
@@ -122,10 +135,6 @@ def serve_index(conn: Any) -> None:
         except EOFError:
             return
         pattern = tuple(job.pattern) if isinstance(job.pattern, list) else job.pattern
-        try:
-            regex, marked = plan_regex((job.kind, pattern), byte_vocab, spec.marker_token >= 0)
-            data = b"" if job.check_only else index_bytes(Index(regex, vocabulary))
-        except (ValueError, RuntimeError) as exc:  # the check's, or the vocabulary cannot
-            conn.send_bytes(msgspec.msgpack.encode(IndexReply(error=str(exc))))  # write it
-            continue
-        conn.send_bytes(msgspec.msgpack.encode(IndexReply(marked=marked, index=data)))
+        reply = build_index((job.kind, pattern), vocabulary, spec.marker_token >= 0,
+                            job.check_only)
+        conn.send_bytes(msgspec.msgpack.encode(reply))

@@ -9,6 +9,7 @@ was appended) for the worker process to load."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import queue
 import threading
@@ -18,7 +19,12 @@ from outlines_core import Index
 
 from radixrt.runtime.constrained.grammar import OUTLINES_ENGINE, CompiledGrammar
 from radixrt.runtime.constrained.grammar_engine import Constraint, GrammarEngine
-from radixrt.runtime.constrained.index_process import IndexProcess, IndexReply, vocabulary_spec
+from radixrt.runtime.constrained.index_process import (
+    IndexProcess,
+    IndexReply,
+    build_index,
+    vocabulary_spec,
+)
 from radixrt.runtime.constrained.token_table import TokenTable
 
 
@@ -70,14 +76,24 @@ class OutlinesEngine(GrammarEngine):
             proc.close()
 
     def _build(self, constraint: Constraint, timeout_s: float, check_only: bool) -> IndexReply:
-        proc = self._take()
-        try:
-            reply = proc.build(constraint[0], constraint[1], timeout_s, check_only)
-        finally:
-            self._idle.put(proc)
+        if multiprocessing.current_process().daemon:
+            # a daemonic process (an Engine's tensor-parallel rank) cannot start children: it
+            # builds here, unbounded; it only sees grammars its leader compiled within the limit
+            reply = build_index(constraint, self.table.vocabulary, self._spec.marker_token >= 0,
+                                check_only)
+        else:
+            reply = self._build_in_child(constraint, timeout_s, check_only)
         if reply.error:
             raise ValueError(reply.error)
         return reply
+
+    def _build_in_child(self, constraint: Constraint, timeout_s: float, check_only: bool
+                        ) -> IndexReply:
+        proc = self._take()
+        try:
+            return proc.build(constraint[0], constraint[1], timeout_s, check_only)
+        finally:
+            self._idle.put(proc)
 
     def _take(self) -> IndexProcess:
         try:

@@ -9,13 +9,13 @@ import re
 from collections.abc import Iterator
 
 import pytest
-import torch
+from grammar_masks import allowed
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from toy_tokenizers import byte_level_bpe
 
 from radixrt.runtime.constrained.compiler import GrammarCompiler, engine_for
-from radixrt.runtime.constrained.grammar_engine import GrammarState, expand_bitmask, mask_words
+from radixrt.runtime.constrained.grammar_engine import GrammarState
 from radixrt.runtime.constrained.token_table import TokenTable
 
 CORPUS = ['{"name": "Ada", "age": 36}', "red green blue", "2024-01-31", "abc abd abe",
@@ -38,13 +38,6 @@ def compiler(request: pytest.FixtureRequest, table: TokenTable) -> Iterator[Gram
     compiler = GrammarCompiler(table, backend=request.param)
     yield compiler
     compiler.close()
-
-
-def allowed(state: GrammarState) -> list[int]:
-    vocab = state.grammar.table.vocab_size
-    words = torch.zeros(mask_words(vocab), dtype=torch.int32)
-    state.write_mask(words)
-    return expand_bitmask(words[None], vocab)[0].nonzero().flatten().tolist()
 
 
 def text_of(table: TokenTable, tokens: list[int]) -> str:

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 
 import lark
 import pytest
-import torch
 from cfg_grammars import GRAMMARS, PARSERS
+from grammar_masks import allowed
 from toy_tokenizers import byte_level_bpe
 
 from radixrt.runtime.constrained.compiler import GrammarCompiler
-from radixrt.runtime.constrained.grammar_engine import GrammarState, expand_bitmask, mask_words
+from radixrt.runtime.constrained.grammar_engine import GrammarState
 from radixrt.runtime.constrained.token_table import TokenTable
 
 CORPUS = ["SELECT name, age FROM people WHERE age = 30", "(12+3)*4-5/6", "[ab,[cd,ef],[]]",
@@ -34,13 +34,6 @@ def compiler(table: TokenTable) -> Iterator[GrammarCompiler]:
     compiler = GrammarCompiler(table, backend="llguidance")
     yield compiler
     compiler.close()
-
-
-def allowed(state: GrammarState) -> list[int]:
-    vocab = state.grammar.table.vocab_size
-    words = torch.zeros(mask_words(vocab), dtype=torch.int32)
-    state.write_mask(words)
-    return expand_bitmask(words[None], vocab)[0].nonzero().flatten().tolist()
 
 
 def sample(state: GrammarState, rng: random.Random, limit: int = 80) -> str | None:
