@@ -117,10 +117,6 @@ class GrammarCompiler:
                           f"end-marker-{END_MARKER}", name])
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
-    def check(self, constraint: Constraint) -> None:
-        """Raises ValueError naming what is wrong with the constraint."""
-        self.engine(constraint).check(constraint, self.timeout_s)
-
     def compile_async(self, constraint: Constraint) -> Future:
         """Future of the Grammar. A cached grammar comes back done, a failed one failed;
         otherwise the constraint is checked (here with check_inline: a ValueError naming the

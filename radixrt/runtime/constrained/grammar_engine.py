@@ -33,7 +33,7 @@ BITS = 32  # masks are 32-bit words: token t at bit t % 32 of word t // 32
 class Grammar(ABC):
     """One compiled constraint over one vocabulary (immutable; shared by requests)."""
 
-    engine = ""  # the engine's name (GRAMMAR_ENGINES)
+    engine = ""  # the engine's name (config.GRAMMAR_BACKENDS, less "auto")
 
     def __init__(self, key: str, table: TokenTable) -> None:
         self.key = key
@@ -116,7 +116,6 @@ class GrammarEngine(ABC):
     """Checks and compiles constraints for one vocabulary."""
 
     name = ""
-    kinds: tuple[str, ...] = ()  # the constraint kinds it can compile
 
     def __init__(self, table: TokenTable) -> None:
         self.table = table

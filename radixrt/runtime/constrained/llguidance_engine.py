@@ -133,8 +133,10 @@ class LLGuidanceState(GrammarState):
         super().__init__(grammar)
         self._matcher = matcher
         self._eos = sorted(grammar.table.eos_token_ids)
+        self._forced_here: tuple[int, ...] | None = None  # until the next advance / rollback
 
     def _consume(self, token: int) -> None:
+        self._forced_here = None
         if not self._matcher.consume_token(token):
             raise ValueError(f"token {token} is refused by grammar {self.grammar.key}: "
                              f"{self._matcher.get_error().splitlines()[0]}")
@@ -143,6 +145,13 @@ class LLGuidanceState(GrammarState):
         return self._matcher.is_accepting()
 
     def _forced(self) -> tuple[int, ...]:
+        """Asked after each advance (jump-forward) and again by the next step's mask: computed
+        once per position."""
+        if self._forced_here is None:
+            self._forced_here = self._compute_forced()
+        return self._forced_here
+
+    def _compute_forced(self) -> tuple[int, ...]:
         matcher = self._matcher
         tokens = list(matcher.compute_ff_tokens()[:MAX_FORCED_TOKENS])
         if len(tokens) == MAX_FORCED_TOKENS:
@@ -155,6 +164,7 @@ class LLGuidanceState(GrammarState):
         return (*tokens, self.grammar.table.eos_token_id) if only_end else tuple(tokens)
 
     def _rollback(self, n: int) -> None:
+        self._forced_here = None
         self._matcher.rollback(n)
 
     def write_mask(self, words: torch.Tensor) -> None:
@@ -164,7 +174,6 @@ class LLGuidanceState(GrammarState):
 
 class LLGuidanceEngine(GrammarEngine):
     name = LLGUIDANCE_ENGINE
-    kinds = ("regex", "choices", "json_schema", "tool_calls", "reasoning", "ebnf", "lark")
 
     def __init__(self, table: TokenTable) -> None:
         super().__init__(table)

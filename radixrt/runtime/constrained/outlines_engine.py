@@ -30,7 +30,6 @@ from radixrt.runtime.constrained.token_table import TokenTable
 
 class OutlinesEngine(GrammarEngine):
     name = OUTLINES_ENGINE
-    kinds = ("regex", "choices", "json_schema", "tool_calls", "reasoning")
 
     def __init__(self, table: TokenTable, processes: int) -> None:
         """processes: at most this many compile processes (one per compile thread)."""
