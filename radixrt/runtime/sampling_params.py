@@ -26,13 +26,14 @@ from radixrt.runtime.config import (
     INT64_MAX,
     INT64_MIN,
     MAX_GRAMMAR_CHARS,
+    MAX_SCHEMA_CHARS,
     MAX_TOP_LOGPROBS,
     REASONING_FORMAT_NAMES,
 )
 
-# Bounds of the fields (with config.py's INT64_MIN / INT64_MAX, MAX_GRAMMAR_CHARS and
-# MAX_TOP_LOGPROBS, which the server shares), checked before anything is allocated: n is capped as
-# OpenAI caps it, lists and strings have sane maximum lengths.
+# Bounds of the fields (with config.py's INT64_MIN / INT64_MAX, MAX_GRAMMAR_CHARS,
+# MAX_SCHEMA_CHARS and MAX_TOP_LOGPROBS, which the server shares), checked before anything is
+# allocated: n is capped as OpenAI caps it, lists and strings have sane maximum lengths.
 MAX_N = 128  # samples per request
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
@@ -267,9 +268,9 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         for name in CONSTRAINT_FIELDS:
             value = getattr(self, name)
             size = sum(map(len, value)) if name == "choices" and value else len(value or "")
-            if size > MAX_GRAMMAR_CHARS:
-                raise ValueError(f"{name} has {size} characters: at most {MAX_GRAMMAR_CHARS} "
-                                 "are allowed")
+            limit = MAX_SCHEMA_CHARS if name == "json_schema" else MAX_GRAMMAR_CHARS
+            if size > limit:
+                raise ValueError(f"{name} has {size} characters: at most {limit} are allowed")
         given = [n for n in CONSTRAINT_FIELDS if getattr(self, n) is not None]
         if len(given) > 1:
             raise ValueError("give at most one of regex, json_schema, choices, tool_calls, ebnf "

@@ -209,7 +209,7 @@ def test_frozen() -> None:
         ({"logit_bias": {i: 1.0 for i in range(1025)}}, "at most 1024"),
         ({"choices": ["a"] * 257}, "at most 256"),
         ({"regex": "a" * (1 << 16 | 1)}, "at most 65536"),
-        ({"json_schema": "{" + " " * (1 << 16) + "}"}, "at most 65536"),
+        ({"json_schema": "{" + " " * (1 << 20) + "}"}, "at most 1048576"),
         ({"choices": ["x" * 40000, "y" * 40000]}, "at most 65536"),
     ],
 )
