@@ -11,6 +11,7 @@ transformers in its own venv (benchmarks/.outlines-venv), as one outlines batch 
     python benchmarks/json_decode.py --quick               # 8 passages, small max_tokens
     python benchmarks/json_decode.py --skip-outlines       # radixrt only
     python benchmarks/json_decode.py --install-outlines    # create benchmarks/.outlines-venv first
+    python benchmarks/json_decode.py --grammar-backend outlines   # radixrt on outlines-core too
 
 Reported per system: outputs/s, output tokens/s, model forward steps and generated tokens per
 step (summed over the batch: every sequence in a step counts), the share of outputs that are valid
@@ -41,6 +42,7 @@ import torch  # noqa: E402
 from plots import add_plot_dir, bar_panels, plot_path  # noqa: E402
 
 import radixrt  # noqa: E402
+from radixrt.runtime.config import DEFAULT_GRAMMAR_BACKEND, GRAMMAR_BACKENDS  # noqa: E402
 from radixrt.runtime.models.loader import default_model_path, load_model  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -190,6 +192,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-flush-denormal", action="store_true",
                    help="leave denormal floats on (off by default in both processes: HF's CPU\n"
                         "matmuls can slow down many times over on denormals)")
+    p.add_argument("--grammar-backend", default=DEFAULT_GRAMMAR_BACKEND, choices=GRAMMAR_BACKENDS,
+                   help="radixrt's grammar engine (default %(default)s: llguidance for JSON\n"
+                        "schemas)")
     p.add_argument("--outlines-whitespace", default="",
                    help="outlines' whitespace_pattern; default '' (compact JSON, as radixrt)")
     add_plot_dir(p)
@@ -222,7 +227,8 @@ def run_radixrt(engine: Any, name: str, prompts: list[str], max_tokens: int) -> 
     steps = after["steps"] - before["steps"]
     tokens = after["generated_tokens"] - before["generated_tokens"]
     assert tokens == sum(len(o.token_ids) for o in outs), "generated_tokens != output lengths"
-    return Result(name, "one batch", [o.text for o in outs], tokens, seconds, steps, compile_s,
+    mode = f"one batch, --grammar-backend {engine.config.grammar_backend}"
+    return Result(name, mode, [o.text for o in outs], tokens, seconds, steps, compile_s,
                   [list(o.token_ids) for o in outs], [list(o.prompt_token_ids) for o in outs])
 
 
@@ -381,7 +387,8 @@ def main(argv: list[str] | None = None) -> None:
     results: dict[str, Result] = {}
     for name, disable in ((RT_JF, False), (RT_NO_JF, True)):
         engine = radixrt.Engine(model=loaded, max_total_tokens=args.max_total_tokens,
-                                disable_jump_forward=disable)
+                                disable_jump_forward=disable,
+                                grammar_backend=args.grammar_backend)
         print(f"running {name} ...", flush=True)
         results[name] = score(run_radixrt(engine, name, prompts, args.max_tokens), passages)
         del engine

@@ -5,6 +5,7 @@ For tests and offline batch jobs; the server runs the same classes as separate p
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import AsyncIterator, Sequence
 from concurrent.futures import FIRST_COMPLETED
 from concurrent.futures import wait as futures_wait
@@ -54,6 +55,9 @@ class Engine:
             options["model"] = model
         self.config = EngineConfig.from_kwargs(**options)
         self._ranks: EngineRanks | None = None
+        # compiled grammars, for when the cache has evicted one a queued request still needs
+        # (the worker loads it, never compiles it inside a step) and for the other ranks
+        self._grammar_dir = tempfile.TemporaryDirectory(prefix="radixrt-grammars-")
         if self.config.node_rank > 0:
             raise ValueError(f"node_rank={self.config.node_rank}: an Engine is node 0 (rank 0 "
                              "and its node's ranks); run the other nodes' ranks with "
@@ -62,7 +66,7 @@ class Engine:
             if loaded is not None:
                 raise ValueError("tp_size > 1 loads each rank's shard: pass the model's path, "
                                  "not a LoadedModel")
-            self._ranks = EngineRanks(self.config)
+            self._ranks = EngineRanks(self.config, grammar_dir=self._grammar_dir.name)
         try:
             self.worker, ready = build_worker(
                 self.config, loaded, tp=None if self._ranks is None else self._ranks.group)
@@ -137,7 +141,8 @@ class Engine:
         if self._grammars is None:
             cfg = self.model_config
             table = TokenTable(self.tokenizer, cfg.vocab_size, cfg.eos_token_ids)
-            self._grammars = GrammarCompiler(table, backend=self.config.grammar_backend,
+            self._grammars = GrammarCompiler(table, self._grammar_dir.name,
+                                             backend=self.config.grammar_backend,
                                              timeout_s=self.config.grammar_compile_timeout)
             self.worker.grammars = self._grammars
         return self._grammars
@@ -239,12 +244,18 @@ class Engine:
         return TokenizerManager(self.link, model_name)
 
     def close(self) -> None:
-        """Stop the worker thread of an overlapping Engine (an inline one holds none) and the
-        other tensor-parallel ranks. The Engine takes no more steps after this."""
+        """Stop the worker thread of an overlapping Engine (an inline one holds none), the
+        worker's mask thread and the other tensor-parallel ranks. The Engine takes no more
+        steps after this."""
         self._executor.close()
+        self.worker.close()
         if self._ranks is not None:
             self._ranks.close()
             self._ranks = None
+        if self._grammars is not None:
+            self._grammars.close()
+            self._grammars = None
+        self._grammar_dir.cleanup()
 
     # --- introspection -------------------------------------------------------------------
     def check_integrity(self) -> None:

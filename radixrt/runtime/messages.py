@@ -100,10 +100,21 @@ class RunResult(msgspec.Struct, frozen=True):
     forced: list[int] = []  # jump-forward: tokens the grammar forces right after `token`
 
 
+class MaskTiming(msgspec.Struct, frozen=True):
+    """The cost of a step's grammar masks: `rows` masks built in `seconds` (on the worker's mask
+    thread, while the forward pass ran), of which the sampler waited `wait_seconds` after the
+    logits were ready (the part the forward pass did not hide)."""
+
+    rows: int = 0
+    seconds: float = 0.0
+    wait_seconds: float = 0.0
+
+
 class StepResult(msgspec.Struct, frozen=True, tag=True):
     step_id: int
     results: list[RunResult] = []
     num_tokens: int = 0  # tokens in the forward pass
+    masks: MaskTiming | None = None  # None: no row of the step had a grammar
 
 
 class OutputDelta(msgspec.Struct, frozen=True):

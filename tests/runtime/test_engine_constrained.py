@@ -261,3 +261,57 @@ def test_bad_combinations_are_refused():
         SamplingParams(regex="a", ignore_eos=True)
     with pytest.raises(ValueError, match="choices"):
         SamplingParams(choices=["a", ""])
+
+
+DISTINCT = 200  # constrained requests, each with a grammar of its own
+GRAMMAR_BYTES_BOUND = 96 << 10  # the cache's bounds in this test: 6-8 of these grammars
+GRAMMAR_COUNT_BOUND = 16
+RSS_GROWTH_BOUND = 1 << 30  # the process, 200 grammars and their requests later
+
+
+def test_200_distinct_grammars_stay_within_the_grammar_memory_bound(loaded_model):
+    """200 constrained requests in one batch, each with its own grammar (100 regexes on
+    outlines-core, 100 JSON schemas on llguidance: the default backend), through a cache held
+    to 96 KiB: every output holds, the cache never passes its bound,
+    each grammar is compiled exactly once (those evicted before their request was admitted are
+    loaded from the Engine's grammar folder, never compiled inside a step), and the process
+    grows by less than 1 GiB."""
+    import psutil
+
+    from radixrt import Engine
+
+    engine = Engine(model=loaded_model, max_total_tokens=8192, check_integrity=True)
+    try:
+        compiler = engine.grammars
+        compiler.max_bytes = GRAMMAR_BYTES_BOUND
+        compiler.capacity = GRAMMAR_COUNT_BOUND
+        regexes = [f"(yes|no)-{i:03d}" for i in range(DISTINCT // 2)]
+        schemas = [{"type": "object", "properties": {f"k{i}": {"type": "integer", "minimum": i,
+                                                               "maximum": i + 9}},
+                    "required": [f"k{i}"]} for i in range(DISTINCT // 2)]
+        params = [SamplingParams(regex=r, max_tokens=10, temperature=0) for r in regexes]
+        params += [SamplingParams(json_schema=json.dumps(s), max_tokens=12, temperature=0)
+                   for s in schemas]
+        rss = psutil.Process().memory_info().rss
+        bytes_seen: list[int] = []
+        steps_before = engine.stats()["steps"]
+        rids = [engine.submit("Answer: ", p) for p in params]
+        outputs: dict[int, Any] = {}
+        while len(outputs) < len(rids):
+            engine.step()
+            bytes_seen.append(compiler.cached_bytes)
+            for rid in rids:
+                if rid not in outputs and (out := engine.take_output(rid)) is not None:
+                    outputs[rid] = out
+        grown = psutil.Process().memory_info().rss - rss
+        texts = [outputs[rid].text for rid in rids]
+        for regex, text in zip(regexes, texts):
+            assert re.fullmatch(regex, text), (regex, text)
+        for schema, text in zip(schemas, texts[len(regexes):]):
+            jsonschema.validate(json.loads(text), schema)
+        assert compiler.compiled == DISTINCT  # none compiled twice
+        assert max(bytes_seen) <= GRAMMAR_BYTES_BOUND
+        assert engine.stats()["steps"] > steps_before
+        assert grown < RSS_GROWTH_BOUND, grown
+    finally:
+        engine.close()

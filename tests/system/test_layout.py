@@ -108,7 +108,6 @@ WITHOUT_TEST_FILE = (
     "radixrt/runtime/tokenizer/request_metrics.py",
     "radixrt/runtime/tokenizer/zmq_link.py",
     "radixrt/runtime/worker/cuda_graph.py",
-    "radixrt/runtime/worker/grammar_rows.py",
     "radixrt/runtime/worker/setup.py",
     "radixrt/runtime/worker/step_executor.py",
     "radixrt/runtime/worker/worker_process.py",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import jsonschema
 import openai
 import psutil
 import pytest
@@ -163,6 +165,56 @@ def test_32_concurrent_streams(server):
     texts = asyncio.run(run())
     assert len(texts) == 32 and all(texts)
     server.wait_idle()
+
+
+DISTINCT_GRAMMARS = 200
+PROCESS_GROWTH_BOUND = 1 << 30  # each server process, after 200 grammars
+
+
+def test_200_distinct_grammars_in_flight_keep_every_process_bounded(server):
+    """200 constrained requests at once, each with its own grammar (regexes on outlines-core,
+    JSON schemas on llguidance): every answer holds, the server is idle and whole afterwards,
+    masks were built for them, and no process grew by 1 GiB (the tokenizer process compiles and
+    caches, the worker loads from the grammar folder and caches; both caches are bounded)."""
+    def body(i: int) -> dict:
+        if i % 2:
+            return {"regex": f"(yes|no)-{i:03d}"}
+        return {"response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": {
+            "type": "object", "properties": {f"k{i}": {"type": "integer", "minimum": 0,
+                                                       "maximum": 99}},
+            "required": [f"k{i}"]}}}}
+
+    async def one(i: int, aclient: openai.AsyncOpenAI) -> str:
+        out = await aclient.completions.create(model="default", prompt="Answer: ", max_tokens=16,
+                                               temperature=0, extra_body=body(i))
+        assert out.choices[0].finish_reason == "stop", out
+        return out.choices[0].text
+
+    async def run() -> list[str]:
+        aclient = openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=API_KEY,
+                                     max_retries=0, timeout=600)
+        return await asyncio.gather(*(one(i, aclient) for i in range(DISTINCT_GRAMMARS)))
+
+    processes = [psutil.Process(server.proc.pid), *server.children]
+    before = {p.pid: p.memory_info().rss for p in processes}
+    masks_before = _scrape(server, "radixrt_grammar_masks")
+    texts = asyncio.run(run())
+    for i, text in enumerate(texts):
+        if i % 2:
+            assert re.fullmatch(f"(yes|no)-{i:03d}", text), (i, text)
+        else:
+            schema = body(i)["response_format"]["json_schema"]["schema"]
+            jsonschema.validate(json.loads(text), schema)
+    server.wait_idle()
+    grown = {p.name(): p.memory_info().rss - before[p.pid] for p in processes}
+    assert all(g < PROCESS_GROWTH_BOUND for g in grown.values()), grown
+    assert _scrape(server, "radixrt_grammar_masks") - masks_before >= DISTINCT_GRAMMARS
+
+
+def _scrape(server: Any, name: str) -> float:
+    text = httpx.get(f"{server.url}/metrics", headers=server.headers(), timeout=30).text
+    return next(float(line.split()[-1]) for line in text.splitlines()
+                if line.startswith(name + " "))
 
 
 def test_client_killed_mid_stream_frees_its_kv(server):

@@ -18,6 +18,7 @@ EOS handling lives here once; engines implement the text side."""
 
 from __future__ import annotations
 
+import os
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -131,16 +132,33 @@ class GrammarEngine(ABC):
                 store: Path | None) -> Grammar:
         """Check and compile (on a compile thread). Raises ValueError as check does, and
         GrammarTimeout past timeout_s. Engines whose compile is slow leave the result in the
-        store folder (when there is one) for other processes; the others compile again where
-        they need it."""
+        store folder (when there is one), for other processes and for when the cache has
+        evicted it: `load` makes it again without compiling."""
 
+    @abstractmethod
     def load(self, key: str, store: Path | None) -> Grammar | None:
-        """A grammar another process compiled and left in the store (None: not there)."""
-        return None
+        """A grammar this or another process compiled and left in the store (None: not
+        there)."""
 
     def close(self) -> None:
         """Stop what the engine started (compile processes)."""
         return None
+
+
+def store_path(store: Path | None, key: str, suffix: str) -> Path | None:
+    """Where a grammar's file lives in the store folder (None: no store)."""
+    if store is None:
+        return None
+    store.mkdir(parents=True, exist_ok=True)
+    return store / f"{key}{suffix}"
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Readers of the store see the whole file or none (a compile of the same key elsewhere may
+    race this one: the last rename wins, with the same bytes)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
 
 
 def clear_tokens(words: torch.Tensor, tokens: Any) -> None:

@@ -25,6 +25,8 @@ from radixrt.runtime.constrained.grammar_engine import (
     GrammarEngine,
     GrammarState,
     clear_tokens,
+    store_path,
+    write_atomically,
 )
 from radixrt.runtime.constrained.outlines_regex import to_regex
 from radixrt.runtime.constrained.structural import (
@@ -44,6 +46,7 @@ MAX_FORCED_TOKENS = 64  # jump-forward appends at most this many tokens at a tim
 # by the copies each request walks): the cache's byte bound counts it as this many bytes per
 # character of its text, an estimate (outlines-core's indexes are counted exactly)
 LLGUIDANCE_BYTES_PER_CHAR = 64
+GRAMMAR_SUFFIX = ".lark"  # a store file: the checked grammar's text (UTF-8)
 _LOG_SILENT = 0
 
 
@@ -189,9 +192,29 @@ class LLGuidanceEngine(GrammarEngine):
         """Milliseconds: llguidance bounds its own work (its parser limits), so the time limit
         is never reached here."""
         text = self._checked(constraint)
+        grammar = self._grammar(key, text)
+        if isinstance(grammar, str):
+            raise ValueError(refusal(constraint[0], grammar))
+        path = store_path(store, key, GRAMMAR_SUFFIX)
+        if path is not None and not path.exists():
+            write_atomically(path, text.encode())
+        return grammar
+
+    def load(self, key: str, store: Path | None) -> LLGuidanceGrammar | None:
+        """The grammar text a compile left in the store (checked then), made a matcher again:
+        llguidance has no compiled form to keep; its lexer and parser tables are built lazily,
+        as masks ask for them, so this is the cheap part of a compile."""
+        path = store_path(store, key, GRAMMAR_SUFFIX)
+        if path is None or not path.exists():
+            return None
+        grammar = self._grammar(key, path.read_bytes().decode())
+        return None if isinstance(grammar, str) else grammar
+
+    def _grammar(self, key: str, text: str) -> LLGuidanceGrammar | str:
+        """The grammar of checked text, or llguidance's error."""
         matcher = LLMatcher(self.tokenizer, text, log_level=_LOG_SILENT)
         if matcher.is_error():
-            raise ValueError(refusal(constraint[0], matcher.get_error()))
+            return str(matcher.get_error())
         grammar = LLGuidanceGrammar(key, self.table, matcher)
         grammar.nbytes = len(text) * LLGUIDANCE_BYTES_PER_CHAR
         return grammar

@@ -10,7 +10,6 @@ was appended) for the worker process to load."""
 from __future__ import annotations
 
 import multiprocessing
-import os
 import queue
 import threading
 from pathlib import Path
@@ -18,7 +17,12 @@ from pathlib import Path
 from outlines_core import Index
 
 from radixrt.runtime.constrained.grammar import OUTLINES_ENGINE, CompiledGrammar
-from radixrt.runtime.constrained.grammar_engine import Constraint, GrammarEngine
+from radixrt.runtime.constrained.grammar_engine import (
+    Constraint,
+    GrammarEngine,
+    store_path,
+    write_atomically,
+)
 from radixrt.runtime.constrained.index_process import (
     IndexProcess,
     IndexReply,
@@ -26,6 +30,8 @@ from radixrt.runtime.constrained.index_process import (
     vocabulary_spec,
 )
 from radixrt.runtime.constrained.token_table import TokenTable
+
+INDEX_SUFFIX = ".index"  # a store file: the end-marker byte, then outlines-core's binary index
 
 
 class OutlinesEngine(GrammarEngine):
@@ -48,19 +54,15 @@ class OutlinesEngine(GrammarEngine):
     def compile(self, key: str, constraint: Constraint, timeout_s: float,
                 store: Path | None) -> CompiledGrammar:
         reply = self._build(constraint, timeout_s, check_only=False)
-        path = _path(store, key)
+        path = store_path(store, key, INDEX_SUFFIX)
         if path is not None and not path.exists():
-            tmp = path.with_suffix(".tmp")
-            with open(tmp, "wb") as f:
-                f.write(b"M" if reply.marked else b"U")
-                f.write(reply.index)
-            os.replace(tmp, path)
+            write_atomically(path, (b"M" if reply.marked else b"U") + reply.index)
         grammar = CompiledGrammar(key, Index.from_binary(reply.index), self.table, reply.marked)
         grammar.nbytes = len(reply.index)
         return grammar
 
     def load(self, key: str, store: Path | None) -> CompiledGrammar | None:
-        path = _path(store, key)
+        path = store_path(store, key, INDEX_SUFFIX)
         if path is None or not path.exists():
             return None
         with open(path, "rb") as f:  # outlines-core's own binary format, not a pickle
@@ -106,11 +108,5 @@ class OutlinesEngine(GrammarEngine):
                 return proc
         return self._idle.get()
 
-
-def _path(store: Path | None, key: str) -> Path | None:
-    if store is None:
-        return None
-    store.mkdir(parents=True, exist_ok=True)
-    return store / f"{key}.index"
 
 

@@ -43,6 +43,10 @@ class ResultFolder:
         by_rid: dict[int, RunResult] = {r.rid: r for r in result.results}
         touched = table.take_finished_outside_step()
         step = in_flight.fold(plan.step_id)
+        if result.masks is not None:
+            self.stats.grammar_masks += result.masks.rows
+            self.stats.grammar_mask_seconds += result.masks.seconds
+            self.stats.grammar_mask_wait_seconds += result.masks.wait_seconds
         for run in plan.runs:
             req = table.requests.get(run.rid)
             if req is None or step.is_stale(req):

@@ -38,3 +38,8 @@ class SchedulerStats:
     preemptions_caused_by_tenant: dict[str, int] = field(default_factory=dict)
     timeouts: int = 0  # requests that waited past their timeout
     queue_full: int = 0  # requests refused because a queue was at its cap
+    # grammar masks built by the worker (one per constrained row per step), the seconds they
+    # took, and the seconds sampling waited for them after the forward pass
+    grammar_masks: int = 0
+    grammar_mask_seconds: float = 0.0
+    grammar_mask_wait_seconds: float = 0.0

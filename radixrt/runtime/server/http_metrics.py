@@ -7,7 +7,8 @@ and finish reasons are fed by the manager's on_finish callback, once per finishe
 refused requests are counted by the app's error handlers, by status code. Requests, tokens and
 queue time are also counted by class of service (priority, tenant), preemptions caused by
 urgent requests by their priority and tenant, every preemption by its cause (memory, priority,
-fair share), and running requests by tenant.
+fair share), and running requests by tenant. Grammar masks: how many the worker built, the
+seconds they took and the seconds sampling waited for them after the forward pass.
 
 The same load figures are also exported under the names a Kubernetes inference gateway reads
 (GATEWAY_GAUGES): the Gateway API Inference Extension's endpoint picker (llm-d-router) scrapes
@@ -110,6 +111,18 @@ class HTTPMetrics:
         self.swap_fallbacks = Gauge(f"{PREFIX}_swap_fallbacks",
                                     "Swap preemptions done by recompute: the swap space was "
                                     "full", registry=r)
+        self.grammar_masks = Gauge(f"{PREFIX}_grammar_masks",
+                                   "Grammar masks built so far (one per constrained row per step)",
+                                   registry=r)
+        self.grammar_mask_seconds = Gauge(f"{PREFIX}_grammar_mask_seconds",
+                                          "Seconds spent building grammar masks so far (on the "
+                                          "worker's mask thread, beside the forward pass); "
+                                          "divide by grammar_masks for the cost per token",
+                                          registry=r)
+        self.grammar_mask_wait = Gauge(f"{PREFIX}_grammar_mask_wait_seconds",
+                                       "Seconds sampling waited for grammar masks after the "
+                                       "forward pass so far (mask time the pass did not hide)",
+                                       registry=r)
         self.pinned = Gauge(f"{PREFIX}_pinned_prefixes",
                             "Prefixes pinned in the radix cache (DSL forks, HTTP pins)",
                             registry=r)
@@ -213,6 +226,9 @@ class HTTPMetrics:
         for tenant, count in info.get("running_by_tenant", {}).items():
             self.tenant_running.labels(tenant=tenant).set(count)
         self.swap_fallbacks.set(info.get("swap_fallbacks", 0))
+        self.grammar_masks.set(info.get("grammar_masks", 0))
+        self.grammar_mask_seconds.set(info.get("grammar_mask_seconds", 0.0))
+        self.grammar_mask_wait.set(info.get("grammar_mask_wait_seconds", 0.0))
         self.pinned.set(info.get("pinned", 0))
         self.pinned_tokens.set(info.get("pinned_tokens", 0))
         self.pins_refused.set(info.get("pins_refused", 0))

@@ -1,20 +1,74 @@
 """The worker's side of constrained decoding: each step's allowed-token masks for the rows a
-grammar constrains (built together, then applied by the sampler in one masked fill), and the
-grammar bookkeeping after a token is chosen (advance; jump-forward appends the forced tokens)."""
+grammar constrains (built together on the mask thread while the step's forward pass runs, then
+applied by the sampler in one masked fill), and the grammar bookkeeping after a token is chosen
+(advance; jump-forward appends the forced tokens)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
 from radixrt.runtime.constrained.grammar_engine import GrammarState, expand_bitmask, mask_words
+from radixrt.runtime.messages import MaskTiming
 from radixrt.runtime.worker.sampler import AllowedTokens
 
 
-def allowed_tokens(grammars: Sequence[GrammarState | None], vocab_size: int,
-                   device: torch.device) -> AllowedTokens | None:
-    """Masks for the rows with a grammar; unconstrained rows are not touched (None: no row is).
+class MaskThread:
+    """Builds a step's masks on a thread of its own, so they cost the step nothing where the
+    forward pass takes longer (the pass runs on the accelerator, or in torch's own threads with
+    the GIL released; the engines' mask code is native too). The grammar states a step's masks
+    read are not touched by anyone else until `PendingMasks.result` returns. The thread starts
+    with the first constrained step."""
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+        self._pool: ThreadPoolExecutor | None = None
+
+    def start(self, grammars: Sequence[GrammarState | None]) -> PendingMasks | None:
+        """Begin the masks of one step's sampled rows (None: no row has a grammar)."""
+        if all(g is None or g.ended for g in grammars):
+            return None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixrt-masks")
+        return PendingMasks(self._pool.submit(_timed_masks, list(grammars), self.vocab_size))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+class PendingMasks:
+    def __init__(self, future: Future[tuple[AllowedTokens | None, float]]) -> None:
+        self._future = future
+
+    def result(self, device: torch.device) -> tuple[AllowedTokens | None, MaskTiming]:
+        """Wait for the masks (re-raising the thread's error); they are moved to `device` here,
+        on the step's own thread."""
+        start = time.perf_counter()
+        allowed, seconds = self._future.result()
+        waited = time.perf_counter() - start
+        rows = 0 if allowed is None else len(allowed[0])
+        timing = MaskTiming(rows=rows, seconds=seconds, wait_seconds=waited)
+        if allowed is None:
+            return None, timing
+        return (allowed[0], allowed[1].to(device)), timing
+
+
+def _timed_masks(grammars: list[GrammarState | None],
+                 vocab_size: int) -> tuple[AllowedTokens | None, float]:
+    start = time.perf_counter()
+    allowed = allowed_tokens(grammars, vocab_size)
+    return allowed, time.perf_counter() - start
+
+
+def allowed_tokens(grammars: Sequence[GrammarState | None],
+                   vocab_size: int) -> AllowedTokens | None:
+    """Masks (on the CPU) for the rows with a grammar; unconstrained rows are not touched (None:
+    no row is).
 
     Where the grammar forces a continuation, only its first token is allowed, so decoding token
     by token picks the same tokens jump-forward appends. A grammar that has ended constrains
@@ -40,7 +94,7 @@ def allowed_tokens(grammars: Sequence[GrammarState | None], vocab_size: int,
     mask = expand_bitmask(words, vocab_size)  # [n, vocab] bool
     if extra_rows:
         mask[torch.tensor(extra_rows), torch.tensor(extra_ids)] = True
-    return rows, mask.to(device)
+    return rows, mask
 
 
 def _bit(position: int) -> int:

@@ -210,7 +210,10 @@ class EngineRanks:
     processes. A follower that dies during start-up fails the Engine at once; close() stops
     them (STOP, then terminate whatever is left)."""
 
-    def __init__(self, config: EngineConfig, log_level: str = "warning") -> None:
+    def __init__(self, config: EngineConfig, log_level: str = "warning",
+                 grammar_dir: str | None = None) -> None:
+        """grammar_dir: where the Engine's compiler leaves compiled grammars (the followers load
+        them from there)."""
         import multiprocessing
 
         self.config, listen = rendezvous(config)
@@ -220,7 +223,8 @@ class EngineRanks:
         self.threads = torch.get_num_threads()
         spawn = multiprocessing.get_context("spawn")
         self.procs = [
-            spawn.Process(target=run_follower, args=(self.config, rank, os.getpid(), log_level),
+            spawn.Process(target=run_follower,
+                          args=(self.config, rank, os.getpid(), log_level, grammar_dir),
                           name=f"radixrt-tp{rank}", daemon=True)
             for rank in local_follower_ranks(self.config)
         ]

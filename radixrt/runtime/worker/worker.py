@@ -25,8 +25,14 @@ from radixrt.runtime.messages import (
 )
 from radixrt.runtime.models.loader import LoadedModel
 from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.worker.grammar_rows import after_sample, allowed_tokens
-from radixrt.runtime.worker.sampler import Sampler, SamplingRow, TokenSpan, prompt_logprobs
+from radixrt.runtime.worker.grammar_rows import MaskThread, after_sample
+from radixrt.runtime.worker.sampler import (
+    AllowedTokens,
+    Sampler,
+    SamplingRow,
+    TokenSpan,
+    prompt_logprobs,
+)
 
 
 @dataclass
@@ -47,6 +53,18 @@ class _LogitRows:
     rows: list[int]
     sample: list[tuple[int, Run]]  # (index into rows, run) for runs that sample
     prompt: list[tuple[int, int, Run]]  # (first index into rows, count, run) for prompt logprobs
+
+
+@dataclass
+class _Draws:
+    """The step's sampled rows: logits row, sampling row, owner rid and grammar of each (grammars
+    empty where no row has one), and the rows whose token jump-forward already appended."""
+
+    row_index: list[int]
+    rows: list[SamplingRow]
+    owners: list[int]
+    grammars: list[GrammarState | None]
+    known: dict[int, tuple[int, int]]  # rid -> (logits row, the token already known)
 
 
 class Worker:
@@ -83,12 +101,17 @@ class Worker:
         self.grammar_backend = grammar_backend
         self.grammar_compile_timeout = grammar_compile_timeout
         self.jump_forward = jump_forward
+        self.masks = MaskThread(loaded.config.vocab_size)  # grammar masks beside the forward pass
         self.graph_runner = None  # decode steps from CUDA graphs (triton backend on CUDA only)
         if cuda_graph_max_bs > 0 and self.device.type == "cuda":
             from radixrt.runtime.worker.cuda_graph import CudaGraphRunner, supports_cuda_graphs
 
             if supports_cuda_graphs(self.model, self.device):
                 self.graph_runner = CudaGraphRunner(self.model, self.kv_cache, cuda_graph_max_bs)
+
+    def close(self) -> None:
+        """Stop the mask thread (if a constrained step started it)."""
+        self.masks.close()
 
     # --- plan execution ------------------------------------------------------------------
     @torch.inference_mode()
@@ -155,17 +178,28 @@ class Worker:
             tables.append(state.slots)
         batch = ForwardBatch.build(tokens, prefix_lens, tables, device=self.device,
                                    prefix_groups=self._prefix_groups(plan))
-        hidden = None if self.graph_runner is None else self.graph_runner.run(batch)
-        if hidden is None:
-            hidden = self.model(batch, self.kv_cache)  # [num_tokens, hidden_size]
         wanted = self._logit_rows(plan.runs, batch)
+        draws = self._draws(wanted)
+        pending = self.masks.start(draws.grammars)  # built while the forward pass runs
         results: list[RunResult] = []
-        if wanted.rows:
-            index = torch.tensor(wanted.rows, dtype=torch.int64, device=self.device)
-            logits = self.model.compute_logits(hidden[index])  # [len(rows), vocab] float32
-            prompt = self._prompt_logprobs(logits, wanted)
-            results = self._sample(logits, wanted, prompt)
-        return StepResult(step_id=plan.step_id, results=results, num_tokens=batch.num_tokens)
+        allowed, timing = None, None
+        try:
+            hidden = None if self.graph_runner is None else self.graph_runner.run(batch)
+            if hidden is None:
+                hidden = self.model(batch, self.kv_cache)  # [num_tokens, hidden_size]
+            if wanted.rows:
+                index = torch.tensor(wanted.rows, dtype=torch.int64, device=self.device)
+                logits = self.model.compute_logits(hidden[index])  # [len(rows), vocab] float32
+                prompt = self._prompt_logprobs(logits, wanted)
+                if pending is not None:
+                    waiting, pending = pending, None
+                    allowed, timing = waiting.result(self.device)
+                results = self._sample(logits, wanted, prompt, draws, allowed)
+        finally:
+            if pending is not None:  # the pass failed: the grammars are the mask thread's
+                pending.result(self.device)  # until it is done with them
+        return StepResult(step_id=plan.step_id, results=results, num_tokens=batch.num_tokens,
+                          masks=timing)
 
     def _prefix_groups(self, plan: StepPlan) -> list[PrefixGroup]:
         """The plan's prefix groups as batch indices, each checked against the slot tables (a
@@ -215,21 +249,19 @@ class Worker:
             ]
         return out
 
-    def _sample(self, logits: torch.Tensor, wanted: _LogitRows, prompt: dict) -> list[RunResult]:
-        row_index: list[int] = []
-        rows: list[SamplingRow] = []
-        owners: list[int] = []
-        grammars: list[GrammarState | None] = []
-        known: dict[int, tuple[int, int]] = {}  # rid -> (logits row, the token already known)
+    def _draws(self, wanted: _LogitRows) -> _Draws:
+        """The rows the step samples (a fork's children each draw one), known before the forward
+        pass runs, so their grammar masks can be built beside it."""
+        draws = _Draws(row_index=[], rows=[], owners=[], grammars=[], known={})
         for idx, run in wanted.sample:
             state = self.states[run.rid]
             end = run.start + run.num_new
             if not run.fork_into and end < len(state.token_ids):
-                known[run.rid] = (idx, state.token_ids[end])  # jump-forward appended it
+                draws.known[run.rid] = (idx, state.token_ids[end])  # jump-forward appended it
                 continue
             for i, child in enumerate(run.fork_into or [run.rid]):
                 known_len = len(state.token_ids)
-                rows.append(
+                draws.rows.append(
                     SamplingRow(
                         params=state.params,  # a fork's n does not change how a row samples
                         prompt_ids=TokenSpan(state.token_ids, 0, state.prompt_len),
@@ -237,23 +269,29 @@ class Worker:
                         seed_offset=i if run.fork_into else state.seed_offset,
                     )
                 )
-                row_index.append(idx)
-                owners.append(child)
+                draws.row_index.append(idx)
+                draws.owners.append(child)
                 grammar = state.grammar
                 if grammar is not None and run.fork_into:  # each sample walks its own copy
                     grammar = GrammarState.replay(grammar.grammar,
                                                     state.token_ids[state.prompt_len :])
-                grammars.append(grammar)
+                draws.grammars.append(grammar)
+        if all(g is None for g in draws.grammars):
+            draws.grammars = []
+        return draws
+
+    def _sample(self, logits: torch.Tensor, wanted: _LogitRows, prompt: dict, draws: _Draws,
+                allowed: AllowedTokens | None) -> list[RunResult]:
+        rows, owners, known = draws.rows, draws.owners, draws.known
         sampled: dict[int, TokenLogprob] = {}
         child_grammars: dict[int, GrammarState | None] = {}
         if rows:
-            allowed = allowed_tokens(grammars, self.config.vocab_size, self.device)
-            picked = logits[torch.tensor(row_index, device=self.device)]
+            picked = logits[torch.tensor(draws.row_index, device=self.device)]
             out = self.sampler.sample(picked, rows, allowed)
             for j, rid in enumerate(owners):
                 top = out.top_logprobs[j] if out.top_logprobs else []
                 sampled[rid] = TokenLogprob(out.token_ids[j], out.logprobs[j], top)
-                child_grammars[rid] = grammars[j]
+                child_grammars[rid] = draws.grammars[j] if draws.grammars else None
         if known:
             rids = list(known)
             params = [self.states[rid].params for rid in rids]

@@ -1,13 +1,16 @@
 """The GrammarCompiler: a failed constraint fails at once the next time (its error, or its
 timeout, remembered); the cache bounded in grammars and in bytes; the check on the caller's
-thread (the Engine) or on the compile thread (a server's event loop never runs it)."""
+thread (the Engine) or on the compile thread (a server's event loop never runs it); an evicted
+grammar loaded from the store folder, not compiled again."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from grammar_masks import allowed
 from toy_tokenizers import byte_level_bpe
 
 from radixrt.runtime.constrained.compiler import GrammarCompiler
@@ -70,5 +73,34 @@ def test_the_cache_is_bounded_in_bytes(table: TokenTable, backend: str) -> None:
             assert bounded.compiled == 4
         finally:
             bounded.close()
+    finally:
+        compiler.close()
+
+
+@pytest.mark.parametrize("backend", ["outlines", "llguidance"])
+def test_an_evicted_grammar_is_loaded_from_the_store_not_compiled(table: TokenTable,
+                                                                  backend: str,
+                                                                  tmp_path: Path) -> None:
+    """What the worker asks for after the cache dropped it comes from the store folder (the
+    Engine's and the server's): no compile inside a step, and the same language."""
+    compiler = GrammarCompiler(table, tmp_path, capacity=1, backend=backend)
+    try:
+        first = ("regex", "(yes|no) (abab|baba)")
+        key = compiler.key(first)
+        compiler.get(first)
+        compiler.get(("regex", "aabb|bbaa"))  # evicts the first
+        assert compiler.compiled == 2 and compiler.cached_bytes > 0
+        loaded = compiler.load(key, first)
+        assert compiler.compiled == 2  # loaded, not compiled
+        state = loaded.new_state()
+        for token in table.tokenizer.encode("no baba", add_special_tokens=False):
+            assert token in allowed(state)
+            state.advance(token)
+        assert state.accepts_end()
+        fresh = GrammarCompiler(table, tmp_path, backend=backend)  # another process's view
+        try:
+            assert fresh.load(key, first).key == key and fresh.compiled == 0
+        finally:
+            fresh.close()
     finally:
         compiler.close()

@@ -405,6 +405,29 @@ def test_metrics_count_finish_reasons_rejections_and_preemptions(served: Served)
     wait_idle(served)
 
 
+def test_metrics_count_grammar_masks(served: Served) -> None:
+    """Each constrained row of each sampled step builds one mask (jump-forward's appended
+    tokens build none), timed on the worker's mask thread; an unconstrained request builds
+    none."""
+    names = ("radixrt_grammar_masks", "radixrt_grammar_mask_seconds",
+             "radixrt_grammar_mask_wait_seconds")
+    before = served.http.get("/metrics").text
+    complete(served, max_tokens=3)
+    plain = served.http.get("/metrics").text
+    assert [_metric(plain, n) for n in names] == [_metric(before, n) for n in names]
+    answer = served.http.post("/v1/completions", json={
+        "model": MODEL, "prompt": PROMPT, "max_tokens": 6, "temperature": 0,
+        "regex": "[a-z]{6}"}).json()
+    after = served.http.get("/metrics").text
+    tokens = answer["usage"]["completion_tokens"]
+    masks = _metric(after, names[0]) - _metric(plain, names[0])
+    assert 1 <= masks <= tokens + 1, (masks, tokens)  # the last step may sample EOS
+    seconds = _metric(after, names[1]) - _metric(plain, names[1])
+    assert 0 < seconds < 1.0 * masks  # microseconds each, not seconds
+    assert 0 <= _metric(after, names[2]) - _metric(plain, names[2]) <= seconds + 0.5
+    wait_idle(served)
+
+
 def test_operations_endpoints(served: Served) -> None:
     assert served.http.get("/health").status_code == 200
     assert served.http.get("/health_generate").json() == {"status": "ok"}
