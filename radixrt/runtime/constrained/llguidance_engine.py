@@ -105,6 +105,10 @@ def refusal(kind: str, message: str) -> str:
     message = message.strip()
     if message.startswith("Unimplemented keys"):
         return f"{kind} uses keywords the llguidance engine cannot enforce: {message}"
+    if message.startswith("oneOf constraints are not supported"):
+        return (f"{kind} uses a oneOf whose branches may overlap (no proof that a document "
+                "matches at most one): the llguidance engine cannot enforce 'exactly one'; "
+                "make the branches disjoint (a distinct const or type in each) or say anyOf")
     if kind in ("regex", "choices"):
         reason = [line for line in message.splitlines() if line.startswith("error:")]
         if reason:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 
+from radixrt.runtime.constrained.json_one_of import one_of_as_any_of
 from radixrt.runtime.constrained.structural import (
     ReasoningFormat,
     ToolCallSpec,
@@ -34,13 +35,14 @@ def json_schema_with_options(schema: str) -> dict:
     """The schema as llguidance compiles it here: compact JSON (options under "x-guidance"),
     and objects closed where the schema lists properties and says nothing of others, as the
     outlines-core path and OpenAI's structured outputs read them (a small model otherwise
-    invents keys until max_tokens). ValueError for what is not a schema object."""
+    invents keys until max_tokens); a oneOf whose branches are provably disjoint as an anyOf
+    (json_one_of.py). ValueError for what is not a schema object."""
     value = json.loads(schema)
     if value is True:
         value = {}
     if not isinstance(value, dict):
         raise ValueError("a JSON schema must be an object (or true)")
-    value = close_objects(value)
+    value = close_objects(one_of_as_any_of(value))  # disjointness read on the schema as written
     return {**value, "x-guidance": {**LLGUIDANCE_JSON_OPTIONS, **value.get("x-guidance", {})}}
 
 
