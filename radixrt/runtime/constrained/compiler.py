@@ -9,7 +9,7 @@ the caller's thread); the server's tokenizer process checks on the compile threa
 its event loop (the error arrives with the grammar future, before the response starts: a 400).
 
 Which engine: `grammar_backend` names one for every kind, or "auto" picks per kind by measured
-coverage and speed (benchmarks/grammar_engines.py): llguidance for JSON schemas (compiles in
+coverage and speed (benchmarks/json_schema_bench.py): llguidance for JSON schemas (compiles in
 milliseconds, covers more schemas, refuses what it cannot enforce), outlines-core for regexes,
 choices and tool calls (its precomputed DFA masks those cheaper). Context-free grammars (ebnf,
 lark) run on llguidance whatever the backend: it is the only engine that takes them."""

@@ -1,0 +1,592 @@
+"""JSONSchemaBench's real-world schemas on radixrt's grammar engines and, driven directly on the
+same schemas and tokenizer, llguidance and XGrammar: one run, no model.
+
+A stratified sample (the same count from each of the benchmark's ten folders, spread over each
+folder's files in name order; 40 each by default: 400 schemas) over the default model's
+vocabulary (radixrt's `load_tokenizer("default")`), on four engines:
+
+- outlines, llguidance: radixrt's two, each schema compiled as a request's `json_schema` is
+  (`GrammarCompiler(backend=...)`; `--grammar-backend auto`, the default, runs JSON schemas on
+  llguidance);
+- llguidance-direct: the llguidance package itself (`llguidance.hf.from_tokenizer`,
+  `LLMatcher.grammar_from_json_schema` with compact JSON, `LLMatcher`), without radixrt's
+  reading of the schema (it closes objects that list properties and say nothing of others);
+- xgrammar: XGrammar itself (`TokenizerInfo.from_huggingface`, `GrammarCompiler.
+  compile_json_schema` with compact JSON: `any_whitespace=False`, `separators=(",", ":")`, its
+  default strict mode, which closes objects and arrays the same way).
+
+Per folder and engine: compiled / refused (the first words of the reason: the keyword) / past
+--timeout, compile time p50 / p95; then, per compiled schema, 4 random walks through the masks
+(a token drawn from the allowed ones each step, half the time from those that close a string,
+object or array; EOS with probability 1/2 where the output may end): whether each finished
+walk's document is valid under `jsonschema`, the mask's time per token p50 / p99 (the thread's
+CPU time, and wall time); then mutations: each valid walk's document mutated (a key dropped
+or added, a type changed, an enum / const / bound / length broken, the text cut short, ...;
+the mutants `jsonschema` finds invalid, 8 per document, written compactly as radixrt writes
+JSON) and fed through the grammar token by token (each token must be in the mask, then EOS):
+the invalid documents the grammar accepts. The valid document itself, written the same way, is
+fed too (a control: it must be accepted, or the mutants' rejection would prove nothing).
+
+Each engine runs in its own process, restarted after a compile past --timeout (a thread could
+not be stopped; the server refuses such a schema at its --grammar-compile-timeout, 30 s by
+default), after walks past --walk-timeout, or past 8 GiB of memory.
+
+    python benchmarks/json_schema_bench.py [--per-folder 40] [--engines ...] [--timeout 30]
+        [--data /tmp/jsb/data] [--json results.json] [--quick]
+
+Without --data it reads /tmp/jsb/data, or extracts ../shared/jsonschemabench's tarball into a
+temporary folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import random
+import re
+import sys
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from json_schema_docs import (  # noqa: E402
+    StateMatcher,
+    accepts,
+    closer_tokens,
+    compact,
+    doc_tokens,
+    find_data,
+    invalid_documents,
+    pct,
+    sample,
+    validator_of,
+    walk,
+    writable,
+)
+from plots import add_plot_dir, bar_panels, plot_path  # noqa: E402
+
+ENGINES = ("llguidance", "llguidance-direct", "xgrammar", "outlines")  # run in this order
+LABELS = {"outlines": "radixrt outlines-core", "llguidance": "radixrt llguidance (auto)",
+          "llguidance-direct": "llguidance direct", "xgrammar": "XGrammar direct"}
+CHOSEN = "llguidance"  # what --grammar-backend auto runs JSON schemas on
+WALKS = 4  # random walks per compiled schema
+WALK_TOKENS = 96  # steps per walk at most
+MUTANTS = 8  # invalid mutated documents fed per valid walk
+MEMORY_LIMIT = 8 << 30  # an engine process past it is stopped (the schema: past the limit)
+EXAMPLE_CHARS = 160
+
+
+class Refused(Exception):
+    """The engine refused the schema (its reason)."""
+
+
+# --- the engines (in their processes) ---------------------------------------------------------
+class Radixrt:
+    """radixrt's engine `backend` through GrammarCompiler, as a request's json_schema is."""
+
+    def __init__(self, backend: str, tok: Any, table: Any, timeout: float) -> None:
+        from radixrt.runtime.constrained.compiler import GrammarCompiler
+
+        self.compiler = GrammarCompiler(table, backend=backend, capacity=1, timeout_s=timeout)
+        self.compiler.engine(("json_schema", "{}"))  # made once (llguidance: its tokenizer)
+
+    def compile(self, schema_text: str) -> Any:
+        try:
+            return self.compiler.get(("json_schema", schema_text))
+        except ValueError as exc:  # GrammarTimeout included (a ValueError naming the limit)
+            raise Refused(str(exc)) from None
+
+    def matcher(self, compiled: Any) -> Any:
+        return StateMatcher(compiled.new_state())
+
+    def close(self) -> None:
+        self.compiler.close()
+
+
+class _EosCleared:
+    """A direct engine's matcher as a DocMatcher: its mask less the EOS bits (the walks ask
+    accepts_end for the end, as radixrt's worker does)."""
+
+    def __init__(self, matcher: Any, eos: list[int]) -> None:
+        self.m = matcher
+        self.eos = eos
+
+    def clear_eos(self, words: Any) -> None:
+        from radixrt.runtime.constrained.grammar_engine import clear_tokens
+
+        clear_tokens(words, self.eos)
+
+
+class LLGuidanceMatcher(_EosCleared):
+    def write_mask(self, words: Any) -> None:
+        self.m.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * 4)
+        self.clear_eos(words)
+
+    def advance(self, token: int) -> bool:
+        return bool(self.m.consume_token(token))
+
+    def accepts_end(self) -> bool:
+        return bool(self.m.is_accepting())
+
+
+class LLGuidanceDirect:
+    """The llguidance package on the raw schema, compact JSON (its only option set)."""
+
+    def __init__(self, tok: Any, table: Any) -> None:
+        import llguidance.hf
+
+        self.eos = [table.eos_token_id]
+        self.tokenizer = llguidance.hf.from_tokenizer(tok, n_vocab=table.vocab_size,
+                                                      eos_token=table.eos_token_id)
+
+    def compile(self, schema_text: str) -> Any:
+        from llguidance import LLMatcher
+
+        try:
+            grammar = LLMatcher.grammar_from_json_schema(
+                schema_text, defaults={"whitespace_flexible": False})
+        except ValueError as exc:
+            raise Refused(str(exc)) from None
+        matcher = LLMatcher(self.tokenizer, grammar, log_level=0)
+        if matcher.is_error():
+            raise Refused(matcher.get_error())
+        return matcher
+
+    def matcher(self, compiled: Any) -> Any:
+        return LLGuidanceMatcher(compiled.deep_copy(), self.eos)
+
+    def close(self) -> None:
+        return None
+
+
+class XGrammarMatcher(_EosCleared):
+    def write_mask(self, words: Any) -> None:
+        self.m.fill_next_token_bitmask(words.view(1, -1))
+        self.clear_eos(words)
+
+    def advance(self, token: int) -> bool:
+        return bool(self.m.accept_token(token))
+
+    def accepts_end(self) -> bool:
+        return bool(self.m.is_completed()) and not self.m.is_terminated()
+
+
+class XGrammarDirect:
+    """XGrammar on the raw schema: compact JSON, its default strict mode, one thread."""
+
+    def __init__(self, tok: Any, table: Any) -> None:
+        import xgrammar
+
+        self.xgr = xgrammar
+        self.eos = [table.eos_token_id]
+        info = xgrammar.TokenizerInfo.from_huggingface(tok, vocab_size=table.vocab_size,
+                                                       stop_token_ids=self.eos)
+        self.compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+
+    def compile(self, schema_text: str) -> Any:
+        try:
+            return self.compiler.compile_json_schema(schema_text, any_whitespace=False,
+                                                     separators=(",", ":"))
+        except Exception as exc:  # noqa: BLE001 -- RuntimeError, InvalidJSONError, ...
+            raise Refused(f"{type(exc).__name__}: {exc}") from None
+
+    def matcher(self, compiled: Any) -> Any:
+        return XGrammarMatcher(self.xgr.GrammarMatcher(compiled), self.eos)
+
+    def close(self) -> None:
+        return None
+
+
+def unavailable(engine: str) -> str | None:
+    """Why an engine cannot run here (None: it can)."""
+    module = {"xgrammar": "xgrammar", "llguidance-direct": "llguidance.hf"}.get(engine)
+    if module is None:
+        return None
+    try:
+        __import__(module)
+    except Exception as exc:  # noqa: BLE001 -- ImportError, or a native library's OSError
+        return f"{module} does not import: {type(exc).__name__}: {exc}"
+    return None
+
+
+def make(engine: str, tok: Any, table: Any, timeout: float) -> Any:
+    if engine == "llguidance-direct":
+        return LLGuidanceDirect(tok, table)
+    if engine == "xgrammar":
+        return XGrammarDirect(tok, table)
+    return Radixrt(engine, tok, table, timeout)
+
+
+def serve(engine: str, timeout: float, conn: Any) -> None:
+    """Compile schemas, walk their masks and feed them mutants, one schema at a time: the
+    compile's reply first, then the walks' (the parent times them apart)."""
+    import torch
+
+    from radixrt.runtime.constrained.grammar_engine import mask_words
+    from radixrt.runtime.constrained.token_table import TokenTable
+    from radixrt.runtime.models.loader import load_tokenizer
+
+    torch.set_num_threads(1)  # one core each: the engines' masks are single-threaded
+    tok = load_tokenizer("default")
+    table = TokenTable(tok, len(tok), [tok.eos_token_id])
+    backend = make(engine, tok, table, timeout)
+    words = torch.zeros(mask_words(table.vocab_size), dtype=torch.int32)
+    closers = closer_tokens(table.token_bytes)
+    conn.send("ready")
+    while True:
+        job = conn.recv()
+        if job is None:
+            backend.close()
+            return
+        schema_text, seed = job
+        start = time.perf_counter()
+        try:
+            compiled = backend.compile(schema_text)
+        except Refused as exc:
+            conn.send({"status": "refused", "reason": str(exc)})
+            continue
+        conn.send({"status": "compiled", "compile_ms": (time.perf_counter() - start) * 1e3})
+        try:
+            conn.send(walks(backend, compiled, schema_text, seed, table, words, closers))
+        except Exception as exc:  # noqa: BLE001 -- shown in the report, the run goes on
+            conn.send({"walk_error": f"{type(exc).__name__}: {exc}"})
+
+
+def walks(backend: Any, compiled: Any, schema_text: str, seed: int, table: Any,
+          words: Any, closers: Any) -> dict[str, Any]:
+    rng = random.Random(seed)
+    eos = table.eos_token_id
+    valid = validator_of(schema_text)
+    mask_us: list[float] = []
+    mask_cpu_us: list[float] = []
+    out: dict[str, Any] = {"finished": 0, "valid": 0, "unjudged": 0, "invalid_walks": [],
+                           "controls": 0, "controls_accepted": 0, "mutants": 0,
+                           "accepted": [], "kinds": Counter(), "untokenizable": 0}
+    docs = []
+    for _ in range(WALKS):
+        tokens = walk(backend.matcher(compiled), words, eos, rng, WALK_TOKENS, closers, mask_us,
+                      mask_cpu_us)
+        if tokens is None:
+            continue
+        out["finished"] += 1
+        text = b"".join(table.token_bytes[t] or b"" for t in tokens).decode("utf-8", "replace")
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            out["invalid_walks"].append(text[:EXAMPLE_CHARS])
+            continue
+        verdict = valid(doc)
+        if verdict is None:
+            out["unjudged"] += 1
+        elif verdict:
+            out["valid"] += 1
+            docs.append(doc)
+        else:
+            out["invalid_walks"].append(text[:EXAMPLE_CHARS])
+    for doc in filter(writable, docs):  # not one with a number past the largest float
+        tokens = doc_tokens(compact(doc), table.encode, table.token_bytes)
+        if tokens is not None:
+            out["controls"] += 1
+            out["controls_accepted"] += accepts(backend.matcher(compiled), tokens, words, eos)
+        for kind, text in invalid_documents(doc, valid, MUTANTS, rng):
+            tokens = doc_tokens(text, table.encode, table.token_bytes)
+            if tokens is None:
+                out["untokenizable"] += 1
+                continue
+            out["mutants"] += 1
+            out["kinds"][kind] += 1
+            if accepts(backend.matcher(compiled), tokens, words, eos):
+                out["accepted"].append((kind, text[:EXAMPLE_CHARS].decode("utf-8", "replace")))
+    out["mask_us"] = mask_us
+    out["mask_cpu_us"] = mask_cpu_us
+    out["kinds"] = dict(out["kinds"])
+    return out
+
+
+class EngineProcess:
+    def __init__(self, engine: str, timeout: float) -> None:
+        self.engine = engine
+        self.timeout = timeout
+        self._start()
+
+    def _start(self) -> None:
+        ctx = mp.get_context("spawn")
+        self.conn, child = ctx.Pipe()
+        # daemonic: radixrt's outlines-core engine then builds its index in this process (a
+        # daemonic one cannot start children), which the parent stops at the limit
+        self.proc = ctx.Process(target=serve, args=(self.engine, self.timeout, child),
+                                daemon=True)
+        self.proc.start()
+        if self._wait(600.0):
+            raise RuntimeError(f"the {self.engine} process did not start")
+        assert self.conn.recv() == "ready"
+
+    def _wait(self, seconds: float) -> str:
+        """Wait for a reply: "" when it is there, else why the process was stopped ("timeout"
+        past `seconds`, "crashed": it died or passed the memory limit)."""
+        import psutil
+
+        deadline = time.monotonic() + seconds
+        while not self.conn.poll(min(0.5, max(deadline - time.monotonic(), 0))):
+            try:
+                rss = psutil.Process(self.proc.pid).memory_info().rss
+            except psutil.NoSuchProcess:
+                rss = 0
+            why = ("crashed" if rss > MEMORY_LIMIT or not self.proc.is_alive() else
+                   "timeout" if time.monotonic() >= deadline else "")
+            if why:
+                self.proc.kill()
+                self.proc.join()
+                return why
+        return ""
+
+    def run(self, schema_text: str, seed: int, walk_timeout: float) -> dict[str, Any]:
+        self.conn.send((schema_text, seed))
+        reply = self._reply(self.timeout)
+        if reply is None or reply["status"] != "compiled":
+            return reply or {"status": self.stopped}
+        walked = self._reply(walk_timeout)
+        return {**reply, **(walked or {"walks_stopped": self.stopped})}
+
+    def _reply(self, seconds: float) -> dict[str, Any] | None:
+        """The next reply, or None (self.stopped says why; a fresh process is started)."""
+        self.stopped = self._wait(seconds)
+        if not self.stopped:
+            try:
+                return self.conn.recv()
+            except EOFError:  # it died (poll saw the pipe close)
+                self.proc.join()
+                self.stopped = "crashed"
+        self._start()
+        return None
+
+    def close(self) -> None:
+        self.conn.send(None)
+        self.proc.join(timeout=10)
+
+
+# --- the run ----------------------------------------------------------------------------------
+def reason_of(text: str) -> str:
+    """The first words of a refusal's reason (after what the message says of the schema; its
+    first line, without XGrammar's time and source line, with quoted names elided)."""
+    for marker in (" cannot be compiled: ", " cannot enforce: ", " is invalid: "):
+        if marker in text:
+            text = text.split(marker, 1)[1]
+            break
+    text = (text.strip().splitlines() or [""])[0]
+    text = re.sub(r"^(\w+: )?\[[\d:]+\] \S+:\d+: ", "", text)
+    text = re.sub(r"'[^']*'", "'…'", text)
+    return " ".join(text.split()[:8])[:72]
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--data", default=None,
+                   help="JSONSchemaBench's data folder (default: /tmp/jsb/data, else "
+                        "../shared/jsonschemabench's tarball extracted into a temporary folder)")
+    p.add_argument("--per-folder", type=int, default=None, help="default 40 (--quick: 2)")
+    p.add_argument("--timeout", type=float, default=None,
+                   help="seconds a compile may take; default 30, the server's "
+                        "--grammar-compile-timeout (--quick: 10)")
+    p.add_argument("--walk-timeout", type=float, default=120.0,
+                   help="seconds a compiled schema's walks and mutants may take")
+    p.add_argument("--engines", nargs="+", choices=ENGINES, default=list(ENGINES))
+    p.add_argument("--json", default=None,
+                   help="also write every schema's result here (after each engine)")
+    p.add_argument("--from-json", default=None,
+                   help="no run: print the tables and draw the plot from what --json wrote")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+    add_plot_dir(p)
+    args = p.parse_args(argv)
+    if args.per_folder is None:
+        args.per_folder = 2 if args.quick else 40
+    if args.timeout is None:
+        args.timeout = 10.0 if args.quick else 30.0
+    return args
+
+
+Results = dict[str, list[tuple[str, str, dict[str, Any]]]]  # engine -> (folder, file, result)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    if args.from_json:
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        results = {e: [tuple(row) for row in rows] for e, rows in saved["results"].items()}
+        report(results, len(next(iter(results.values()))), saved["args"]["timeout"])
+        plot(results, args.plot_dir)
+        return
+    data = find_data(args.data)
+    if data is None:
+        sys.exit(f"no JSONSchemaBench data at {args.data or '/tmp/jsb/data'}, and no "
+                 "../shared/jsonschemabench/jsonschemabench-data.tar.xz to extract")
+    schemas = sample(data, args.per_folder)
+    print(f"{len(schemas)} schemas from {data}, {args.per_folder} per folder; compile limit "
+          f"{args.timeout:.0f} s", flush=True)
+    results: Results = {}
+    for engine in args.engines:
+        why = unavailable(engine)
+        if why is not None:
+            print(f"{engine}: skipped ({why})", flush=True)
+            continue
+        start = time.monotonic()
+        proc = EngineProcess(engine, args.timeout)
+        rows = []
+        for i, (folder, name, text) in enumerate(schemas):
+            rows.append((folder, name, proc.run(text, args.seed + i, args.walk_timeout)))
+            if (i + 1) % 40 == 0 or i + 1 == len(schemas):
+                s = summary([r for _, _, r in rows])
+                print(f"  {engine}: {i + 1}/{len(schemas)} schemas, {s['compiled']} compiled, "
+                      f"{s['timeout']} past the limit, {time.monotonic() - start:.0f} s",
+                      flush=True)
+        proc.close()
+        results[engine] = rows
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump({"args": vars(args), "results": results}, f)
+    report(results, len(schemas), args.timeout)
+    plot(results, args.plot_dir)
+
+
+def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    compiled = [r for r in rows if r["status"] == "compiled"]
+    masks = [us for r in compiled for us in r.get("mask_us", ())]
+    cpu = [us for r in compiled for us in r.get("mask_cpu_us", ())]
+    compile_ms = [r["compile_ms"] for r in compiled]
+    return {
+        "schemas": len(rows),
+        "compiled": len(compiled),
+        "refused": sum(r["status"] == "refused" for r in rows),
+        "timeout": sum(r["status"] == "timeout" for r in rows),
+        "crashed": sum(r["status"] == "crashed" for r in rows),
+        "walks_stopped": sum(bool(r.get("walks_stopped")) for r in compiled),
+        "walk_errors": sum(bool(r.get("walk_error")) for r in compiled),
+        "compile_p50": pct(compile_ms, 0.5), "compile_p95": pct(compile_ms, 0.95),
+        "compile_max": max(compile_ms, default=float("nan")),
+        "mask_p50": pct(masks, 0.5), "mask_p99": pct(masks, 0.99),
+        "cpu_p50": pct(cpu, 0.5), "cpu_p99": pct(cpu, 0.99), "masks": len(masks),
+        **{key: sum(r.get(key, 0) for r in compiled)
+           for key in ("finished", "valid", "unjudged", "controls", "controls_accepted",
+                       "mutants", "untokenizable")},
+        "accepted": sum(len(r.get("accepted", ())) for r in compiled),
+    }
+
+
+def ms(value: float) -> str:
+    return "–" if value != value else f"{value:.1f}" if value < 100 else f"{value:,.0f}"
+
+
+def us(value: float) -> str:
+    return "–" if value != value else f"{value:.0f}"
+
+
+def report(results: Results, total: int, timeout: float) -> None:
+    sums = {e: summary([r for _, _, r in rows]) for e, rows in results.items()}
+    print(f"\n| engine | compiled | refused | past {timeout:.0f} s | compile p50 / p95 / max ms "
+          "| finished walks valid | mask per token p50 / p99 µs (CPU) | mask p50 / p99 µs (wall) "
+          "| invalid mutants accepted | valid docs re-fed accepted |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for engine, s in sums.items():
+        print(f"| {LABELS[engine]} | {s['compiled']}/{total} | {s['refused']} | {s['timeout']} | "
+              f"{ms(s['compile_p50'])} / {ms(s['compile_p95'])} / {ms(s['compile_max'])} | "
+              f"{s['valid']}/{s['finished']} | {us(s['cpu_p50'])} / {us(s['cpu_p99'])} | "
+              f"{us(s['mask_p50'])} / {us(s['mask_p99'])} | "
+              f"{s['accepted']}/{s['mutants']} | {s['controls_accepted']}/{s['controls']} |")
+    print(f"\n| folder | engine | compiled | refused | past {timeout:.0f} s | compile p50 / p95 ms "
+          "| walks valid | mask p50 / p99 µs (CPU) | invalid accepted |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    folders = sorted({f for rows in results.values() for f, _, _ in rows})
+    for folder in folders:
+        for engine, rows in results.items():
+            s = summary([r for f, _, r in rows if f == folder])
+            print(f"| {folder} | {engine} | {s['compiled']}/{s['schemas']} | {s['refused']} | "
+                  f"{s['timeout']} | {ms(s['compile_p50'])} / {ms(s['compile_p95'])} | "
+                  f"{s['valid']}/{s['finished']} | {us(s['cpu_p50'])} / {us(s['cpu_p99'])} | "
+                  f"{s['accepted']}/{s['mutants']} |")
+    chosen = sums.get(CHOSEN)
+    peers = [e for e in ("llguidance-direct", "xgrammar", "outlines") if e in sums]
+    if chosen is not None and peers:
+        print("\ncoverage, radixrt auto (llguidance) vs " + ", ".join(
+            f"{LABELS[e]}: {chosen['compiled']}/{sums[e]['compiled']} = "
+            f"{chosen['compiled'] / max(sums[e]['compiled'], 1):.2f}x" for e in peers))
+    if chosen is not None:
+        s = chosen
+        walks_ok = s["valid"] == s["finished"]
+        checks = [
+            (f"coverage {s['compiled']}/{total} = {100 * s['compiled'] / total:.1f}% (>= 84%)",
+             s["compiled"] >= 0.84 * total),
+            (f"invalid mutants accepted {s['accepted']} (0)", s["accepted"] == 0),
+            (f"compiles past {timeout:.0f} s: {s['timeout']} (0)", s["timeout"] == 0),
+            (f"finished walks valid {s['valid']}/{s['finished']} (all)", walks_ok),
+            (f"mask p99 {us(s['cpu_p99'])} µs CPU, {us(s['mask_p99'])} µs wall (<= 1000)",
+             s["cpu_p99"] <= 1000),
+        ]
+        print("\nradixrt's chosen engine: " + "; ".join(
+            f"{text} {'ok' if ok else 'MISSED'}" for text, ok in checks))
+    for engine, rows in results.items():
+        s = sums[engine]
+        reasons = Counter(reason_of(r["reason"]) for _, _, r in rows if r["status"] == "refused")
+        print(f"\n{LABELS[engine]}: {s['refused']} refused, {s['timeout']} past the limit, "
+              f"{s['crashed']} crashed (or past 8 GiB), {s['walks_stopped']} walks stopped "
+              f"(--walk-timeout or crashed), {s['walk_errors']} walks failed, "
+              f"{s['unjudged']} walks jsonschema "
+              f"could not judge, {s['untokenizable']} mutants the tokenizer does not spell back")
+        for reason, count in reasons.most_common():
+            print(f"  {count:>3}  {reason}")
+        for f, n, r in rows:
+            if r.get("walk_error") or r.get("walks_stopped"):
+                print(f"  walks {r.get('walks_stopped') or 'failed'}  {f}/{n}: "
+                      f"{r.get('walk_error', '')[:EXAMPLE_CHARS]}")
+        bad = [(f"{f}/{n}", w) for f, n, r in rows for w in r.get("invalid_walks", ())]
+        for where, text in bad[:6]:
+            print(f"  invalid walk  {where}: {text}")
+        accepted = [(f"{f}/{n}", k, t) for f, n, r in rows for k, t in r.get("accepted", ())]
+        kinds = Counter(k for _, k, _ in accepted)
+        if accepted:
+            print(f"  invalid mutants accepted, by kind: {dict(kinds.most_common())}")
+        for where, kind, text in accepted[:8]:
+            print(f"  accepted ({kind})  {where}: {text}")
+    if CHOSEN in results and "llguidance-direct" in results:
+        direct = {(f, n): r for f, n, r in results["llguidance-direct"]}
+        only = [(f, n, r) for f, n, r in results[CHOSEN]
+                if r["status"] != "compiled" and direct[(f, n)]["status"] == "compiled"]
+        print(f"\nradixrt's llguidance refuses, llguidance direct compiles: {len(only)}")
+        for f, n, r in only[:12]:
+            print(f"  {f}/{n}: {reason_of(r.get('reason', r['status']))}")
+
+
+SHORT = {"Github_easy": "GH\neasy", "Github_hard": "GH\nhard", "Github_medium": "GH\nmedium",
+         "Github_trivial": "GH\ntrivial", "Github_ultra": "GH\nultra", "Glaiveai2K": "Glaive",
+         "JsonSchemaStore": "Schema\nStore", "Kubernetes": "K8s", "Snowplow": "Snow-\nplow",
+         "WashingtonPost": "Wash.\nPost"}
+
+
+def plot(results: Results, plot_dir: str | None) -> None:
+    folders = sorted({f for rows in results.values() for f, _, _ in rows})
+    compiled: dict[str, list[float]] = defaultdict(list)
+    invalid: dict[str, list[float]] = defaultdict(list)
+    for engine, rows in results.items():
+        for folder in folders:
+            s = summary([r for f, _, r in rows if f == folder])
+            compiled[LABELS[engine]].append(100.0 * s["compiled"] / max(s["schemas"], 1))
+            bad = s["finished"] - s["valid"] - s["unjudged"] + s["accepted"]
+            invalid[LABELS[engine]].append(100.0 * bad / max(s["finished"] + s["mutants"], 1))
+    sums = {e: summary([r for _, _, r in rows]) for e, rows in results.items()}
+    bar_panels(plot_path("json_schema_bench", plot_dir),
+               "JSONSchemaBench: radixrt's engines, llguidance and XGrammar (no model)",
+               [SHORT.get(f, f[:8]) for f in folders],
+               [("schemas compiled, % (higher is better)", dict(compiled)),
+                ("invalid docs let through, % (lower is better)",
+                 dict(invalid))],
+               " · ".join(f"{LABELS[e]}: compile p50 {ms(s['compile_p50'])} ms, mask p50 / p99 "
+                          f"{us(s['cpu_p50'])} / {us(s['cpu_p99'])} µs CPU"
+                          for e, s in sums.items()))
+
+
+if __name__ == "__main__":
+    main()
