@@ -70,10 +70,6 @@ ROUTER_READY_TIMEOUT_S = 120.0  # the router must list every (already healthy) r
 # an int must fit in 64 bits (what crosses a process boundary is msgpack).
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_GRAMMAR_CHARS = 1 << 16  # a regex, a grammar, a tool's text, or all choices together
-# a JSON schema's text: real-world schemas run past 64 Ki characters, mostly descriptions
-# (Kubernetes'); compiles are bounded in time and the grammar cache in bytes, so size is not
-# what keeps them safe
-MAX_SCHEMA_CHARS = 1 << 20
 MAX_TOP_LOGPROBS = 20
 
 # --- HTTP server (helper F) ----------------------------------------------------------------------

@@ -26,15 +26,18 @@ from radixrt.runtime.config import (
     INT64_MAX,
     INT64_MIN,
     MAX_GRAMMAR_CHARS,
-    MAX_SCHEMA_CHARS,
     MAX_TOP_LOGPROBS,
     REASONING_FORMAT_NAMES,
 )
 
-# Bounds of the fields (with config.py's INT64_MIN / INT64_MAX, MAX_GRAMMAR_CHARS,
-# MAX_SCHEMA_CHARS and MAX_TOP_LOGPROBS, which the server shares), checked before anything is
-# allocated: n is capped as OpenAI caps it, lists and strings have sane maximum lengths.
+# Bounds of the fields (with config.py's INT64_MIN / INT64_MAX, MAX_GRAMMAR_CHARS and
+# MAX_TOP_LOGPROBS, which the server shares), checked before anything is allocated: n is capped as
+# OpenAI caps it, lists and strings have sane maximum lengths.
 MAX_N = 128  # samples per request
+# a JSON schema's text: real-world schemas run past MAX_GRAMMAR_CHARS, mostly descriptions
+# (Kubernetes'); compiles are bounded in time and the grammar cache in bytes, so size is not
+# what keeps them safe
+MAX_SCHEMA_CHARS = 1 << 20
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 256

@@ -276,6 +276,8 @@ def constant_users() -> dict[str, set[str]]:
     users: dict[str, set[str]] = {name: set() for name in constants}
     for folder in CONSTANT_USERS:
         for path in sorted((REPO / folder).rglob("*.py")):
+            if any(part.startswith(".") for part in path.relative_to(REPO).parts):
+                continue  # a benchmark's own venv (benchmarks/.outlines-venv), caches
             module = module_name(path, ROOT if folder == "radixrt" else REPO / folder)
             for name in set(config_names_used(path, module)) & constants:
                 users[name].add(module)
