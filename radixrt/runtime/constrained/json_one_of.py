@@ -18,14 +18,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from radixrt.runtime.constrained.schema_walk import map_subschemas
+
 MAX_REF_DEPTH = 16  # $ref hops followed in one proof (cycles end here: not proven)
 MAX_BRANCH_PAIRS = 4096  # oneOf branch pairs checked per schema (past it: not proven)
 _NUMERIC = {"integer", "number"}
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties",
-                   "dependentSchemas")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
-_SUBSCHEMA_ONE = ("items", "additionalItems", "additionalProperties", "contains", "not", "if",
-                  "then", "else", "propertyNames", "unevaluatedProperties", "unevaluatedItems")
 
 
 def one_of_as_any_of(schema: dict) -> dict:
@@ -38,16 +35,7 @@ def one_of_as_any_of(schema: dict) -> dict:
 def _rewrite(node: Any, root: dict, budget: list[int]) -> Any:
     if not isinstance(node, dict):
         return node
-    out = dict(node)
-    for key in _SUBSCHEMA_MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {name: _rewrite(sub, root, budget) for name, sub in out[key].items()}
-    for key in _SUBSCHEMA_LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [_rewrite(sub, root, budget) for sub in out[key]]
-    for key in _SUBSCHEMA_ONE:
-        if isinstance(out.get(key), dict):
-            out[key] = _rewrite(out[key], root, budget)
+    out = map_subschemas(node, lambda sub: _rewrite(sub, root, budget))
     branches = node.get("oneOf")  # the proof reads the branches as written
     if isinstance(branches, list) and "anyOf" not in out and _pairwise_disjoint(branches, root,
                                                                                  budget):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 from radixrt.runtime.constrained.json_one_of import one_of_as_any_of
+from radixrt.runtime.constrained.schema_walk import map_subschemas
 from radixrt.runtime.constrained.structural import (
     ReasoningFormat,
     ToolCallSpec,
@@ -36,22 +37,20 @@ def json_schema_with_options(schema: str) -> dict:
     and objects closed where the schema lists properties and says nothing of others, as the
     outlines-core path and OpenAI's structured outputs read them (a small model otherwise
     invents keys until max_tokens); a oneOf whose branches are provably disjoint as an anyOf
-    (json_one_of.py). ValueError for what is not a schema object."""
+    (json_one_of.py); patterns as ECMA-262 reads them. ValueError for what is not a schema
+    object."""
     value = json.loads(schema)
     if value is True:
         value = {}
     if not isinstance(value, dict):
         raise ValueError("a JSON schema must be an object (or true)")
-    value = close_objects(one_of_as_any_of(value))  # disjointness read on the schema as written
+    value = ecma_patterns(close_objects(one_of_as_any_of(value)))  # oneOf: read as written
     return {**value, "x-guidance": {**LLGUIDANCE_JSON_OPTIONS, **value.get("x-guidance", {})}}
 
 
 _OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties",
-                   "dependentSchemas")
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems")
-_SUBSCHEMA_ONE = ("items", "additionalItems", "additionalProperties", "contains", "not",
-                  "if", "then", "else", "propertyNames")
+EMPTY_CLASS = r"[^\x00-\x{10FFFF}]"  # ECMA-262's "[]" in Rust's syntax
+ANY_CLASS = r"[\s\S]"  # ECMA-262's "[^]"
 
 
 def close_objects(node: object) -> object:
@@ -61,24 +60,69 @@ def close_objects(node: object) -> object:
     not list, which closing would make unsatisfiable)."""
     if not isinstance(node, dict):
         return node
-    out = dict(node)
-    for key in _SUBSCHEMA_MAPS:
-        if isinstance(out.get(key), dict):
-            out[key] = {name: close_objects(sub) for name, sub in out[key].items()}
-    for key in _SUBSCHEMA_LISTS:
-        if isinstance(out.get(key), list):
-            out[key] = [close_objects(sub) for sub in out[key]]
-    for key in _SUBSCHEMA_ONE:
-        if isinstance(out.get(key), dict):
-            out[key] = close_objects(out[key])
-    if isinstance(out.get("items"), list):
-        out["items"] = [close_objects(sub) for sub in out["items"]]
+    out = map_subschemas(node, close_objects, skip=("allOf",))
     listed = out.get("properties")
     required = out.get("required", [])
     if (isinstance(listed, dict) and "allOf" not in out and not any(k in out for k in _OPEN_KEYS)
             and isinstance(required, list) and set(required) <= set(listed)):
         out["additionalProperties"] = False
     return out
+
+
+def ecma_patterns(node: object) -> object:
+    """A copy of a schema whose `pattern`s and `patternProperties` keys (ECMA-262 regexes, as
+    JSON Schema defines them) say in llguidance's Rust syntax what they say in ECMA-262."""
+    if not isinstance(node, dict):
+        return node
+    out = map_subschemas(node, ecma_patterns)
+    if isinstance(out.get("pattern"), str):
+        out["pattern"] = ecma_to_rust_regex(out["pattern"])
+    if isinstance(out.get("patternProperties"), dict):
+        out["patternProperties"] = {ecma_to_rust_regex(k): v
+                                    for k, v in out["patternProperties"].items()}
+    return out
+
+
+def ecma_to_rust_regex(pattern: str) -> str:
+    """Inside a character class ECMA-262 reads `[` and doubled `&&` / `--` / `~~` as literal
+    characters, where Rust's regex opens a nested class or a set operation: those are escaped
+    (`[[a-z]*]` is a class of "[", "a".."z" and "*" followed by "]" in ECMA, as in the result)."""
+    out: list[str] = []
+    in_class = False
+    i = 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            out.append(pattern[i:i + 2])
+            i += 2
+            continue
+        if not in_class:
+            if pattern.startswith("[]", i):  # ECMA: a class of nothing
+                out.append(EMPTY_CLASS)
+                i += 1
+            elif pattern.startswith("[^]", i):  # ECMA: a class of everything
+                out.append(ANY_CLASS)
+                i += 2
+            elif c == "[":
+                in_class = True
+                out.append(c)
+                if pattern.startswith("^", i + 1):
+                    out.append("^")
+                    i += 1
+            else:
+                out.append(c)
+        elif c == "]":
+            in_class = False
+            out.append(c)
+        elif c == "[":
+            out.append("\\[")
+        elif c in "&-~" and pattern.startswith(c, i + 1):
+            out.append(c + "\\" + c)
+            i += 1
+        else:
+            out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def tool_calls_lark(spec: ToolCallSpec) -> str:

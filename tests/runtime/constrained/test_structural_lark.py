@@ -1,20 +1,32 @@
 """The Lark side of the structural grammars: literals and regex terminals escaped, and JSON
-schemas closed where they list properties (the languages themselves run on both engines in
+schemas closed where they list properties, and JSON Schema's ECMA-262 patterns read by
+llguidance as ECMA-262 reads them (the languages themselves run on both engines in
 test_structural.py)."""
 
 from __future__ import annotations
 
 import json
+import re
+import warnings
+from typing import Any
 
 import lark
 import pytest
+from grammar_masks import allowed
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from toy_tokenizers import byte_level_bpe
 
+from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.constrained.structural_lark import (
     close_objects,
+    ecma_patterns,
+    ecma_to_rust_regex,
     json_schema_with_options,
     lark_literal,
     lark_regex,
 )
+from radixrt.runtime.constrained.token_table import TokenTable
 
 
 @pytest.mark.parametrize("text", ['say "hi"', "back\\slash", "new\nline", "é ü"])
@@ -64,3 +76,66 @@ def test_options_ride_along_and_non_objects_are_refused() -> None:
     assert json_schema_with_options("true")["x-guidance"]
     with pytest.raises(ValueError, match="must be an object"):
         json_schema_with_options("[1]")
+
+
+CLASS_CHARS = st.sampled_from(["a", "b", "[", "&", "-", "~", "^", "a-b"])
+ATOMS = st.one_of(
+    st.sampled_from(["a", "b", "\\[", "\\]", "&", "~", "-"]),
+    # never "[^]" nor "[]": ECMA-262 reads them as "any" and "nothing", Python's re (the
+    # oracle here) as the start of a longer class
+    st.builds(lambda neg, items: "[" + ("^" if neg else "") + ("a" if items[0] == "^" else "")
+              + "".join(items) + "]", st.booleans(), st.lists(CLASS_CHARS, min_size=1,
+                                                             max_size=4)),
+)
+PATTERNS = st.builds(lambda atoms: "".join(a + q for a, q in atoms),
+                     st.lists(st.tuples(ATOMS, st.sampled_from(["", "*", "?"])), min_size=1,
+                              max_size=4))
+TEXTS = st.text(alphabet="ab[]&-~^", max_size=6)
+
+
+@pytest.fixture(scope="module")
+def llguidance_regexes() -> Any:
+    tok = byte_level_bpe(["ab[]&-~^ ab ab[ ]]"] * 4, 270)
+    compiler = GrammarCompiler(TokenTable(tok, len(tok), [tok.eos_token_id]),
+                               backend="llguidance")
+    yield compiler
+    compiler.close()
+
+
+@settings(max_examples=150, deadline=None)
+@given(PATTERNS, st.lists(TEXTS, min_size=1, max_size=6))
+def test_ecma_patterns_mean_in_rust_what_they_mean_in_ecma(llguidance_regexes: Any,
+                                                            pattern: str,
+                                                            texts: list[str]) -> None:
+    """Python's re reads a class's "[" and doubled "&&" / "--" / "~~" as ECMA-262 does; the
+    rewritten pattern, run by llguidance, accepts exactly the texts re accepts."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)  # re: "possible nested set"
+        try:
+            ecma = re.compile(pattern)
+        except re.error:
+            return  # e.g. a range out of order: ECMA refuses it too
+    try:
+        grammar = llguidance_regexes.get(("regex", ecma_to_rust_regex(pattern)))
+    except ValueError as exc:
+        raise AssertionError(f"{pattern!r} -> {ecma_to_rust_regex(pattern)!r}: {exc}") from exc
+    table = llguidance_regexes.table
+    for text in texts + [m.group(0) for m in [ecma.search(t) for t in texts] if m]:
+        state = grammar.new_state()
+        ok = True
+        for token in table.tokenizer.encode(text, add_special_tokens=False):
+            if token not in allowed(state):
+                ok = False
+                break
+            state.advance(token)
+        assert (ok and state.accepts_end()) == bool(ecma.fullmatch(text)), (pattern, text)
+
+
+def test_patterns_in_schemas_are_rewritten_and_data_is_not() -> None:
+    schema = {"type": "object", "properties": {"p": {"type": "string", "pattern": "[[a]"}},
+              "patternProperties": {"^[[x]$": {"const": "[[a]"}},
+              "default": {"pattern": "[[a]"}}
+    out = ecma_patterns(schema)
+    assert out["properties"]["p"]["pattern"] == "[\\[a]"
+    assert out["patternProperties"] == {"^[\\[x]$": {"const": "[[a]"}}
+    assert out["default"] == {"pattern": "[[a]"}  # data, not a schema
