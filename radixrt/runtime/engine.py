@@ -57,7 +57,8 @@ class Engine:
         self._ranks: EngineRanks | None = None
         # compiled grammars, for when the cache has evicted one a queued request still needs
         # (the worker loads it, never compiles it inside a step) and for the other ranks
-        self._grammar_dir = tempfile.TemporaryDirectory(prefix="radixrt-grammars-")
+        self._grammar_dir = tempfile.TemporaryDirectory(prefix="radixrt-grammars-",
+                                                        ignore_cleanup_errors=True)
         if self.config.node_rank > 0:
             raise ValueError(f"node_rank={self.config.node_rank}: an Engine is node 0 (rank 0 "
                              "and its node's ranks); run the other nodes' ranks with "

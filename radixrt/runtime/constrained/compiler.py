@@ -88,6 +88,8 @@ class GrammarCompiler:
         self.table = table
         self.backend = backend
         self.store_dir = Path(store_dir) if store_dir is not None else None
+        if self.store_dir is not None:
+            self.store_dir.mkdir(parents=True, exist_ok=True)
         self.capacity = capacity
         self.timeout_s = timeout_s
         self.max_bytes = max_bytes
@@ -170,7 +172,10 @@ class GrammarCompiler:
 
     @property
     def cached_bytes(self) -> int:
-        return self._bytes
+        """Bytes of the cached grammars (read under the lock: never between a grammar's arrival
+        and the evictions it causes)."""
+        with self._lock:
+            return self._bytes
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)

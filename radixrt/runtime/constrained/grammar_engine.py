@@ -146,11 +146,9 @@ class GrammarEngine(ABC):
 
 
 def store_path(store: Path | None, key: str, suffix: str) -> Path | None:
-    """Where a grammar's file lives in the store folder (None: no store)."""
-    if store is None:
-        return None
-    store.mkdir(parents=True, exist_ok=True)
-    return store / f"{key}{suffix}"
+    """Where a grammar's file lives in the store folder (None: no store). The compiler makes
+    the folder; a folder removed since (a closed Engine's) is not made again."""
+    return None if store is None else store / f"{key}{suffix}"
 
 
 def write_atomically(path: Path, data: bytes) -> None:

@@ -9,51 +9,62 @@ keyword beside them only makes the branches more disjoint: JSON types (`type`, o
 `const` / `enum` values), scalar `const` / `enum` values, and objects that both require a key
 whose two subschemas are disjoint (tagged unions: `{"kind": {"const": "a"}}` against
 `{"kind": {"const": "b"}}`), or where one branch closes its object (`additionalProperties:
-false`, no `patternProperties`) and the other requires a key it does not list. `$ref`s to the
-schema's own definitions are followed (a `$ref`'s siblings are not read: drafts before 2019-09
-ignore them)."""
+false`, no `patternProperties`) and the other requires a key it does not list. Root-relative
+`$ref` pointers are followed (a `$ref`'s siblings are not read: drafts before 2019-09 ignore
+them); a schema whose subschemas set their own scope (`$id`, `id`, anchors), or that points a
+`$ref` into a oneOf, is left as it is. A proof is bounded in steps (MAX_PROOF_STEPS)."""
 
 from __future__ import annotations
 
 import math
 from typing import Any
+from urllib.parse import unquote
 
 from radixrt.runtime.constrained.schema_walk import map_subschemas
 
 MAX_REF_DEPTH = 16  # $ref hops followed in one proof (cycles end here: not proven)
-MAX_BRANCH_PAIRS = 4096  # oneOf branch pairs checked per schema (past it: not proven)
+MAX_PROOF_STEPS = 100_000  # disjointness questions asked per schema (past it: not proven)
+# keywords that give a subschema its own base URI or a name to refer to: a `$ref` could then
+# mean something a root-relative pointer does not, so nothing is proven in such a schema
+SCOPE_KEYWORDS = ("$id", "id", "$anchor", "$dynamicAnchor", "$recursiveAnchor")
 _NUMERIC = {"integer", "number"}
+
+
+class _Proof:
+    """What one schema's proofs share: its root (for `$ref`s) and the steps left."""
+
+    def __init__(self, root: dict) -> None:
+        self.root = root
+        self.steps = MAX_PROOF_STEPS
 
 
 def one_of_as_any_of(schema: dict) -> dict:
     """A copy of the schema where each oneOf whose branches are pairwise disjoint is an anyOf
-    (a node that has an anyOf already keeps its oneOf)."""
-    budget = [MAX_BRANCH_PAIRS]
-    return _rewrite(schema, schema, budget)  # type: ignore[return-value]
+    (a node that has an anyOf already keeps its oneOf). A schema with scoped subschemas
+    (`$id`, anchors) or a `$ref` into a oneOf is returned as it is."""
+    if _has_scopes(schema, top=True) or any("/oneOf" in ref for ref in _refs(schema)):
+        return schema
+    return _rewrite(schema, _Proof(schema))  # type: ignore[return-value]
 
 
-def _rewrite(node: Any, root: dict, budget: list[int]) -> Any:
+def _rewrite(node: Any, proof: _Proof) -> Any:
     if not isinstance(node, dict):
         return node
-    out = map_subschemas(node, lambda sub: _rewrite(sub, root, budget))
+    out = map_subschemas(node, lambda sub: _rewrite(sub, proof))
     branches = node.get("oneOf")  # the proof reads the branches as written
-    if isinstance(branches, list) and "anyOf" not in out and _pairwise_disjoint(branches, root,
-                                                                                 budget):
+    if isinstance(branches, list) and "anyOf" not in out and all(
+            disjoint(a, b, proof.root, proof=proof)
+            for i, a in enumerate(branches) for b in branches[i + 1:]):
         out["anyOf"] = out.pop("oneOf")
     return out
 
 
-def _pairwise_disjoint(branches: list, root: dict, budget: list[int]) -> bool:
-    pairs = len(branches) * (len(branches) - 1) // 2
-    if pairs > budget[0]:
-        return False
-    budget[0] -= pairs
-    return all(disjoint(a, b, root) for i, a in enumerate(branches) for b in branches[i + 1:])
-
-
-def disjoint(a: Any, b: Any, root: dict, depth: int = 0) -> bool:
-    """True only if no JSON document matches both schemas (False: maybe some does)."""
-    if depth > MAX_REF_DEPTH:
+def disjoint(a: Any, b: Any, root: dict, depth: int = 0, proof: _Proof | None = None) -> bool:
+    """True only if no JSON document matches both schemas (False: maybe some does, or the
+    proof ran out of steps)."""
+    proof = proof or _Proof(root)
+    proof.steps -= 1
+    if depth > MAX_REF_DEPTH or proof.steps < 0:
         return False
     if a is False or b is False:
         return True
@@ -62,17 +73,17 @@ def disjoint(a: Any, b: Any, root: dict, depth: int = 0) -> bool:
     if "$ref" in a or "$ref" in b:  # follow it; its siblings are not read
         ref_side, other = (a, b) if "$ref" in a else (b, a)
         target = _deref(ref_side, root)
-        return target is not None and disjoint(target, other, root, depth + 1)
+        return target is not None and disjoint(target, other, root, depth + 1, proof)
     values_a, values_b = _values(a), _values(b)
     if values_a is not None and values_b is not None:
         return not any(_may_equal(x, y) for x in values_a for y in values_b)
     types_a, types_b = _types(a), _types(b)
     if types_a is not None and types_b is not None and not _types_overlap(types_a, types_b):
         return True
-    return _objects_disjoint(a, b, root, depth)
+    return _objects_disjoint(a, b, root, depth, proof)
 
 
-def _objects_disjoint(a: dict, b: dict, root: dict, depth: int) -> bool:
+def _objects_disjoint(a: dict, b: dict, root: dict, depth: int, proof: _Proof) -> bool:
     """Object keywords bind objects only: one side must allow nothing else."""
     if not (_only_objects(a) or _only_objects(b)):
         return False
@@ -80,7 +91,7 @@ def _objects_disjoint(a: dict, b: dict, root: dict, depth: int) -> bool:
     props_a, props_b = _properties(a), _properties(b)
     for key in req_a & req_b:
         if key in props_a and key in props_b and disjoint(props_a[key], props_b[key], root,
-                                                          depth + 1):
+                                                          depth + 1, proof):
             return True
     return any(_closed(closed) and _only_objects(closed) and req - set(props)
                for req, closed, props in ((req_a, b, props_b), (req_b, a, props_a)))
@@ -92,14 +103,15 @@ def _only_objects(node: dict) -> bool:
 
 
 def _deref(node: dict, root: dict) -> Any:
-    """The target of a local `$ref` ("#", "#/definitions/x", "#/$defs/x", ...); None for any
-    other reference."""
+    """The target of a root-relative JSON pointer `$ref` ("#", "#/definitions/x", ...): its
+    tokens percent-decoded, then unescaped (~1, ~0), empty ones kept. None for anything else
+    (a name fragment, another document)."""
     ref = node.get("$ref")
-    if not isinstance(ref, str) or not ref.startswith("#"):
+    if not isinstance(ref, str) or not (ref == "#" or ref.startswith("#/")):
         return None
     target: Any = root
-    for part in [p for p in ref[1:].split("/") if p]:
-        part = part.replace("~1", "/").replace("~0", "~")
+    for part in ref[2:].split("/") if ref != "#" else []:
+        part = unquote(part).replace("~1", "/").replace("~0", "~")
         if isinstance(target, dict) and part in target:
             target = target[part]
         elif isinstance(target, list) and part.isdigit() and int(part) < len(target):
@@ -107,6 +119,27 @@ def _deref(node: dict, root: dict) -> Any:
         else:
             return None
     return target
+
+
+def _has_scopes(node: Any, top: bool = False) -> bool:
+    """Whether a subschema below the root names a scope (SCOPE_KEYWORDS)."""
+    if not isinstance(node, dict):
+        return False
+    if not top and any(isinstance(node.get(k), str) for k in SCOPE_KEYWORDS):
+        return True
+    found: list[bool] = []
+    map_subschemas(node, lambda sub: found.append(_has_scopes(sub)) or sub)
+    return any(found)
+
+
+def _refs(node: Any) -> list[str]:
+    """Every `$ref` string anywhere in the document."""
+    if isinstance(node, dict):
+        own = [node["$ref"]] if isinstance(node.get("$ref"), str) else []
+        return own + [r for v in node.values() for r in _refs(v)]
+    if isinstance(node, list):
+        return [r for v in node for r in _refs(v)]
+    return []
 
 
 def _values(node: dict) -> list | None:

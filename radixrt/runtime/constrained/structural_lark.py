@@ -51,6 +51,14 @@ def json_schema_with_options(schema: str) -> dict:
 _OPEN_KEYS = ("additionalProperties", "patternProperties", "unevaluatedProperties")
 EMPTY_CLASS = r"[^\x00-\x{10FFFF}]"  # ECMA-262's "[]" in Rust's syntax
 ANY_CLASS = r"[\s\S]"  # ECMA-262's "[^]"
+# ECMA-262's \d, \w and \s (ASCII digits and word characters, its own white space and line
+# terminators), and what "." leaves out: Rust's are Unicode's, and its "." only leaves out \n
+ECMA_CLASS_ESCAPES = {
+    "d": "0-9", "w": "A-Za-z0-9_",
+    "s": "\\t\\n\\x0B\\f\\r \\xA0\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}"
+         "\\x{205F}\\x{3000}\\x{FEFF}",
+}
+ECMA_LINE_TERMINATORS = "\\n\\r\\x{2028}\\x{2029}"
 
 
 def close_objects(node: object) -> object:
@@ -84,45 +92,75 @@ def ecma_patterns(node: object) -> object:
 
 
 def ecma_to_rust_regex(pattern: str) -> str:
-    """Inside a character class ECMA-262 reads `[` and doubled `&&` / `--` / `~~` as literal
-    characters, where Rust's regex opens a nested class or a set operation: those are escaped
-    (`[[a-z]*]` is a class of "[", "a".."z" and "*" followed by "]" in ECMA, as in the result)."""
+    """An ECMA-262 regex (JSON Schema's) in Rust's syntax (llguidance's), meaning the same:
+    \\d \\w \\s and "." as ECMA-262 defines them, \\uXXXX as \\x{XXXX}, and each character
+    class parsed into its atoms and ranges, every literal "[", "-", "&", "~", "^" in it escaped
+    (Rust reads them as nested classes and set operations), "[]" and "[^]" as ECMA-262 reads
+    them. A pattern cut short is left for the engine to refuse."""
     out: list[str] = []
-    in_class = False
     i = 0
     while i < len(pattern):
         c = pattern[i]
         if c == "\\":
-            out.append(pattern[i:i + 2])
-            i += 2
-            continue
-        if not in_class:
-            if pattern.startswith("[]", i):  # ECMA: a class of nothing
-                out.append(EMPTY_CLASS)
-                i += 1
-            elif pattern.startswith("[^]", i):  # ECMA: a class of everything
-                out.append(ANY_CLASS)
-                i += 2
-            elif c == "[":
-                in_class = True
-                out.append(c)
-                if pattern.startswith("^", i + 1):
-                    out.append("^")
-                    i += 1
-            else:
-                out.append(c)
-        elif c == "]":
-            in_class = False
-            out.append(c)
-        elif c == "[":
-            out.append("\\[")
-        elif c in "&-~" and pattern.startswith(c, i + 1):
-            out.append(c + "\\" + c)
+            text, i, _ = _escape(pattern, i, in_class=False)
+            out.append(text)
+        elif c == ".":
+            out.append(f"[^{ECMA_LINE_TERMINATORS}]")
             i += 1
+        elif c == "[":
+            text, i = _ecma_class(pattern, i)
+            out.append(text)
         else:
             out.append(c)
-        i += 1
+            i += 1
     return "".join(out)
+
+
+def _escape(pattern: str, i: int, in_class: bool) -> tuple[str, int, bool]:
+    """The escape at pattern[i] ("\\") in Rust's syntax, where it ends, and whether it is a set
+    (\\d, \\W, ...) rather than one character."""
+    e = pattern[i + 1: i + 2]
+    if e.lower() in ECMA_CLASS_ESCAPES and e:
+        body = ECMA_CLASS_ESCAPES[e.lower()]
+        if e.islower():
+            return (body if in_class else f"[{body}]"), i + 2, True
+        return f"[^{body}]", i + 2, True  # a nested class inside a class: Rust has them
+    hex4 = pattern[i + 2: i + 6]
+    if e == "u" and len(hex4) == 4 and all(h in "0123456789abcdefABCDEF" for h in hex4):
+        return f"\\x{{{hex4}}}", i + 6, False
+    if e == "b" and in_class:  # ECMA-262: a backspace inside a class
+        return "\\x08", i + 2, False
+    return pattern[i: i + 2], i + 2, False
+
+
+def _ecma_class(pattern: str, i: int) -> tuple[str, int]:
+    """The class starting at pattern[i] ("[") in Rust's syntax, and where it ends."""
+    j = i + 1
+    negated = pattern.startswith("^", j)
+    j += negated
+    if pattern.startswith("]", j):  # ECMA-262: "[]" matches nothing, "[^]" anything
+        return (ANY_CLASS if negated else EMPTY_CLASS), j + 1
+    items: list[str] = []
+    while j < len(pattern) and pattern[j] != "]":
+        first, j, first_set = _class_atom(pattern, j)
+        if (pattern.startswith("-", j) and j + 1 < len(pattern) and pattern[j + 1] != "]"
+                and not first_set):
+            last, k, last_set = _class_atom(pattern, j + 1)
+            if not last_set:
+                items.append(f"{first}-{last}")
+                j = k
+                continue
+        items.append(first)
+    if j >= len(pattern):
+        return pattern[i:], len(pattern)  # unterminated: the engine names the error
+    return "[" + ("^" if negated else "") + "".join(items) + "]", j + 1
+
+
+def _class_atom(pattern: str, j: int) -> tuple[str, int, bool]:
+    if pattern[j] == "\\":
+        return _escape(pattern, j, in_class=True)
+    c = pattern[j]
+    return ("\\" + c if c in "[-&~^" else c), j + 1, False
 
 
 def tool_calls_lark(spec: ToolCallSpec) -> str:

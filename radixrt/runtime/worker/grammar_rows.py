@@ -57,6 +57,11 @@ class PendingMasks:
             return None, timing
         return (allowed[0], allowed[1].to(device)), timing
 
+    def wait(self) -> None:
+        """Wait for the thread to be done with the grammar states, whatever it raised (the
+        step has failed already: its own error is the one to report)."""
+        self._future.exception()
+
 
 def _timed_masks(grammars: list[GrammarState | None],
                  vocab_size: int) -> tuple[AllowedTokens | None, float]:

@@ -197,7 +197,7 @@ class Worker:
                 results = self._sample(logits, wanted, prompt, draws, allowed)
         finally:
             if pending is not None:  # the pass failed: the grammars are the mask thread's
-                pending.result(self.device)  # until it is done with them
+                pending.wait()  # until it is done with them
         return StepResult(step_id=plan.step_id, results=results, num_tokens=batch.num_tokens,
                           masks=timing)
 

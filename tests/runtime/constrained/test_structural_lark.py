@@ -78,9 +78,10 @@ def test_options_ride_along_and_non_objects_are_refused() -> None:
         json_schema_with_options("[1]")
 
 
-CLASS_CHARS = st.sampled_from(["a", "b", "[", "&", "-", "~", "^", "a-b"])
+CLASS_CHARS = st.sampled_from(["a", "b", "[", "&", "-", "~", "^", "a-b", "-a", "\\d", "\\W",
+                               "/", "."])
 ATOMS = st.one_of(
-    st.sampled_from(["a", "b", "\\[", "\\]", "&", "~", "-"]),
+    st.sampled_from(["a", "b", "\\[", "\\]", "&", "~", "-", ".", "\\d", "\\w", "\\S"]),
     # never "[^]" nor "[]": ECMA-262 reads them as "any" and "nothing", Python's re (the
     # oracle here) as the start of a longer class
     st.builds(lambda neg, items: "[" + ("^" if neg else "") + ("a" if items[0] == "^" else "")
@@ -90,45 +91,64 @@ ATOMS = st.one_of(
 PATTERNS = st.builds(lambda atoms: "".join(a + q for a, q in atoms),
                      st.lists(st.tuples(ATOMS, st.sampled_from(["", "*", "?"])), min_size=1,
                               max_size=4))
-TEXTS = st.text(alphabet="ab[]&-~^", max_size=6)
+TEXTS = st.text(alphabet="ab[]&-~^/.0_\t", max_size=6)
 
 
 @pytest.fixture(scope="module")
 def llguidance_regexes() -> Any:
-    tok = byte_level_bpe(["ab[]&-~^ ab ab[ ]]"] * 4, 270)
+    tok = byte_level_bpe(["ab[]&-~^/.0_\t ab ab[ ]] \r é ٣"] * 4, 270)
     compiler = GrammarCompiler(TokenTable(tok, len(tok), [tok.eos_token_id]),
                                backend="llguidance")
     yield compiler
     compiler.close()
 
 
-@settings(max_examples=150, deadline=None)
+def accepts(compiler: Any, pattern: str, text: str) -> bool:
+    """Whether llguidance, given the rewritten pattern, accepts the whole text."""
+    state = compiler.get(("regex", ecma_to_rust_regex(pattern))).new_state()
+    for token in compiler.table.tokenizer.encode(text, add_special_tokens=False):
+        if token not in allowed(state):
+            return False
+        state.advance(token)
+    return state.accepts_end()
+
+
+@settings(max_examples=400, deadline=None)
 @given(PATTERNS, st.lists(TEXTS, min_size=1, max_size=6))
 def test_ecma_patterns_mean_in_rust_what_they_mean_in_ecma(llguidance_regexes: Any,
                                                             pattern: str,
                                                             texts: list[str]) -> None:
-    """Python's re reads a class's "[" and doubled "&&" / "--" / "~~" as ECMA-262 does; the
-    rewritten pattern, run by llguidance, accepts exactly the texts re accepts."""
+    """Python's re with ASCII classes reads these patterns as ECMA-262 does (a class's "[",
+    "-", "&&", "~~" literal or ranges as ECMA parses them; \\d \\w \\s ASCII; "." past "\\t"):
+    the rewritten pattern, run by llguidance, accepts exactly the texts re accepts."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # re: "possible nested set"
         try:
-            ecma = re.compile(pattern)
+            ecma = re.compile(pattern, re.ASCII)
         except re.error:
             return  # e.g. a range out of order: ECMA refuses it too
     try:
         grammar = llguidance_regexes.get(("regex", ecma_to_rust_regex(pattern)))
     except ValueError as exc:
         raise AssertionError(f"{pattern!r} -> {ecma_to_rust_regex(pattern)!r}: {exc}") from exc
-    table = llguidance_regexes.table
+    assert grammar.key
     for text in texts + [m.group(0) for m in [ecma.search(t) for t in texts] if m]:
-        state = grammar.new_state()
-        ok = True
-        for token in table.tokenizer.encode(text, add_special_tokens=False):
-            if token not in allowed(state):
-                ok = False
-                break
-            state.advance(token)
-        assert (ok and state.accepts_end()) == bool(ecma.fullmatch(text)), (pattern, text)
+        assert accepts(llguidance_regexes, pattern, text) == bool(ecma.fullmatch(text)), (
+            pattern, ecma_to_rust_regex(pattern), text)
+
+
+@pytest.mark.parametrize(("pattern", "text", "ecma"), [
+    (r"\d", "٣", False), (r"\d", "5", True), (r"\w", "é", False), (r"[\w]", "é", False),
+    (".", "\r", False), (".", "a", True), (r"\s", "\t", True), (r"[^\s]", "\r", False),
+    (r"\u00e9", "é", True), (r"[\u00e0-\u00ff]", "é", True), ("[--/]", ".", True),
+    ("[--a]", "[", True), ("[a-c---e]", "b", True), ("[a-c---e]", "d", False),
+    ("[]a]", "a]", False), ("[^]a]", "xa]", True), (r"[\b]", "\x08", True),
+])
+def test_ecma_semantics_where_rust_differs(llguidance_regexes: Any, pattern: str, text: str,
+                                           ecma: bool) -> None:
+    """What ECMA-262 (a JavaScript engine) answers, where Rust's or Python's own reading
+    differs."""
+    assert accepts(llguidance_regexes, pattern, text) == ecma
 
 
 def test_patterns_in_schemas_are_rewritten_and_data_is_not() -> None:
