@@ -93,3 +93,15 @@ def make_engine(loaded_model: Any, overlap: bool) -> Iterator[Callable[..., Any]
         assert stats["kv_free"] + stats["kv_evictable"] == stats["kv_total"]
         assert stats["outputs_held"] == 0, "outputs submitted and never taken"
         engine.close()
+
+
+@pytest.fixture(scope="module", params=["outlines", "llguidance"])
+def compiler(request: pytest.FixtureRequest, table: Any) -> Iterator[Any]:
+    """A grammar compiler over the test module's `table` fixture (its toy vocabulary), once per
+    engine: the constrained-decoding tests that must hold on both engines ask for it (a module
+    that defines its own `compiler` gets that one)."""
+    from radixrt.runtime.constrained.compiler import GrammarCompiler
+
+    compiler = GrammarCompiler(table, backend=request.param)
+    yield compiler
+    compiler.close()

@@ -33,13 +33,6 @@ def table() -> TokenTable:
     return TokenTable(tok, len(tok), [tok.eos_token_id])
 
 
-@pytest.fixture(scope="module", params=["outlines", "llguidance"])
-def compiler(request: pytest.FixtureRequest, table: TokenTable) -> Iterator[GrammarCompiler]:
-    compiler = GrammarCompiler(table, backend=request.param)
-    yield compiler
-    compiler.close()
-
-
 def text_of(table: TokenTable, tokens: list[int]) -> str:
     return b"".join(table.token_bytes[t] or b"" for t in tokens).decode("utf-8", "replace")
 

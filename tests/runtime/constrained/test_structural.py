@@ -48,14 +48,6 @@ def table() -> TokenTable:
     return TokenTable(tok, len(tok), [tok.eos_token_id])
 
 
-@pytest.fixture(scope="module", params=["outlines", "llguidance"])
-def compiler(request: pytest.FixtureRequest, table: TokenTable) -> Iterator[GrammarCompiler]:
-    """The same tool-call and reasoning languages on both engines."""
-    compiler = GrammarCompiler(table, backend=request.param)
-    yield compiler
-    compiler.close()
-
-
 @pytest.fixture(scope="module")
 def outlines(table: TokenTable) -> Iterator[GrammarCompiler]:
     """outlines-core alone (its end marker)."""

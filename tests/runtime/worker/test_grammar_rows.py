@@ -6,7 +6,6 @@ grammar and appends jump-forward's tokens within max_tokens."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import pytest
 import torch
@@ -26,13 +25,6 @@ SCHEMA = '{"type": "object", "properties": {"a": {"type": "integer"}}, "required
 def table() -> TokenTable:
     tok = byte_level_bpe(CORPUS, 300)
     return TokenTable(tok, len(tok), [tok.eos_token_id])
-
-
-@pytest.fixture(scope="module", params=["outlines", "llguidance"])
-def compiler(request: pytest.FixtureRequest, table: TokenTable) -> Iterator[GrammarCompiler]:
-    compiler = GrammarCompiler(table, backend=request.param)
-    yield compiler
-    compiler.close()
 
 
 def walked(compiler: GrammarCompiler, kind: str, pattern: str, text: str) -> GrammarState:
