@@ -23,14 +23,22 @@ class MaskThread:
     read are not touched by anyone else until `PendingMasks.result` returns. The thread starts
     with the first constrained step."""
 
-    def __init__(self, vocab_size: int) -> None:
+    def __init__(self, vocab_size: int, threaded: bool = True) -> None:
+        """threaded=False builds the masks at start(), on the step's thread: on the CPU the
+        forward pass already keeps every core busy, and a mask thread beside it slowed JSON
+        decoding 1.3x (benchmarks/json_decode.py, 2 cores)."""
         self.vocab_size = vocab_size
+        self.threaded = threaded
         self._pool: ThreadPoolExecutor | None = None
 
     def start(self, grammars: Sequence[GrammarState | None]) -> PendingMasks | None:
         """Begin the masks of one step's sampled rows (None: no row has a grammar)."""
         if all(g is None or g.ended for g in grammars):
             return None
+        if not self.threaded:
+            done: Future[tuple[AllowedTokens | None, float]] = Future()
+            done.set_result(_timed_masks(list(grammars), self.vocab_size))
+            return PendingMasks(done)
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixrt-masks")
         return PendingMasks(self._pool.submit(_timed_masks, list(grammars), self.vocab_size))

@@ -101,7 +101,8 @@ class Worker:
         self.grammar_backend = grammar_backend
         self.grammar_compile_timeout = grammar_compile_timeout
         self.jump_forward = jump_forward
-        self.masks = MaskThread(loaded.config.vocab_size)  # grammar masks beside the forward pass
+        # grammar masks beside the forward pass where it runs on an accelerator
+        self.masks = MaskThread(loaded.config.vocab_size, threaded=self.device.type != "cpu")
         self.graph_runner = None  # decode steps from CUDA graphs (triton backend on CUDA only)
         if cuda_graph_max_bs > 0 and self.device.type == "cuda":
             from radixrt.runtime.worker.cuda_graph import CudaGraphRunner, supports_cuda_graphs
