@@ -172,6 +172,8 @@ class SimWorker:
         self.forced = 0  # tokens appended by jump-forward
         self.known = 0  # runs that "sampled" a token jump-forward had appended already
         self.shared_reads_saved = 0  # prefix positions cascade attention reads once, not twice
+        self.drafted = 0  # speculative decoding: tokens drafted, and accepted
+        self.accepted = 0
 
     def _check_table(self, rid: int, upto: int | None = None) -> None:
         state = self.states[rid]
@@ -268,8 +270,11 @@ class SimWorker:
                 f"run of {run.rid} starts at {run.start}, its slot table has {len(state.slots)}"
             )
             assert run.num_new == len(run.new_slots) >= 1
-            end = run.start + run.num_new
+            end = run.start + run.num_new - len(run.draft)
             assert end <= len(state.token_ids), f"run of {run.rid} past its known tokens"
+            if run.draft:  # speculative: a decode of its last known token, then the drafts
+                assert run.sample and not run.fork_into and end == len(state.token_ids) \
+                    and end - run.start == 1, f"run of {run.rid}: a draft on no decode"
             if run.sample and end < len(state.token_ids):  # planned before a jump-forward
                 assert end == state.forced_at and not run.fork_into, f"run of {run.rid}: known"
             else:
@@ -286,7 +291,7 @@ class SimWorker:
         for run in plan.runs:
             state = self.states[run.rid]
             state.slots.extend(run.new_slots)
-            hashes = state.expected(run.start + run.num_new)
+            hashes = prefix_hashes(state.token_ids + run.draft, list(state.expected(run.start)))
             for i, slot in enumerate(run.new_slots):
                 self.kv[slot] = hashes[run.start + i]
             self.tokens_computed += run.num_new
@@ -324,6 +329,34 @@ class SimWorker:
         self.produced[rid] += [TokenLogprob(t, 0.0) for t in forced]
         return forced
 
+    def _verify(self, run: Run, state: SimState, prompt: list[TokenLogprob]) -> RunResult:
+        """Speculative decoding, as the worker verifies (worker/draft_verifier.py), written anew:
+        sample after the last known token and after each drafted one while the samples match the
+        draft; end at a mismatch, a stop token, or a token the simulated grammar forces after."""
+        stops = {EOS, *state.params.stop_token_ids}
+        ids = list(state.token_ids)
+        hashes = list(state.hashes[: len(ids)])
+        drawn: list[int] = []
+        for i in range(len(run.draft) + 1):
+            token = sample_token(prefix_hashes(ids, hashes)[-1], len(ids) - state.prompt_len,
+                                 state.seed_offset, state.params)
+            ids.append(token)
+            drawn.append(token)
+            if i == len(run.draft) or token != run.draft[i] or token in stops:
+                break
+            after = forced_chain(prefix_hashes(ids, hashes)[-1], len(ids) - state.prompt_len,
+                                 state.seed_offset, state.params)
+            if after:
+                break
+        self.drafted += len(run.draft)
+        self.accepted += len(drawn) - 1
+        del state.slots[run.start + len(drawn) :]
+        state.token_ids += drawn
+        tokens = [TokenLogprob(t, SAMPLED) for t in drawn]
+        self.produced.setdefault(run.rid, []).extend(tokens)
+        return RunResult(run.rid, tokens[-1], prompt, self._jump(run.rid, state),
+                         accepted=tokens[:-1])
+
     def _results(self, run: Run, state: SimState) -> list[RunResult]:
         prompt: list[TokenLogprob] = []
         if run.prompt_logprob_from >= 0:
@@ -340,6 +373,8 @@ class SimWorker:
             return [RunResult(run.rid, TokenLogprob(state.token_ids[end], SCORED), prompt)]
         last_hash = state.hashes[len(state.token_ids) - 1]
         num_out = len(state.token_ids) - state.prompt_len
+        if run.draft:
+            return [self._verify(run, state, prompt)]
         if not run.fork_into:
             token = TokenLogprob(sample_token(last_hash, num_out, state.seed_offset, state.params),
                                  SAMPLED)
@@ -437,6 +472,8 @@ def cross_check(sim: Sim) -> None:
     sched, worker = sim.sched, sim.worker
     sched.check_integrity()
     forks = forking_in_flight(sim)
+    plan = sim.in_flight
+    drafts = {r.rid: r for r in plan.runs if r.draft} if plan else {}
     for req in sched.running:
         state = worker.states.get(req.rid)
         if req.rid in forks:
@@ -450,7 +487,13 @@ def cross_check(sim: Sim) -> None:
             assert len(state.token_ids) >= req.num_tokens, f"request {req.rid}: token ids"
         else:
             assert len(state.token_ids) == req.num_tokens, f"request {req.rid}: token ids"
-        assert state.slots == sched.kv.slots(req, 0, req.kv_len), f"request {req.rid}: slots"
+        slots = sched.kv.slots(req, 0, req.kv_len)
+        drafted = drafts.get(req.rid)
+        if drafted is not None:  # verified in flight: the worker kept a prefix of the drafts
+            kept = len(state.slots)
+            assert drafted.start < kept <= len(slots), f"request {req.rid}: drafts kept"
+            slots = slots[:kept]
+        assert state.slots == slots, f"request {req.rid}: slots"
     for req in sched.swapped:
         assert len(worker.host.get(req.rid, ())) == req.kv_len_swapped, f"swapped {req.rid}"
         assert worker.states[req.rid].token_ids == req.all_ids and not req.pending

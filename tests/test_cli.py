@@ -29,6 +29,7 @@ SERVE_FLAGS = {
     "--max-pinned-fraction", "--priority-preemption", "--no-priority-preemption", "--fair-share",
     "--no-fair-share", "--fair-share-preemption", "--no-fair-share-preemption",
     "--fair-share-quantum", "--tenant-weights", "--cascade-attention", "--no-cascade-attention",
+    "--speculative-algorithm", "--speculative-num-draft-tokens", "--speculative-max-batch-size",
     "--max-queued-requests",
     "--max-queued-per-tenant", "--tp-size", "--nnodes", "--node-rank", "--dist-init-addr",
     "--dist-backend", "--base-gpu-id",  # EngineConfig's

@@ -35,6 +35,12 @@ LINEAR_BLOCK_ROWS = 256
 # Decode batches up to this size replay CUDA graphs (triton backend on CUDA); 0 disables them.
 DEFAULT_CUDA_GRAPH_MAX_BS = 128
 DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
+# speculative decoding (scheduler/speculator.py): drafts looked up in the radix tree
+SPECULATIVE_ALGORITHMS = ("radix",)
+DEFAULT_SPECULATIVE_NUM_DRAFT_TOKENS = 8
+MAX_SPECULATIVE_NUM_DRAFT_TOKENS = 64
+# steps with more decoding requests than this draft nothing (benchmarks/speculative.py's curve)
+DEFAULT_SPECULATIVE_MAX_BATCH_SIZE = 8
 DEFAULT_MAX_PINNED_FRACTION = 0.5  # of the KV pool that pins (leases) may keep locked
 # Fair-share preemption leaves a request alone until it has written this many tokens since its
 # admission, so a request preempted for fairness makes progress before it can be preempted
@@ -128,6 +134,18 @@ class EngineConfig:
     grammar_compile_timeout: float = field(default=DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S, metadata={
         "help": "seconds a grammar may take to compile (outlines-core's compile is stopped "
         "there); past it the request is refused (400) naming this flag"})
+    speculative_algorithm: str | None = field(default=None, metadata={
+        "choices": SPECULATIVE_ALGORITHMS,
+        "help": "speculative decoding: radix = each decoding request drafts the tokens that "
+        "followed its last tokens in the radix tree or its own context, verified in the same "
+        "forward pass (exactly: outputs are the model's); default off"})
+    speculative_num_draft_tokens: int = field(default=DEFAULT_SPECULATIVE_NUM_DRAFT_TOKENS,
+                                              metadata={
+        "help": "most tokens a request drafts in one step (its draft length adapts below this "
+        "to how many it had accepted)"})
+    speculative_max_batch_size: int = field(default=DEFAULT_SPECULATIVE_MAX_BATCH_SIZE, metadata={
+        "help": "steps with more decoding requests than this draft nothing (verifying drafts "
+        "then costs more than it saves)"})
     check_integrity: bool = field(default=False, metadata={
         "help": "check the KV invariants after every step; a violation stops the server (debug)"})
     seed: int = field(default=0, metadata={"help": "seed of unseeded sampling"})
@@ -230,6 +248,16 @@ class EngineConfig:
             parse_tenant_weights(self.tenant_weights)
         except ValueError as exc:
             raise bad("tenant_weights", self.tenant_weights, str(exc)) from None
+        if (self.speculative_algorithm is not None
+                and self.speculative_algorithm not in SPECULATIVE_ALGORITHMS):
+            raise bad("speculative_algorithm", self.speculative_algorithm,
+                      f"use one of {SPECULATIVE_ALGORITHMS} or None (off)")
+        if not 1 <= self.speculative_num_draft_tokens <= MAX_SPECULATIVE_NUM_DRAFT_TOKENS:
+            raise bad("speculative_num_draft_tokens", self.speculative_num_draft_tokens,
+                      f"use 1..{MAX_SPECULATIVE_NUM_DRAFT_TOKENS}")
+        if self.speculative_max_batch_size < 1:
+            raise bad("speculative_max_batch_size", self.speculative_max_batch_size,
+                      "must be >= 1")
         if self.cuda_graph_max_bs < 0:
             raise bad("cuda_graph_max_bs", self.cuda_graph_max_bs, "must be >= 0 (0 disables)")
         self._check_distributed(bad)

@@ -47,6 +47,10 @@ class Run(msgspec.Struct, frozen=True):
     sample: bool  # the chunk reaches the end of the known tokens: sample the next one
     prompt_logprob_from: int = -1  # >= 0: return prompt logprobs for prompt tokens from here
     fork_into: list[int] = []  # n > 1: sample once per child from the last row; children inherit KV
+    # speculative decoding: tokens drafted after the run's last known token (a decode run of
+    # num_new = 1 + len(draft), its slots reserved for them too); the worker samples at every
+    # position and keeps the drafts up to the first whose sample differs (RunResult.accepted)
+    draft: list[int] = []
 
 
 class SlotCopy(msgspec.Struct, frozen=True):
@@ -98,6 +102,9 @@ class RunResult(msgspec.Struct, frozen=True):
     token: TokenLogprob | None = None
     prompt_logprobs: list[TokenLogprob] = []  # in prompt order from the run's prompt_logprob_from
     forced: list[int] = []  # jump-forward: tokens the grammar forces right after `token`
+    # speculative decoding: the run's drafted tokens that verification kept, in order before
+    # `token` (each is the token sampled at its position; `token` is sampled after the last)
+    accepted: list[TokenLogprob] = []
 
 
 class MaskTiming(msgspec.Struct, frozen=True):

@@ -1,6 +1,8 @@
 """Folding a step's results back into the requests: sampled tokens replace their placeholders,
 jump-forward tokens are appended, prompt logprobs gathered, finished requests ended, computed
-prompt chunks put into the radix tree, and n > 1 parents forked into their children.
+prompt chunks put into the radix tree, and n > 1 parents forked into their children. A run that
+verified drafts (speculative decoding) gets the accepted ones before its sampled token, and the
+KV of the rejected ones is given back.
 
 A run's result is skipped when its request is gone or was preempted by recompute after the run
 was planned (its epoch moved on: in_flight.py): those tokens are computed again. Pure
@@ -12,11 +14,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from radixrt.runtime.config import PLACEHOLDER_TOKEN
-from radixrt.runtime.messages import RunResult, StepPlan, StepResult, TokenLogprob
+from radixrt.runtime.messages import Run, RunResult, StepPlan, StepResult, TokenLogprob
 from radixrt.runtime.scheduler.in_flight import InFlightLedger
 from radixrt.runtime.scheduler.kv_manager import KVManager
 from radixrt.runtime.scheduler.request import Phase, Request
 from radixrt.runtime.scheduler.request_table import RequestTable
+from radixrt.runtime.scheduler.speculator import Speculator
 from radixrt.runtime.scheduler.stats import SchedulerStats
 
 
@@ -28,8 +31,10 @@ class ResultFolder:
         stats: SchedulerStats,
         context_length: int,
         eos_token_ids: Sequence[int],
+        speculator: Speculator | None = None,
     ) -> None:
         self.table = table
+        self.speculator = speculator
         self.kv = kv
         self.stats = stats
         self.context_length = context_length
@@ -74,6 +79,8 @@ class ResultFolder:
             if run.sample and req.rid not in step.presolved:  # else jump-forward put it there
                 assert res is not None and res.token is not None, f"no token for {run.rid}"
                 touched.append(req)
+                if run.draft and self._append_accepted(req, run, res.accepted):
+                    continue  # finished (and released)
                 if self._append(req, res.token) or self._append_forced(req, res.forced, in_flight):
                     continue  # finished (and released)
             if reaches_end and req.max_tokens == 0:  # prefill only: its prompt is computed
@@ -102,6 +109,26 @@ class ResultFolder:
         req.pending = 0
         self.table.end(req, reason)
         return True
+
+    def _append_accepted(self, req: Request, run: Run, accepted: Sequence[TokenLogprob]) -> bool:
+        """Speculative decoding: the drafts the worker accepted go before the placeholder of the
+        token it sampled after them, and the rejected drafts' positions are given back. True if
+        the request finished (at an accepted token)."""
+        self.kv.truncate(req, run.start + 1 + len(accepted))
+        if self.speculator is not None:
+            self.speculator.verified(req, len(run.draft), len(accepted))
+        for token in accepted:
+            index = len(req.output_ids) - req.pending  # where the placeholder is
+            req.output_ids.insert(index, token.token_id)
+            req.output_logprobs.append(token)
+            self.stats.generated_tokens += 1
+            reason = self.finish_reason(req, token.token_id, index + 1)
+            if reason is not None:
+                del req.output_ids[index + 1 :]
+                req.pending = 0
+                self.table.end(req, reason)
+                return True
+        return False
 
     def _append_forced(self, req: Request, forced: Sequence[int],
                        in_flight: InFlightLedger) -> bool:

@@ -21,10 +21,11 @@ ledger keeps, per step in flight, what its result must be checked against when i
 
 Some changes cannot be made while a step is in flight: a running request whose sampled token is
 still in flight is not preempted (that token is not known yet, and a preempted request keeps
-every token it has), and an n > 1 parent's children exist only once its fork is folded in. The
-planner then asks for a sync (`request_sync`, with the reason), and the step loop folds the step
-in flight in before it plans again. Folding the newest plan in leaves nothing in flight, which
-settles any sync asked for.
+every token it has), an n > 1 parent's children exist only once its fork is folded in, and a
+request whose drafts are verified in flight goes on from wherever the verification stops
+(speculator.py). The planner then asks for a sync (`request_sync`, with the reason), and the
+step loop folds the step in flight in before it plans again. Folding the newest plan in leaves
+nothing in flight, which settles any sync asked for.
 
 The step loop (loop.py) owns the ledger: it hands plans to the executor (`handed_over`) and takes
 the oldest back when its result comes (`take_oldest`); each turn it passes the ledger to
@@ -44,6 +45,7 @@ from radixrt.runtime.scheduler.request import Request
 # why the step loop must fold the step in flight in before it plans again
 SYNC_FORK = "an n > 1 request forks in the step in flight"
 SYNC_PREEMPT = "the request to preempt samples a token in the step in flight"
+SYNC_SPECULATE = "drafts are verified in the step in flight: where decoding goes on depends on it"
 
 
 @dataclass

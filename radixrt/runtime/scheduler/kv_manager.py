@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from radixrt.runtime.messages import SlotCopy
 from radixrt.runtime.scheduler.page_pool import PagePool
-from radixrt.runtime.scheduler.radix_cache import RadixCache, RadixNode
+from radixrt.runtime.scheduler.radix_cache import RadixCache, RadixNode, TreeListener
 from radixrt.runtime.scheduler.request import Request
 
 
@@ -29,10 +29,12 @@ class PoolCounters:
 
 
 class KVManager:
-    def __init__(self, num_pages: int, page_size: int, disable_radix_cache: bool = False) -> None:
+    def __init__(self, num_pages: int, page_size: int, disable_radix_cache: bool = False,
+                 listener: TreeListener | None = None) -> None:
+        """listener: told of every change to the tree (speculative decoding's draft index)."""
         self.page_size = page_size
         self.pool = PagePool(num_pages, page_size)
-        self.tree = RadixCache(page_size)
+        self.tree = RadixCache(page_size, listener=listener)
         self.disable_radix_cache = disable_radix_cache
 
     # --- capacity ------------------------------------------------------------------------------
@@ -46,11 +48,12 @@ class KVManager:
     def available_pages(self) -> int:
         return self.pool.num_free + self.tree.evictable_pages
 
-    def room(self, req: Request) -> int:
-        """How many more positions the request could be given right now (evicting if needed)."""
+    def room(self, req: Request, evict: bool = True) -> int:
+        """How many more positions the request could be given right now (evicting cached pages
+        if needed; with evict=False, from free pages only)."""
         ps = self.page_size
         filled = req.kv_len % ps
-        avail = self.available_pages()
+        avail = self.available_pages() if evict else self.pool.num_free
         if not filled:
             return avail * ps
         if self.pool.refcount(req.pages[-1]) > 1:  # copy-on-write takes a page first
@@ -211,6 +214,17 @@ class KVManager:
         slots = self.slots(req, req.kv_len, req.kv_len + num_new)
         req.kv_len += num_new
         return slots
+
+    def truncate(self, req: Request, kv_len: int) -> None:
+        """Give back the positions from `kv_len` on (drafted tokens the worker rejected): the
+        pages wholly past it are released. They were reserved fresh for this step, so they are
+        the request's alone; a copied-on-write last page is kept (it holds earlier positions)."""
+        if not 0 <= kv_len <= req.kv_len:
+            raise ValueError(f"truncate request {req.rid} to {kv_len} of {req.kv_len} positions")
+        keep = self.pages_for(kv_len)
+        self.pool.decref(req.pages[keep:])
+        del req.pages[keep:]
+        req.kv_len = kv_len
 
     def slots(self, req: Request, start: int, end: int) -> list[int]:
         """Slots of the request's positions start .. end-1."""

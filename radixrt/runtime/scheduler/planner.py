@@ -16,7 +16,12 @@ import time
 
 from radixrt.runtime.config import PLACEHOLDER_TOKEN, QUEUE_TIMEOUT, EngineConfig
 from radixrt.runtime.messages import PrefixGroup, Run, StepPlan, WorkerRequest
-from radixrt.runtime.scheduler.in_flight import SYNC_FORK, SYNC_PREEMPT, InFlightLedger
+from radixrt.runtime.scheduler.in_flight import (
+    SYNC_FORK,
+    SYNC_PREEMPT,
+    SYNC_SPECULATE,
+    InFlightLedger,
+)
 from radixrt.runtime.scheduler.kv_manager import KVManager
 from radixrt.runtime.scheduler.policy import SchedulePolicy
 from radixrt.runtime.scheduler.preemption import Preemptor
@@ -24,6 +29,7 @@ from radixrt.runtime.scheduler.prefix_groups import prefix_groups
 from radixrt.runtime.scheduler.queue_order import admission_order, most_urgent
 from radixrt.runtime.scheduler.request import Phase, Request
 from radixrt.runtime.scheduler.request_table import RequestTable
+from radixrt.runtime.scheduler.speculator import Speculator
 from radixrt.runtime.scheduler.stats import MEMORY, SchedulerStats
 from radixrt.runtime.scheduler.step_draft import StepDraft
 
@@ -50,7 +56,9 @@ class Planner:
         policy: SchedulePolicy,
         stats: SchedulerStats,
         context_length: int,
+        speculator: Speculator | None = None,
     ) -> None:
+        """speculator: drafts for decoding requests (speculative decoding; None: off)."""
         self.config = config
         self.table = table
         self.kv = kv
@@ -58,6 +66,7 @@ class Planner:
         self.stats = stats
         self.context_length = context_length
         self.preemptor = Preemptor(config, table, kv, policy, stats)  # makes room in a step
+        self.speculator = speculator
 
     def schedule(self, in_flight: InFlightLedger) -> StepPlan | None:
         """The next step's plan, or None when there is nothing to do. `in_flight`: the steps
@@ -73,9 +82,14 @@ class Planner:
         if (urgent is not None and self.config.fair_share and self.config.fair_share_preemption
                 and not draft.not_admitted):
             self.preemptor.preempt_for_fair_share(draft, urgent)
-        for req in [r for r in table.running if r.is_decoding and not self._awaits_end(r)]:
+        decodes = [r for r in table.running if r.is_decoding and not self._awaits_end(r)]
+        spec = self.speculator
+        drafting = spec is not None and spec.drafts_in(len(decodes))
+        for req in decodes:
             if req.phase is Phase.RUNNING and req.rid not in draft.planned:
-                self._plan_chunk(req, 1, draft)
+                self._plan_chunk(req, 1, draft, self._draft(req) if drafting else [])
+        if drafting:  # the next plan needs this one's verification folded in
+            draft.sync_reason = draft.sync_reason or SYNC_SPECULATE
         prefills = sorted((r for r in table.running if not r.is_decoding and r.remaining > 0),
                           key=lambda r: r.priority)  # stable: admission order within a level
         ahead = [r for r in prefills if urgent is None or r.priority <= urgent]
@@ -227,15 +241,34 @@ class Planner:
         )
 
     # --- running requests --------------------------------------------------------------------
-    def _plan_chunk(self, req: Request, chunk: int, draft: StepDraft) -> None:
+    def _draft(self, req: Request) -> list[int]:
+        """Speculative decoding: what the decoding request drafts after its last token, within
+        its max_tokens and the context (the token sampled after the draft counts) and the free
+        pages (a draft never evicts nor preempts)."""
+        assert self.speculator is not None
+        room = min(req.max_tokens - len(req.output_ids),
+                   self.context_length - req.num_tokens,
+                   self.kv.room(req, evict=False)) - 1
+        return self.speculator.draft(req, room)
+
+    def _plan_chunk(self, req: Request, chunk: int, draft: StepDraft,
+                    draft_ids: list[int] | None = None) -> None:
+        """Plan `chunk` more tokens of a running request (a decode: 1 plus its draft_ids)."""
+        draft_ids = draft_ids or []
+        chunk += len(draft_ids)
         room = self.kv.room(req)
         if 0 < room < chunk:
             chunk = room
+            del draft_ids[max(chunk - 1, 0):]
         while True:
             slots = self.kv.reserve(req, chunk, draft.copies)
             if slots is not None:
-                self._add_run(req, chunk, slots, draft)
+                self._add_run(req, chunk, slots, draft, draft_ids)
                 return
+            if draft_ids:  # a draft never preempts anyone
+                chunk -= len(draft_ids)
+                draft_ids = []
+                continue
             victim = self._pick_victim(req, draft)
             if victim is None:
                 # alone and nothing to free: it can never fit (unless pages it computed twice
@@ -246,9 +279,12 @@ class Planner:
                 return  # others hold the memory this step; they progress, then this one
             self.preemptor.preempt(victim, draft, MEMORY)
 
-    def _add_run(self, req: Request, chunk: int, slots: list[int], draft: StepDraft) -> None:
+    def _add_run(self, req: Request, chunk: int, slots: list[int], draft: StepDraft,
+                 draft_ids: list[int] | None = None) -> None:
+        draft_ids = draft_ids or []
         start = req.kv_len - chunk
-        sample = req.kv_len == req.num_tokens and req.max_tokens > 0  # 0: prefill only
+        known_end = req.kv_len - len(draft_ids)  # the drafts' positions are reserved too
+        sample = known_end == req.num_tokens and req.max_tokens > 0  # 0: prefill only
         fork_into: list[int] = []
         if sample and req.fork_count > 1:
             fork_into = self.table.plan_fork(req)
@@ -262,6 +298,7 @@ class Planner:
                 sample=sample,
                 prompt_logprob_from=req.prompt_logprob_from(),
                 fork_into=fork_into,
+                draft=draft_ids,
             )
         )
         if sample and not fork_into:  # plan the next step before this token is known
@@ -269,7 +306,7 @@ class Planner:
             req.pending += 1
         draft.planned.add(req.rid)
         self.table.fair.charge(req.tenant, chunk)
-        if chunk > 1:
+        if chunk - len(draft_ids) > 1:
             draft.prefilling.add(req.rid)
         draft.budget -= chunk
 

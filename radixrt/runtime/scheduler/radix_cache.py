@@ -9,6 +9,11 @@ Each ``extra_key`` (None included) is a separate namespace with its own root; ke
 namespaces never share nodes. Locks are taken on a node and count on it and all its ancestors, so a
 locked node's whole path stays cached. Unlocked leaves wait in an LRU-ordered sorted list, which is
 what ``evict`` consumes; page counters are kept incrementally, never by walking the tree.
+
+A ``TreeListener`` (the speculative decoder's draft index, draft_index.py) hears of every change
+to the tree's token content and shape as it happens: a leaf added, a node split in two, a leaf
+removed, everything dropped. Tokens enter the tree only as new leaves and leave it only as
+evicted leaves, so an index kept by these four events is exact without ever walking the tree.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from sortedcontainers import SortedKeyList
 
@@ -86,6 +92,20 @@ class InsertResult:
     existing_len: int
 
 
+class TreeListener(Protocol):
+    def added(self, leaf: RadixNode) -> None:
+        """A new leaf (its parent already linked): its key's tokens entered the tree."""
+
+    def split(self, upper: RadixNode, lower: RadixNode) -> None:
+        """``lower`` (the same node object as before) lost the head of its key to ``upper``."""
+
+    def removed(self, leaf: RadixNode) -> None:
+        """An evicted leaf (still linked to its parent while this is called)."""
+
+    def cleared(self) -> None:
+        """Every node was dropped (reset)."""
+
+
 def _lru_key(node: RadixNode) -> tuple[float, int]:
     return (node.last_access, node.tick)
 
@@ -93,7 +113,8 @@ def _lru_key(node: RadixNode) -> tuple[float, int]:
 class RadixCache:
     """Radix tree of token ids -> KV pages with path locking and LRU eviction of unlocked leaves."""
 
-    def __init__(self, page_size: int, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, page_size: int, clock: Callable[[], float] = time.monotonic,
+                 listener: TreeListener | None = None) -> None:
         if page_size < 1:
             raise ValueError(f"RadixCache page_size={page_size!r} is invalid: must be >= 1")
         self.page_size = page_size
@@ -105,6 +126,7 @@ class RadixCache:
         self._evictable_leaves: SortedKeyList = SortedKeyList(key=_lru_key)
         self._evictable_pages = 0
         self._locked_pages = 0
+        self.listener = listener
 
     # --- counters ---------------------------------------------------------------------------
 
@@ -249,6 +271,8 @@ class RadixCache:
             leaf = leaves.pop(0)
             parent = leaf.parent
             assert parent is not None
+            if self.listener is not None:
+                self.listener.removed(leaf)
             del parent.children[leaf.key[: self.page_size]]
             released.extend(leaf.pages)
             self._evictable_pages -= len(leaf.pages)
@@ -273,6 +297,8 @@ class RadixCache:
         self._roots.clear()
         self._evictable_leaves.clear()
         self._evictable_pages = 0
+        if self.listener is not None:
+            self.listener.cleared()
         return released
 
     def pages(self) -> list[int]:
@@ -389,6 +415,8 @@ class RadixCache:
         node.parent = upper
         upper.children[node.key[:p]] = node
         parent.children[upper.key[:p]] = upper
+        if self.listener is not None:
+            self.listener.split(upper, node)
         return upper
 
     def _add_leaf(self, parent: RadixNode, key: Key, pages: list[int], now: float) -> RadixNode:
@@ -401,4 +429,6 @@ class RadixCache:
         parent.children[key[:p]] = leaf
         self._evictable_pages += len(pages)
         self._evictable_leaves.add(leaf)
+        if self.listener is not None:
+            self.listener.added(leaf)
         return leaf

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.scheduler.draft_index import ContextIndex
 
 if TYPE_CHECKING:
     from radixrt.runtime.scheduler.radix_cache import RadixNode
@@ -18,6 +19,14 @@ class Phase(enum.Enum):
     SWAPPED = "swapped"  # preempted by swap: KV in host memory, waiting to come back
     RUNNING = "running"  # holds KV pages; prefilling or decoding
     FINISHED = "finished"
+
+
+@dataclass
+class DraftState:
+    """A request's speculative decoding (speculator.py): its own n-grams, its draft length."""
+
+    length: int
+    context: ContextIndex = field(default_factory=ContextIndex)
 
 
 @dataclass(eq=False)
@@ -61,6 +70,7 @@ class Request:
     epoch: int = 0  # bumped by a recompute preemption: results planned before it are stale
     forking: bool = False  # n > 1: the step that forks it is planned and not yet folded in
     abort_requested: bool = False  # aborted while forking: its children are aborted on arrival
+    draft_state: DraftState | None = None  # speculative decoding, from its first draft on
     # per-token outputs gathered as the worker reports them
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)

@@ -29,6 +29,7 @@ from radixrt.runtime.messages import (
     WorkerReady,
 )
 from radixrt.runtime.sampling_params import SamplingParams, check_token_ids
+from radixrt.runtime.scheduler.draft_index import DraftIndex
 from radixrt.runtime.scheduler.fair_share import FairShare
 from radixrt.runtime.scheduler.folding import ResultFolder
 from radixrt.runtime.scheduler.in_flight import InFlightLedger
@@ -37,6 +38,7 @@ from radixrt.runtime.scheduler.planner import Planner
 from radixrt.runtime.scheduler.policy import make_policy
 from radixrt.runtime.scheduler.request import Request
 from radixrt.runtime.scheduler.request_table import RequestTable
+from radixrt.runtime.scheduler.speculator import Speculator
 from radixrt.runtime.scheduler.stats import SchedulerStats
 from radixrt.runtime.worker.capacity import Capacity, typical_request_tokens
 
@@ -62,16 +64,22 @@ class Scheduler:
         self.vocab_size = vocab_size
         self.capacity = Capacity(kv_bytes_per_token, config.page_size, num_pages,
                                  context_length) if kv_bytes_per_token else None
-        self.kv = KVManager(num_pages, config.page_size, config.disable_radix_cache)
-        self.policy = make_policy(config.schedule_policy)
         self.stats = SchedulerStats()
+        self.speculator: Speculator | None = None
+        drafts = None
+        if config.speculative_algorithm == "radix":
+            drafts = DraftIndex()
+            self.speculator = Speculator(drafts, config.speculative_num_draft_tokens,
+                                         config.speculative_max_batch_size, self.stats)
+        self.kv = KVManager(num_pages, config.page_size, config.disable_radix_cache, drafts)
+        self.policy = make_policy(config.schedule_policy)
         self.table = RequestTable(
             self.kv, int(config.max_pinned_fraction * self.kv.capacity_tokens),
             FairShare(parse_tenant_weights(config.tenant_weights), config.fair_share_quantum))
         self.planner = Planner(config, self.table, self.kv, self.policy, self.stats,
-                               context_length)
+                               context_length, self.speculator)
         self.folder = ResultFolder(self.table, self.kv, self.stats, context_length,
-                                   eos_token_ids)
+                                   eos_token_ids, self.speculator)
 
     @classmethod
     def for_worker(cls, config: EngineConfig, ready: WorkerReady) -> Scheduler:
@@ -272,6 +280,15 @@ class Scheduler:
             "grammar_masks": s.grammar_masks,
             "grammar_mask_seconds": s.grammar_mask_seconds,
             "grammar_mask_wait_seconds": s.grammar_mask_wait_seconds,
+            "speculative_algorithm": self.config.speculative_algorithm,
+            "draft_lookups": s.draft_lookups,
+            "draft_lookup_seconds": s.draft_lookup_seconds,
+            "spec_verifications": s.spec_verifications,
+            "spec_drafted_tokens": s.spec_drafted_tokens,
+            "spec_accepted_tokens": s.spec_accepted_tokens,
+            "spec_accepted_lengths": dict(sorted(s.spec_accepted_lengths.items())),
+            "draft_index_entries": (self.speculator.index.entries
+                                    if self.speculator is not None else 0),
             "priority_preemptions": s.priority_preemptions,
             "preemptions_by_cause": dict(s.preemptions_by_cause),
             "running_by_tenant": self.table.running_by_tenant(),

@@ -43,3 +43,11 @@ class SchedulerStats:
     grammar_masks: int = 0
     grammar_mask_seconds: float = 0.0
     grammar_mask_wait_seconds: float = 0.0
+    # speculative decoding: draft lookups and their seconds; runs verified, tokens drafted and
+    # accepted in them, and how many runs accepted each number of tokens
+    draft_lookups: int = 0
+    draft_lookup_seconds: float = 0.0
+    spec_verifications: int = 0
+    spec_drafted_tokens: int = 0
+    spec_accepted_tokens: int = 0
+    spec_accepted_lengths: dict[int, int] = field(default_factory=dict)

@@ -8,7 +8,9 @@ refused requests are counted by the app's error handlers, by status code. Reques
 queue time are also counted by class of service (priority, tenant), preemptions caused by
 urgent requests by their priority and tenant, every preemption by its cause (memory, priority,
 fair share), and running requests by tenant. Grammar masks: how many the worker built, the
-seconds they took and the seconds sampling waited for them after the forward pass.
+seconds they took and the seconds sampling waited for them after the forward pass. Speculative
+decoding: drafts verified, tokens drafted and accepted, draft lookups and their seconds, and the
+acceptance-length histogram (verified runs by how many drafted tokens they kept).
 
 The same load figures are also exported under the names a Kubernetes inference gateway reads
 (GATEWAY_GAUGES): the Gateway API Inference Extension's endpoint picker (llm-d-router) scrapes
@@ -123,6 +125,20 @@ class HTTPMetrics:
                                        "Seconds sampling waited for grammar masks after the "
                                        "forward pass so far (mask time the pass did not hide)",
                                        registry=r)
+        self.spec = {
+            key: Gauge(f"{PREFIX}_{key}", text, registry=r) for key, text in (
+                ("spec_verifications", "Speculative decoding: runs whose drafts were verified"),
+                ("spec_drafted_tokens", "Speculative decoding: tokens drafted so far"),
+                ("spec_accepted_tokens", "Speculative decoding: drafted tokens accepted so far"),
+                ("draft_lookups", "Speculative decoding: draft lookups (radix tree and the "
+                 "request's own tokens) so far"),
+                ("draft_lookup_seconds", "Speculative decoding: seconds spent looking drafts "
+                 "up so far"),
+            )}
+        self.spec_lengths = Gauge(f"{PREFIX}_spec_accept_length",
+                                  "Speculative decoding: verified runs by how many drafted "
+                                  "tokens they accepted (the acceptance-length histogram)",
+                                  ["accepted"], registry=r)
         self.pinned = Gauge(f"{PREFIX}_pinned_prefixes",
                             "Prefixes pinned in the radix cache (DSL forks, HTTP pins)",
                             registry=r)
@@ -229,6 +245,10 @@ class HTTPMetrics:
         self.grammar_masks.set(info.get("grammar_masks", 0))
         self.grammar_mask_seconds.set(info.get("grammar_mask_seconds", 0.0))
         self.grammar_mask_wait.set(info.get("grammar_mask_wait_seconds", 0.0))
+        for key, gauge in self.spec.items():
+            gauge.set(info.get(key, 0))
+        for length, count in info.get("spec_accepted_lengths", {}).items():
+            self.spec_lengths.labels(accepted=str(length)).set(count)
         self.pinned.set(info.get("pinned", 0))
         self.pinned_tokens.set(info.get("pinned_tokens", 0))
         self.pins_refused.set(info.get("pins_refused", 0))

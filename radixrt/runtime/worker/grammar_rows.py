@@ -1,19 +1,36 @@
 """The worker's side of constrained decoding: each step's allowed-token masks for the rows a
 grammar constrains (built together on the mask thread while the step's forward pass runs, then
 applied by the sampler in one masked fill), and the grammar bookkeeping after a token is chosen
-(advance; jump-forward appends the forced tokens)."""
+(advance; jump-forward appends the forced tokens).
+
+Speculative decoding samples a request at several positions in one step: after its last token and
+after each drafted token. Each such row is a `MaskRow` that lies `ahead` drafted tokens past its
+grammar state; the state is advanced through the drafts while their masks are built and rolled
+back after, so it is where it was when sampling starts. A drafted token the grammar forbids ends
+the draft: the rows after it are left unconstrained (the sampler cannot pick the forbidden token
+at the row before it, so verification never reaches them)."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 
 import torch
 
 from radixrt.runtime.constrained.grammar_engine import GrammarState, expand_bitmask, mask_words
 from radixrt.runtime.messages import MaskTiming
 from radixrt.runtime.worker.sampler import AllowedTokens
+
+
+@dataclass(frozen=True)
+class MaskRow:
+    """A sampled row's grammar: `state`, then the drafted tokens `ahead` of it (speculative
+    decoding; rows of one state come in order, each one drafted token further)."""
+
+    state: GrammarState
+    ahead: tuple[int, ...] = ()
 
 
 class MaskThread:
@@ -31,9 +48,9 @@ class MaskThread:
         self.threaded = threaded
         self._pool: ThreadPoolExecutor | None = None
 
-    def start(self, grammars: Sequence[GrammarState | None]) -> PendingMasks | None:
+    def start(self, grammars: Sequence[MaskRow | None]) -> PendingMasks | None:
         """Begin the masks of one step's sampled rows (None: no row has a grammar)."""
-        if all(g is None or g.ended for g in grammars):
+        if all(g is None or g.state.ended for g in grammars):
             return None
         if not self.threaded:
             done: Future[tuple[AllowedTokens | None, float]] = Future()
@@ -71,43 +88,76 @@ class PendingMasks:
         self._future.exception()
 
 
-def _timed_masks(grammars: list[GrammarState | None],
+def _timed_masks(grammars: list[MaskRow | None],
                  vocab_size: int) -> tuple[AllowedTokens | None, float]:
     start = time.perf_counter()
     allowed = allowed_tokens(grammars, vocab_size)
     return allowed, time.perf_counter() - start
 
 
-def allowed_tokens(grammars: Sequence[GrammarState | None],
+def allowed_tokens(grammars: Sequence[MaskRow | None],
                    vocab_size: int) -> AllowedTokens | None:
     """Masks (on the CPU) for the rows with a grammar; unconstrained rows are not touched (None:
     no row is).
 
     Where the grammar forces a continuation, only its first token is allowed, so decoding token
     by token picks the same tokens jump-forward appends. A grammar that has ended constrains
-    nothing: its row belongs to a step planned past the request's end (overlap), sampled in vain."""
-    rows = [i for i, g in enumerate(grammars) if g is not None and not g.ended]
+    nothing: its row belongs to a step planned past the request's end (overlap), sampled in vain.
+    Rows ahead of their state by drafted tokens: see the module docstring."""
+    rows: list[int] = []
+    built: list[torch.Tensor] = []  # [words] int32 per row in `rows`
+    extra_rows: list[int] = []  # (index into rows, EOS id) pairs also allowed
+    extra_ids: list[int] = []
+    advanced: dict[int, tuple[GrammarState, int]] = {}  # id(state) -> (state, drafts advanced)
+    last: dict[int, tuple[torch.Tensor, bool]] = {}  # id(state) -> its latest row's mask
+    try:
+        for i, row in enumerate(grammars):
+            if row is None:
+                continue
+            state, key = row.state, id(row.state)
+            if row.ahead:
+                done = advanced.get(key, (state, 0))[1]
+                previous = last.pop(key, None)  # None: the draft was refused, or ended
+                if previous is None or len(row.ahead) != done + 1:
+                    continue
+                if not _allows(previous, row.ahead[-1], state):
+                    continue
+                state.advance(row.ahead[-1])
+                advanced[key] = (state, done + 1)
+            if state.ended:
+                continue
+            words = torch.zeros(mask_words(vocab_size), dtype=torch.int32)  # [words]
+            forced = state.forced()
+            end = False
+            if forced:
+                words[forced[0] // 32] = _bit(forced[0] % 32)
+            else:
+                state.write_mask(words)
+                end = state.accepts_end()
+                if end:  # every EOS id may end it
+                    eos = sorted(state.grammar.table.eos_token_ids)
+                    extra_ids += eos
+                    extra_rows += [len(rows)] * len(eos)
+            last[key] = (words, end)
+            rows.append(i)
+            built.append(words)
+    finally:
+        for state, n in advanced.values():
+            state.rollback(n)
     if not rows:
         return None
-    words = torch.zeros(len(rows), mask_words(vocab_size), dtype=torch.int32)  # [n, words]
-    extra_rows: list[int] = []
-    extra_ids: list[int] = []
-    for j, i in enumerate(rows):
-        grammar = grammars[i]
-        assert grammar is not None
-        forced = grammar.forced()
-        if forced:
-            words[j, forced[0] // 32] = _bit(forced[0] % 32)
-            continue
-        grammar.write_mask(words[j])
-        table = grammar.grammar.table
-        if grammar.accepts_end():  # every EOS id may end it
-            extra_ids += sorted(table.eos_token_ids)
-            extra_rows += [j] * len(table.eos_token_ids)
-    mask = expand_bitmask(words, vocab_size)  # [n, vocab] bool
+    mask = expand_bitmask(torch.stack(built), vocab_size)  # [n, vocab] bool
     if extra_rows:
         mask[torch.tensor(extra_rows), torch.tensor(extra_ids)] = True
     return rows, mask
+
+
+def _allows(previous: tuple[torch.Tensor, bool], token: int, state: GrammarState) -> bool:
+    """Whether the row before, of mask (words, may end), allows `token` (the next drafted)."""
+    words, may_end = previous
+    if token in state.grammar.table.eos_token_ids:
+        return may_end
+    return bool((int(words[token // 32]) >> (token % 32)) & 1)
 
 
 def _bit(position: int) -> int:

@@ -25,7 +25,7 @@ from radixrt.runtime.messages import (
 )
 from radixrt.runtime.models.loader import LoadedModel
 from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.worker.grammar_rows import MaskThread, after_sample
+from radixrt.runtime.worker.grammar_rows import MaskRow, MaskThread, after_sample
 from radixrt.runtime.worker.sampler import (
     AllowedTokens,
     Sampler,
@@ -33,6 +33,7 @@ from radixrt.runtime.worker.sampler import (
     TokenSpan,
     prompt_logprobs,
 )
+from radixrt.runtime.worker.draft_verifier import accepted_count
 
 
 @dataclass
@@ -58,13 +59,15 @@ class _LogitRows:
 @dataclass
 class _Draws:
     """The step's sampled rows: logits row, sampling row, owner rid and grammar of each (grammars
-    empty where no row has one), and the rows whose token jump-forward already appended."""
+    empty where no row has one), the rows whose token jump-forward already appended, and where
+    each run with a draft has its 1 + len(draft) rows."""
 
     row_index: list[int]
     rows: list[SamplingRow]
     owners: list[int]
-    grammars: list[GrammarState | None]
+    grammars: list[MaskRow | None]
     known: dict[int, tuple[int, int]]  # rid -> (logits row, the token already known)
+    drafted: dict[int, int]  # rid -> index of its first row in `rows`
 
 
 class Worker:
@@ -174,7 +177,8 @@ class Worker:
                     f"the plan starts at {run.start}"
                 )
             state.slots.extend(run.new_slots)
-            tokens.append(state.token_ids[run.start : run.start + run.num_new])
+            known_end = run.start + run.num_new - len(run.draft)
+            tokens.append(state.token_ids[run.start : known_end] + run.draft)
             prefix_lens.append(run.start)
             tables.append(state.slots)
         batch = ForwardBatch.build(tokens, prefix_lens, tables, device=self.device,
@@ -228,9 +232,10 @@ class Worker:
                 if last > first:
                     wanted.prompt.append((len(wanted.rows), last - first, run))
                     wanted.rows.extend(range(offset + first - run.start, offset + last - run.start))
-            if run.sample:
+            if run.sample:  # the last known token's row, and each drafted token's
                 wanted.sample.append((len(wanted.rows), run))
-                wanted.rows.append(offset + run.num_new - 1)
+                end = offset + run.num_new
+                wanted.rows.extend(range(end - 1 - len(run.draft), end))
             offset += run.num_new
         return wanted
 
@@ -253,12 +258,15 @@ class Worker:
     def _draws(self, wanted: _LogitRows) -> _Draws:
         """The rows the step samples (a fork's children each draw one), known before the forward
         pass runs, so their grammar masks can be built beside it."""
-        draws = _Draws(row_index=[], rows=[], owners=[], grammars=[], known={})
+        draws = _Draws(row_index=[], rows=[], owners=[], grammars=[], known={}, drafted={})
         for idx, run in wanted.sample:
             state = self.states[run.rid]
-            end = run.start + run.num_new
+            end = run.start + run.num_new - len(run.draft)
             if not run.fork_into and end < len(state.token_ids):
                 draws.known[run.rid] = (idx, state.token_ids[end])  # jump-forward appended it
+                continue
+            if run.draft:
+                self._draft_rows(draws, idx, run, state)
                 continue
             for i, child in enumerate(run.fork_into or [run.rid]):
                 known_len = len(state.token_ids)
@@ -276,23 +284,48 @@ class Worker:
                 if grammar is not None and run.fork_into:  # each sample walks its own copy
                     grammar = GrammarState.replay(grammar.grammar,
                                                     state.token_ids[state.prompt_len :])
-                draws.grammars.append(grammar)
+                draws.grammars.append(None if grammar is None else MaskRow(grammar))
         if all(g is None for g in draws.grammars):
             draws.grammars = []
         return draws
+
+    @staticmethod
+    def _draft_rows(draws: _Draws, idx: int, run: Run, state: _RequestState) -> None:
+        """Speculative decoding: one row after the last known token and one after each drafted
+        token, each sampled as if the drafts before it were outputs (worker/draft_verifier.py)."""
+        draws.drafted[run.rid] = len(draws.rows)
+        tokens = state.token_ids + run.draft  # the penalties read the drafts before each row
+        known = len(state.token_ids)
+        for j in range(len(run.draft) + 1):
+            draws.rows.append(SamplingRow(
+                params=state.params,
+                prompt_ids=TokenSpan(tokens, 0, state.prompt_len),
+                output_ids=TokenSpan(tokens, state.prompt_len, known + j),
+                seed_offset=state.seed_offset,
+            ))
+            draws.row_index.append(idx + j)
+            draws.owners.append(run.rid)
+            grammar = state.grammar
+            draws.grammars.append(None if grammar is None
+                                  else MaskRow(grammar, tuple(run.draft[:j])))
 
     def _sample(self, logits: torch.Tensor, wanted: _LogitRows, prompt: dict, draws: _Draws,
                 allowed: AllowedTokens | None) -> list[RunResult]:
         rows, owners, known = draws.rows, draws.owners, draws.known
         sampled: dict[int, TokenLogprob] = {}
         child_grammars: dict[int, GrammarState | None] = {}
+        drawn: list[TokenLogprob] = []
         if rows:
             picked = logits[torch.tensor(draws.row_index, device=self.device)]
             out = self.sampler.sample(picked, rows, allowed)
             for j, rid in enumerate(owners):
                 top = out.top_logprobs[j] if out.top_logprobs else []
-                sampled[rid] = TokenLogprob(out.token_ids[j], out.logprobs[j], top)
-                child_grammars[rid] = draws.grammars[j] if draws.grammars else None
+                drawn.append(TokenLogprob(out.token_ids[j], out.logprobs[j], top))
+                if rid in draws.drafted:
+                    continue
+                sampled[rid] = drawn[j]
+                row = draws.grammars[j] if draws.grammars else None
+                child_grammars[rid] = None if row is None else row.state
         if known:
             rids = list(known)
             params = [self.states[rid].params for rid in rids]
@@ -309,6 +342,10 @@ class Worker:
                             for c in run.fork_into]
                 results.append(RunResult(rid=run.rid, prompt_logprobs=prompt.get(run.rid, [])))
                 continue
+            if run.draft:
+                first = draws.drafted[run.rid]
+                results.append(self._verify(run, drawn[first : first + len(run.draft) + 1]))
+                continue
             forced: list[int] = []
             if run.rid not in known:
                 self.states[run.rid].token_ids.append(sampled[run.rid].token_id)
@@ -321,6 +358,29 @@ class Worker:
             if rid not in sampled_rids:
                 results.append(RunResult(rid=rid, prompt_logprobs=lps))
         return results
+
+    def _verify(self, run: Run, drawn: list[TokenLogprob]) -> RunResult:
+        """Keep the drafts verification accepts (worker/draft_verifier.py), then the token sampled
+        after them; the rejected drafts' slots are dropped from the slot table."""
+        state = self.states[run.rid]
+        stops = set(self.sampler.eos_token_ids) | set(state.params.stop_token_ids)
+        grammar = state.grammar
+
+        def goes_on(token: int) -> bool:  # the grammar moves on; jump-forward takes over?
+            assert grammar is not None
+            grammar.advance(token)
+            if self.jump_forward and grammar.forced():
+                grammar.rollback(1)  # after_sample advances past it as the sampled token
+                return False
+            return True
+
+        n = accepted_count(run.draft, [t.token_id for t in drawn], stops,
+                           None if grammar is None else goes_on)
+        del state.slots[run.start + 1 + n :]
+        state.token_ids.extend(t.token_id for t in drawn[:n])
+        state.token_ids.append(drawn[n].token_id)
+        return RunResult(rid=run.rid, token=drawn[n], accepted=drawn[:n],
+                         forced=self._advance(run.rid))
 
     def _advance(self, rid: int) -> list[int]:
         """After a request's token is appended: move its grammar on; jump-forward's tokens."""

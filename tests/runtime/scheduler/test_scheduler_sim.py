@@ -87,6 +87,11 @@ def configs(draw: st.DrawFn) -> dict:
         tenant_weights=draw(st.sampled_from(["", "a:3", "a:0.5,b:2"])),
         # cascade groups as soon as two requests share a few tokens: the worker checks each
         cascade_min_saved_reads=draw(st.sampled_from([1, 16, 2048])),
+        # speculative decoding: drafts from the tree and the request's own tokens, accepted
+        # where the simulated samples match them (often: prompts share bases, vocab is small)
+        speculative_algorithm=draw(st.sampled_from([None, "radix", "radix"])),
+        speculative_num_draft_tokens=draw(st.sampled_from([1, 3, 8])),
+        speculative_max_batch_size=draw(st.sampled_from([1, 4, 256])),
     )
 
 
@@ -141,6 +146,12 @@ def record_coverage(sim: Sim) -> None:
     event("overlap" if sim.overlap else "no overlap")
     event("jump-forward" if sim.worker.forced else "no jump-forward")
     event("cascade" if sim.worker.shared_reads_saved else "no cascade")
+    if sim.worker.drafted:
+        event("drafts accepted" if sim.worker.accepted else "drafts all rejected")
+        some_rejected = sim.worker.accepted < sim.worker.drafted
+        event("drafts rejected" if some_rejected else "every draft accepted")
+    else:
+        event("no drafts")
     event("priority preemption" if stats.priority_preemptions else "no priority preemption")
     fair = stats.preemptions_by_cause["fair_share"]
     event("fair-share preemption" if fair else "no fair-share preemption")

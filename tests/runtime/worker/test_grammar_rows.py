@@ -1,7 +1,9 @@
 """The worker's grammar rows (a toy byte-level vocabulary, no model): the masks the mask thread
 builds beside a forward pass are the masks built inline, row for row, on both engines; rows
 without a grammar, or whose grammar has ended, are left alone; and after_sample moves the
-grammar and appends jump-forward's tokens within max_tokens."""
+grammar and appends jump-forward's tokens within max_tokens. Rows drafted ahead of their state
+(speculative decoding) get the masks of the state walked through the drafts, up to the first
+drafted token the grammar forbids, and leave the state where it was."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from toy_tokenizers import byte_level_bpe
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.constrained.grammar_engine import GrammarState
 from radixrt.runtime.constrained.token_table import TokenTable
-from radixrt.runtime.worker.grammar_rows import MaskThread, after_sample, allowed_tokens
+from radixrt.runtime.worker.grammar_rows import MaskRow, MaskThread, after_sample, allowed_tokens
 
 CORPUS = ["red green blue", "2024-01-31", "abc abd abe", '{"a": 1, "b": [true]}'] * 4
 REGEX = r"(red|green|blue)( (red|green|blue)){0,2}"
@@ -37,10 +39,11 @@ def walked(compiler: GrammarCompiler, kind: str, pattern: str, text: str) -> Gra
 
 def test_mask_thread_builds_the_inline_masks(compiler: GrammarCompiler) -> None:
     table = compiler.table
-    def states() -> list[GrammarState | None]:
-        return [walked(compiler, "regex", REGEX, "red"), None,
-                walked(compiler, "regex", REGEX, ""), walked(compiler, "json_schema", SCHEMA, ""),
-                walked(compiler, "json_schema", SCHEMA, '{"a":1')]
+    def states() -> list[MaskRow | None]:
+        return [MaskRow(walked(compiler, "regex", REGEX, "red")), None,
+                MaskRow(walked(compiler, "regex", REGEX, "")),
+                MaskRow(walked(compiler, "json_schema", SCHEMA, "")),
+                MaskRow(walked(compiler, "json_schema", SCHEMA, '{"a":1'))]
     inline = allowed_tokens(states(), table.vocab_size)
     masks = MaskThread(table.vocab_size)
     try:
@@ -62,8 +65,8 @@ def test_rows_without_a_live_grammar_start_nothing(compiler: GrammarCompiler) ->
     ended = walked(compiler, "regex", REGEX, "blue blue blue")
     ended.advance(compiler.table.eos_token_id)
     masks = MaskThread(compiler.table.vocab_size)
-    assert masks.start([None, ended]) is None
-    assert allowed_tokens([None, ended], compiler.table.vocab_size) is None
+    assert masks.start([None, MaskRow(ended)]) is None
+    assert allowed_tokens([None, MaskRow(ended)], compiler.table.vocab_size) is None
     masks.close()
 
 
@@ -80,7 +83,7 @@ def test_masks_are_built_on_another_thread(compiler: GrammarCompiler) -> None:
     state.write_mask = recorded  # type: ignore[method-assign]
     masks = MaskThread(compiler.table.vocab_size)
     try:
-        pending = masks.start([state])
+        pending = masks.start([MaskRow(state)])
         assert pending is not None
         allowed, _ = pending.result(torch.device("cpu"))
     finally:
@@ -100,3 +103,47 @@ def test_after_sample_appends_forced_tokens_within_max_tokens(compiler: GrammarC
     forced = after_sample(state, tokens, len(prompt), max_tokens=3, jump_forward=True)
     assert len(forced) == 2 and tokens[len(prompt):] == [first, *forced]  # cut at max_tokens
     assert after_sample(None, tokens, len(prompt), 3, True) == []
+
+
+@pytest.mark.parametrize("kind, pattern, text, draft_text", [
+    ("regex", REGEX, "red", " green blue"),
+    ("json_schema", SCHEMA, '{"a":', '12}'),
+])
+def test_drafted_rows_get_the_masks_of_the_walked_state(
+        compiler: GrammarCompiler, kind: str, pattern: str, text: str, draft_text: str) -> None:
+    """Row j of a draft is masked as the state after the first j drafted tokens would be; the
+    state ends where it started."""
+    table = compiler.table
+    draft = table.tokenizer.encode(draft_text, add_special_tokens=False)
+    state = walked(compiler, kind, pattern, text)
+    before = state.consumed
+    rows = [MaskRow(state, tuple(draft[:j])) for j in range(len(draft) + 1)]
+    got = allowed_tokens(rows, table.vocab_size)
+    assert state.consumed == before and not state.ended
+    assert got is not None and got[0] == list(range(len(draft) + 1))
+    for j in range(len(draft) + 1):
+        alone = allowed_tokens([MaskRow(walked(compiler, kind, pattern, text)
+                                        if j == 0 else _walk(compiler, kind, pattern, text,
+                                                             draft[:j]))], table.vocab_size)
+        assert alone is not None and torch.equal(got[1][j], alone[1][0]), f"row {j}"
+
+
+def test_a_forbidden_drafted_token_ends_the_drafts_masks(compiler: GrammarCompiler) -> None:
+    table = compiler.table
+    good = table.tokenizer.encode(" green", add_special_tokens=False)
+    bad = table.tokenizer.encode("7", add_special_tokens=False)
+    state = walked(compiler, "regex", REGEX, "red")
+    draft = tuple(good + bad + good)
+    rows = [MaskRow(state, draft[:j]) for j in range(len(draft) + 1)]
+    got = allowed_tokens(rows, table.vocab_size)
+    assert got is not None
+    assert got[0] == list(range(len(good) + 1))  # rows after the forbidden token: unconstrained
+    assert state.consumed == len(table.tokenizer.encode("red", add_special_tokens=False))
+
+
+def _walk(compiler: GrammarCompiler, kind: str, pattern: str, text: str,
+          more: list[int]) -> GrammarState:
+    state = walked(compiler, kind, pattern, text)
+    for token in more:
+        state.advance(token)
+    return state

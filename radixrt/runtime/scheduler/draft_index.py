@@ -1,0 +1,199 @@
+"""Where short runs of tokens occur, and what followed them: the drafts of speculative decoding.
+
+Speculative decoding (speculator.py) asks, for a decoding request: its last NGRAM tokens, where
+else did they occur, and what came next? Two places answer: the radix tree (every sequence the
+server has recently seen, within the request's namespace) through `DraftIndex`, and the request's
+own tokens through `ContextIndex`. Each answer comes with how far back the match reaches, so the
+speculator can take the longer one.
+
+DraftIndex keeps itself exact by listening to the tree (radix_cache.TreeListener), never walking
+it:
+
+- Tokens enter the tree only as new leaves (`added`). A leaf's key, with up to NGRAM - 1 tokens of
+  the path above it in front, becomes a `TokenRun`; every position p of it that ends an NGRAM
+  inside the leaf's own tokens is filed under the hash of (namespace, those NGRAM tokens): the
+  continuation starts at p (p may be the run's end: the continuation is then below it in the tree).
+- A split only cuts a run into nodes: each node maps to the span of its run that it holds, and
+  `split` divides that span between the two parts.
+- Tokens leave the tree only as evicted leaves (`removed`), so the bottom of a run's path goes
+  first and what is left of a run is always a prefix of it: the evicted span's positions are
+  unfiled and the run ends where it now ends, at its deepest node left (its `tail`).
+
+Lookup hashes the request's last NGRAM tokens, checks each candidate's tokens (hashes collide),
+prefers the candidate whose match reaches furthest back (ties: the newest), and reads up to k
+tokens after it: the rest of its run, then down the tree from the run's tail, each time through
+the child used most recently. Each filed n-gram keeps its newest MAX_CANDIDATES places, so the
+index holds about one entry per cached token, and lookup costs O(MAX_CANDIDATES * MAX_BACK_MATCH)
+whatever the tree's size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from radixrt.runtime.scheduler.radix_cache import RadixNode
+
+# Drafts follow a match of this many tokens (fewer matches by chance too often to pay).
+NGRAM = 3
+# Places kept per n-gram (the newest), and how far back a candidate's match is compared.
+MAX_CANDIDATES = 4
+MAX_BACK_MATCH = 32
+
+
+class TokenRun:
+    """The tokens one leaf brought into the tree, after up to NGRAM - 1 tokens of its path above.
+    tokens[:alive] are still in the tree; `tail` is the run's deepest node left (None: gone)."""
+
+    __slots__ = ("tokens", "offset", "alive", "tail")
+
+    def __init__(self, tokens: tuple[int, ...], offset: int, tail: RadixNode) -> None:
+        self.tokens = tokens
+        self.offset = offset  # where the leaf's own tokens start
+        self.alive = len(tokens)
+        self.tail: RadixNode | None = tail
+
+
+def _back_match(tokens: Sequence[int], end: int, context: Sequence[int], ngram: int) -> int:
+    """How many tokens before the n-gram ending at `end` of `tokens` also precede the context's
+    last n-gram (at most MAX_BACK_MATCH)."""
+    n = 0
+    limit = min(end - ngram, len(context) - ngram, MAX_BACK_MATCH)
+    while n < limit and tokens[end - ngram - 1 - n] == context[-ngram - 1 - n]:
+        n += 1
+    return n
+
+
+class DraftIndex:
+    """The radix tree's n-grams, for drafts (see the module docstring); a TreeListener."""
+
+    def __init__(self, ngram: int = NGRAM) -> None:
+        self.ngram = ngram
+        self._spans: dict[int, tuple[TokenRun, int, int]] = {}  # id(node) -> its run's span
+        self._filed: dict[int, list[tuple[TokenRun, int]]] = {}  # n-gram hash -> places
+        self.entries = 0  # places filed now (bounded by the tree's tokens)
+
+    # --- TreeListener --------------------------------------------------------------------------
+    def added(self, leaf: RadixNode) -> None:
+        context = self._above(leaf.parent, self.ngram - 1)
+        tokens = context + leaf.key
+        run = TokenRun(tokens, len(context), leaf)
+        self._spans[id(leaf)] = (run, run.offset, len(tokens))
+        for p in range(max(self.ngram, run.offset + 1), len(tokens) + 1):
+            self._file(self._key(leaf.extra_key, tokens, p), run, p)
+
+    def split(self, upper: RadixNode, lower: RadixNode) -> None:
+        span = self._spans.get(id(lower))
+        if span is None:
+            return
+        run, start, end = span
+        cut = start + len(upper.key)
+        self._spans[id(upper)] = (run, start, cut)
+        self._spans[id(lower)] = (run, cut, end)
+
+    def removed(self, leaf: RadixNode) -> None:
+        span = self._spans.pop(id(leaf), None)
+        if span is None:
+            return
+        run, start, end = span
+        for p in range(max(self.ngram, start + 1), end + 1):
+            self._unfile(self._key(leaf.extra_key, run.tokens, p), run, p)
+        run.alive = start
+        run.tail = leaf.parent if start > run.offset else None
+
+    def cleared(self) -> None:
+        self._spans.clear()
+        self._filed.clear()
+        self.entries = 0
+
+    # --- lookup --------------------------------------------------------------------------------
+    def lookup(self, extra_key: str | None, context: Sequence[int],
+               k: int) -> tuple[int, list[int]]:
+        """Up to k tokens that followed the context's last n-gram in the tree (its namespace
+        `extra_key` only), and how many tokens before that n-gram matched too ((-1, []): no
+        match)."""
+        n = self.ngram
+        if k <= 0 or len(context) < n:
+            return -1, []
+        last = tuple(context[-n:])
+        best: tuple[TokenRun, int] | None = None
+        best_back = -1
+        for run, p in reversed(self._filed.get(hash((extra_key, *last)), ())):
+            if run.tokens[p - n : p] != last:
+                continue  # another n-gram with the same hash
+            back = _back_match(run.tokens, p, context, n)
+            if back > best_back:
+                best, best_back = (run, p), back
+        if best is None:
+            return -1, []
+        run, p = best
+        draft = list(run.tokens[p : min(p + k, run.alive)])
+        node = run.tail if p + len(draft) == run.alive else None
+        while len(draft) < k and node is not None and node.children:
+            node = max(node.children.values(), key=lambda c: (c.last_access, c.tick))
+            draft.extend(node.key[: k - len(draft)])
+        return best_back, draft
+
+    # --- internals -----------------------------------------------------------------------------
+    @staticmethod
+    def _above(node: RadixNode | None, want: int) -> tuple[int, ...]:
+        """The last `want` tokens of the path from the root down to `node` (fewer near the
+        root)."""
+        parts: list[tuple[int, ...]] = []
+        have = 0
+        while want > have and node is not None and node.parent is not None:
+            part = node.key[-(want - have) :]
+            parts.append(part)
+            have += len(part)
+            node = node.parent
+        return tuple(t for part in reversed(parts) for t in part)
+
+    def _key(self, extra_key: str | None, tokens: tuple[int, ...], p: int) -> int:
+        return hash((extra_key, *tokens[p - self.ngram : p]))
+
+    def _file(self, key: int, run: TokenRun, p: int) -> None:
+        places = self._filed.setdefault(key, [])
+        if len(places) >= MAX_CANDIDATES:
+            places.pop(0)  # the oldest place goes
+            self.entries -= 1
+        places.append((run, p))
+        self.entries += 1
+
+    def _unfile(self, key: int, run: TokenRun, p: int) -> None:
+        places = self._filed.get(key)
+        if not places:
+            return
+        for i, (r, q) in enumerate(places):
+            if r is run and q == p:
+                del places[i]
+                self.entries -= 1
+                break
+        if not places:
+            del self._filed[key]
+
+
+class ContextIndex:
+    """The n-grams of one request's own tokens (prompt and outputs), filed as they grow: the
+    newest earlier place of each n-gram."""
+
+    __slots__ = ("ngram", "_filed", "_upto")
+
+    def __init__(self, ngram: int = NGRAM) -> None:
+        self.ngram = ngram
+        self._filed: dict[int, int] = {}  # n-gram hash -> where its continuation starts
+        self._upto = ngram - 1  # positions filed so far: ngram .. _upto
+
+    def lookup(self, tokens: Sequence[int], k: int) -> tuple[int, list[int]]:
+        """Up to k tokens that followed the newest earlier place of the last n-gram of `tokens`
+        (the request's tokens, a list that only grows), with how far back the match reaches
+        ((-1, []): none)."""
+        n = self.ngram
+        for p in range(self._upto + 1, len(tokens)):  # never the last n-gram itself
+            self._filed[hash(tuple(tokens[p - n : p]))] = p
+        self._upto = max(self._upto, len(tokens) - 1)
+        if k <= 0 or len(tokens) < n:
+            return -1, []
+        last = tuple(tokens[-n:])
+        p = self._filed.get(hash(last), -1)
+        if p < 0 or tuple(tokens[p - n : p]) != last:  # none, or another n-gram's hash
+            return -1, []
+        return _back_match(tokens, p, tokens, n), list(tokens[p : p + k])

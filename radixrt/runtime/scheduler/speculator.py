@@ -1,0 +1,75 @@
+"""Speculative decoding, the scheduler's half: which decoding requests draft, what, how much.
+
+A decoding request drafts the tokens that followed its last NGRAM tokens elsewhere: in the radix
+tree (DraftIndex, within its namespace) or in its own prompt and outputs (ContextIndex), whichever
+match reaches further back (its own context on a tie). The planner puts the draft in the request's
+run (`Run.draft`): one extend of 1 + len(draft) tokens, verified by the worker in the same forward
+pass as everything else (worker/draft_verifier.py); the folder hands back how many were accepted
+(`verified`) and gives the rejected positions' KV back.
+
+When to draft:
+- only a request with no token in flight (its last token is known), never past its max_tokens or
+  the context length (the token sampled after the draft counts too), and only into free KV pages:
+  a draft never evicts the cache nor preempts anyone;
+- only in a step with at most `max_batch_size` decoding requests: in a bigger batch the forward
+  pass is no longer bound by reading the weights and the extra positions cost real time;
+- each request's draft length adapts to its acceptance: all accepted doubles it (up to
+  num_draft_tokens), otherwise it becomes the accepted count plus one, so a request whose drafts
+  keep missing drafts one token and costs one extra position.
+
+A step with drafts is folded in before the next is planned (in_flight.SYNC_SPECULATE): where the
+next run starts depends on how many drafts the worker accepted.
+"""
+
+from __future__ import annotations
+
+import time
+
+from radixrt.runtime.scheduler.draft_index import DraftIndex
+from radixrt.runtime.scheduler.request import DraftState, Request
+from radixrt.runtime.scheduler.stats import SchedulerStats
+
+
+class Speculator:
+    def __init__(self, index: DraftIndex, num_draft_tokens: int, max_batch_size: int,
+                 stats: SchedulerStats) -> None:
+        self.index = index
+        self.num_draft_tokens = num_draft_tokens
+        self.max_batch_size = max_batch_size
+        self.stats = stats
+
+    def drafts_in(self, num_decodes: int) -> bool:
+        """Whether a step with this many decoding requests drafts at all."""
+        return 0 < num_decodes <= self.max_batch_size
+
+    def draft(self, req: Request, room: int) -> list[int]:
+        """The tokens `req` drafts this step: at most `room` (what its max_tokens, the context
+        length and the free KV pages leave after the token it samples anyway)."""
+        if req.pending or room <= 0:
+            return []
+        state = req.draft_state
+        if state is None:
+            state = req.draft_state = DraftState(self.num_draft_tokens)
+        k = min(state.length, room)
+        start = time.perf_counter()
+        tokens = req.all_ids
+        own_back, own = state.context.lookup(tokens, k)
+        tree_back, tree = self.index.lookup(req.extra_key, tokens, k)
+        draft = own if own_back >= tree_back else tree
+        stats = self.stats
+        stats.draft_lookups += 1
+        stats.draft_lookup_seconds += time.perf_counter() - start
+        return draft
+
+    def verified(self, req: Request, drafted: int, accepted: int) -> None:
+        """The worker kept `accepted` of the `drafted` tokens: count them, adapt the length."""
+        stats = self.stats
+        stats.spec_verifications += 1
+        stats.spec_drafted_tokens += drafted
+        stats.spec_accepted_tokens += accepted
+        stats.spec_accepted_lengths[accepted] = stats.spec_accepted_lengths.get(accepted, 0) + 1
+        state = req.draft_state
+        if state is not None:
+            full = accepted == drafted
+            state.length = (min(self.num_draft_tokens, 2 * state.length) if full
+                            else accepted + 1)

@@ -1,0 +1,112 @@
+"""Speculative decoding from the radix tree on the real default model: the outputs with it on are
+the outputs with it off (greedy tokens identical, logprobs within 1e-4; seeded samples identical),
+with page sizes 1 and 16, overlap, grammars, stop strings, n > 1 and preemption, while drafts are
+really made and accepted where the output copies its prompt or an earlier answer."""
+
+from __future__ import annotations
+
+import pytest
+
+from radixrt import SamplingParams
+
+RECORD = ('{"name": "Ada Lovelace", "born": 1815, "field": "mathematics", '
+          '"known_for": ["notes on the Analytical Engine", "the first algorithm"], '
+          '"city": "London"}')
+COPY = f"Repeat this JSON record exactly:\n{RECORD}\nRepeated:\n"
+PROSE = "Write two sentences about the sea."
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string"},
+                                           "born": {"type": "integer"},
+                                           "city": {"type": "string"}},
+          "required": ["name", "born", "city"], "additionalProperties": False}
+
+
+@pytest.fixture(params=[False, True], ids=["inline", "overlap"])
+def overlap(request: pytest.FixtureRequest) -> bool:
+    return request.param
+
+
+def both(make_engine, prompts, params, **options):
+    """The outputs with speculation off and on (same options), and the on engine's stats."""
+    off = make_engine(**options).generate(prompts, params)
+    engine = make_engine(speculative_algorithm="radix", **options)
+    on = engine.generate(prompts, params)
+    return off, on, engine.stats()
+
+
+def samples(outputs):
+    return [(s.token_ids, s.finish_reason) for out in outputs for s in out.samples]
+
+
+def assert_logprobs_close(off, on) -> None:
+    for a, b in zip(off, on, strict=True):
+        for x, y in zip(a.samples, b.samples, strict=True):
+            assert [t.token_id for t in x.logprobs] == [t.token_id for t in y.logprobs]
+            worst = max((abs(p.logprob - q.logprob) for p, q in zip(x.logprobs, y.logprobs)),
+                        default=0.0)
+            assert worst < 1e-4
+
+
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_greedy_outputs_are_identical_and_drafts_are_accepted(make_engine, page_size: int):
+    params = SamplingParams(max_tokens=48, temperature=0, logprobs=True, top_logprobs=2)
+    off, on, stats = both(make_engine, [COPY, PROSE], params, page_size=page_size)
+    assert samples(on) == samples(off)
+    assert_logprobs_close(off, on)
+    assert stats["spec_accepted_tokens"] >= 12  # the copy runs ahead several tokens a step
+    assert stats["spec_drafted_tokens"] >= stats["spec_accepted_tokens"]
+    assert sum(stats["spec_accepted_lengths"].values()) == stats["spec_verifications"]
+
+
+def test_an_answer_given_before_is_drafted_from_the_tree(make_engine):
+    """The second request's prompt does not hold the text; the first request's answer, cached in
+    the tree, does."""
+    params = SamplingParams(max_tokens=40, temperature=0)
+    prompt = "List the planets of the solar system in order, comma separated."
+    engine = make_engine(speculative_algorithm="radix")
+    first = engine.generate(prompt, params)[0].samples[0]
+    before = engine.stats()["spec_accepted_tokens"]
+    again = engine.generate("Answer briefly. " + prompt, params)[0].samples[0]
+    reference = make_engine().generate("Answer briefly. " + prompt, params)[0].samples[0]
+    assert again.token_ids == reference.token_ids
+    if again.token_ids[:10] == first.token_ids[:10]:  # the same answer: drafted from the tree
+        assert engine.stats()["spec_accepted_tokens"] - before >= 8
+
+
+@pytest.mark.parametrize("constraint", ["json_schema", "regex"])
+def test_grammars_keep_their_outputs(make_engine, constraint: str):
+    params = SamplingParams(max_tokens=64, temperature=0,
+                            **({"json_schema": SCHEMA} if constraint == "json_schema"
+                               else {"regex": r'\{"name": "[A-Za-z ]+", "born": [0-9]+, '
+                                              r'"field": "[a-z]+"'}))
+    off, on, stats = both(make_engine, [COPY], params)
+    assert samples(on) == samples(off)
+    assert stats["spec_verifications"] > 0
+
+
+def test_seeded_samples_are_identical(make_engine):
+    params = [SamplingParams(max_tokens=32, temperature=0.8, top_p=0.95, seed=seed)
+              for seed in range(6)]
+    off, on, stats = both(make_engine, [COPY] * 6, params, speculative_max_batch_size=8)
+    assert samples(on) == samples(off)
+    assert stats["spec_accepted_tokens"] > 0
+
+
+def test_n_samples_stop_strings_and_max_tokens(make_engine):
+    params = [SamplingParams(max_tokens=40, temperature=0.7, seed=3, n=3),
+              SamplingParams(max_tokens=60, temperature=0, stop=['"city"']),
+              SamplingParams(max_tokens=7, temperature=0)]
+    off, on, _ = both(make_engine, [COPY] * 3, params)
+    assert samples(on) == samples(off)
+    assert [s.text for o in on for s in o.samples] == [s.text for o in off for s in o.samples]
+    assert len(on[2].samples[0].token_ids) == 7
+
+
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_preemption_keeps_the_outputs(make_engine, preemption: str):
+    """A pool too small for all of them at once: requests are preempted while others draft."""
+    prompts = [COPY, "Say hello.", RECORD + "\nThe name above is", PROSE]
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    off, on, stats = both(make_engine, prompts, params, max_total_tokens=192, page_size=16,
+                          preemption=preemption)
+    assert samples(on) == samples(off)
+    assert stats["preemptions"] > 0 and stats["spec_accepted_tokens"] > 0
