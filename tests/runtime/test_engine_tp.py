@@ -162,3 +162,19 @@ def test_refusals_say_what_to_use():
         Engine(tp_size=4)
     with pytest.raises(ValueError, match="multiple of nnodes"):
         Engine(tp_size=3, nnodes=2, dist_init_addr="127.0.0.1:29500")
+
+
+def test_speculative_decoding_on_two_ranks(loaded_model):
+    """Every rank verifies the drafts from the same logits and keeps the same ones: the outputs
+    are tp 1's without speculation, and drafts were accepted."""
+    record = '{"name": "Ada Lovelace", "born": 1815, "city": "London"}'
+    prompts = [f"Repeat this JSON record exactly:\n{record}\nRepeated:\n", PROMPTS[0]]
+    ref = Engine(loaded_model, check_integrity=True, max_total_tokens=512)
+    tp = Engine(tp_size=2, check_integrity=True, max_total_tokens=512,
+                speculative_algorithm="radix")
+    try:
+        assert_same_outputs(ref.generate(prompts, LONG), tp.generate(prompts, LONG))
+        assert tp.stats()["spec_accepted_tokens"] > 0
+    finally:
+        ref.close()
+        tp.close()
