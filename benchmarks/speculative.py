@@ -60,6 +60,8 @@ TOOL_OUTPUT = ("search_results: [1] 'Radix trees store strings by shared prefixe
                "a run of symbols.' [2] 'KV caches hold the keys and values of earlier tokens so a "
                "transformer does not recompute them.' [3] 'Speculative decoding drafts tokens "
                "cheaply and verifies them with the large model in one pass.'")
+ANSWER = ("The sources say that radix trees share prefixes, that KV caches save recomputing "
+          "earlier tokens, and that speculative decoding verifies cheap drafts in one pass.")
 CODE = '''def moving_average(values, window):
     if window <= 0:
         raise ValueError("window must be positive")
@@ -86,15 +88,19 @@ def prompt(workload: str, i: int) -> str:
         code = CODE.replace("moving_average", f"moving_average_{i}")
         return (f"Here is a Python function:\n```python\n{code}```\nThe same function with the "
                 f"variable `total` renamed to `running_sum`:\n```python\n")
-    if workload == "agent":
-        return (f"You are a research agent.\nUser: question {i}: what do the sources say?\n"
-                f"Tool call: search('radix tree kv cache speculative decoding')\n"
-                f"Tool output: {TOOL_OUTPUT}\nAssistant: The tool returned: ")
+    if workload == "agent":  # the tool returns what it returned last turn
+        turn = (f"User: what do the sources say about topic {i}?\nTool call: search('radix "
+                f"tree kv cache speculative decoding')\nTool output: {TOOL_OUTPUT}\nAssistant:")
+        return f"{turn} {ANSWER}\n{turn}"
     if workload == "few-shot":
-        shots = "".join(f"Input: {n} lives in {c}.\nOutput: name={n}; city={c}\n\n"
-                        for n, c in zip(NAMES[:4], CITIES[:4], strict=True))
-        return f"{shots}Input: {name} lives in {city}.\nOutput:"
-    return f"Write a short story about a lighthouse keeper named {name} who lives near {city}."
+        def shot(n: str, c: str, year: int) -> str:
+            return f"Input: {n}, born {year} in {c}.\nOutput:"
+        shots = "".join(shot(n, c, 1900 + j) + " " + json.dumps({"name": n, "born": 1900 + j,
+                                                             "city": c}) + "\n\n"
+                        for j, (n, c) in enumerate(zip(NAMES[:4], CITIES[:4], strict=True)))
+        return shots + shot(name, city, 1950 + i % 50)
+    return (f"Once upon a time, a lighthouse keeper named {name} lived on a rocky island near "
+            f"{city}. Every evening, before the storms came,")
 
 
 @dataclass

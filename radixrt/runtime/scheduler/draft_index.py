@@ -3,8 +3,10 @@
 Speculative decoding (speculator.py) asks, for a decoding request: its last NGRAM tokens, where
 else did they occur, and what came next? Two places answer: the radix tree (every sequence the
 server has recently seen, within the request's namespace) through `DraftIndex`, and the request's
-own tokens through `ContextIndex`. Each answer comes with how far back the match reaches, so the
-speculator can take the longer one.
+own tokens through `ContextIndex`. Each answer comes with the length of the match it follows (the
+n-gram and how far before it the tokens agree too), so the speculator can take the longer one.
+The tree is matched on NGRAM tokens; a request's own tokens on NGRAM, else fewer, down to one
+(a name copied from the prompt is drafted from its first token on).
 
 DraftIndex keeps itself exact by listening to the tree (radix_cache.TreeListener), never walking
 it:
@@ -23,8 +25,9 @@ Lookup hashes the request's last NGRAM tokens, checks each candidate's tokens (h
 prefers the candidate whose match reaches furthest back (ties: the newest), and reads up to k
 tokens after it: the rest of its run, then down the tree from the run's tail, each time through
 the child used most recently. Each filed n-gram keeps its newest MAX_CANDIDATES places, so the
-index holds about one entry per cached token, and lookup costs O(MAX_CANDIDATES * MAX_BACK_MATCH)
-whatever the tree's size.
+index holds about one entry per cached token, and finding the match costs
+O(MAX_CANDIDATES * MAX_BACK_MATCH) whatever the tree's size (a continuation that runs on below its
+run also scans the children of each node it passes).
 """
 
 from __future__ import annotations
@@ -35,6 +38,9 @@ from radixrt.runtime.scheduler.radix_cache import RadixNode
 
 # Drafts follow a match of this many tokens (fewer matches by chance too often to pay).
 NGRAM = 3
+# A request's own tokens are indexed over its last this many (the first lookup of a long prompt
+# costs the scheduler milliseconds per 10k tokens, and the index stays as long as the request).
+CONTEXT_WINDOW = 8192
 # Places kept per n-gram (the newest), and how far back a candidate's match is compared.
 MAX_CANDIDATES = 4
 MAX_BACK_MATCH = 32
@@ -44,23 +50,24 @@ class TokenRun:
     """The tokens one leaf brought into the tree, after up to NGRAM - 1 tokens of its path above.
     tokens[:alive] are still in the tree; `tail` is the run's deepest node left (None: gone)."""
 
-    __slots__ = ("tokens", "offset", "alive", "tail")
+    __slots__ = ("tokens", "offset", "alive", "tail", "extra_key")
 
     def __init__(self, tokens: tuple[int, ...], offset: int, tail: RadixNode) -> None:
+        self.extra_key = tail.extra_key  # its namespace
         self.tokens = tokens
         self.offset = offset  # where the leaf's own tokens start
         self.alive = len(tokens)
         self.tail: RadixNode | None = tail
 
 
-def _back_match(tokens: Sequence[int], end: int, context: Sequence[int], ngram: int) -> int:
-    """How many tokens before the n-gram ending at `end` of `tokens` also precede the context's
-    last n-gram (at most MAX_BACK_MATCH)."""
+def _match_len(tokens: Sequence[int], end: int, context: Sequence[int], ngram: int) -> int:
+    """The n-gram ending at `end` of `tokens` matches the context's last n-gram: how many tokens
+    match in all, counting back from there (at most ngram + MAX_BACK_MATCH)."""
     n = 0
     limit = min(end - ngram, len(context) - ngram, MAX_BACK_MATCH)
     while n < limit and tokens[end - ngram - 1 - n] == context[-ngram - 1 - n]:
         n += 1
-    return n
+    return ngram + n
 
 
 class DraftIndex:
@@ -109,29 +116,28 @@ class DraftIndex:
     def lookup(self, extra_key: str | None, context: Sequence[int],
                k: int) -> tuple[int, list[int]]:
         """Up to k tokens that followed the context's last n-gram in the tree (its namespace
-        `extra_key` only), and how many tokens before that n-gram matched too ((-1, []): no
-        match)."""
+        `extra_key` only), and the length of the match they follow ((0, []): none)."""
         n = self.ngram
         if k <= 0 or len(context) < n:
-            return -1, []
+            return 0, []
         last = tuple(context[-n:])
         best: tuple[TokenRun, int] | None = None
-        best_back = -1
+        best_len = 0
         for run, p in reversed(self._filed.get(hash((extra_key, *last)), ())):
-            if run.tokens[p - n : p] != last:
-                continue  # another n-gram with the same hash
-            back = _back_match(run.tokens, p, context, n)
-            if back > best_back:
-                best, best_back = (run, p), back
+            if run.tokens[p - n : p] != last or run.extra_key != extra_key:
+                continue  # another n-gram (or namespace) with the same hash
+            length = _match_len(run.tokens, p, context, n)
+            if length > best_len:
+                best, best_len = (run, p), length
         if best is None:
-            return -1, []
+            return 0, []
         run, p = best
         draft = list(run.tokens[p : min(p + k, run.alive)])
         node = run.tail if p + len(draft) == run.alive else None
         while len(draft) < k and node is not None and node.children:
             node = max(node.children.values(), key=lambda c: (c.last_access, c.tick))
             draft.extend(node.key[: k - len(draft)])
-        return best_back, draft
+        return best_len, draft
 
     # --- internals -----------------------------------------------------------------------------
     @staticmethod
@@ -172,28 +178,31 @@ class DraftIndex:
 
 
 class ContextIndex:
-    """The n-grams of one request's own tokens (prompt and outputs), filed as they grow: the
-    newest earlier place of each n-gram."""
+    """The n-grams of one request's own tokens (prompt and outputs; the last CONTEXT_WINDOW of
+    them), of NGRAM tokens and fewer down to one, filed as the tokens grow: the newest earlier
+    place of each."""
 
     __slots__ = ("ngram", "_filed", "_upto")
 
     def __init__(self, ngram: int = NGRAM) -> None:
         self.ngram = ngram
-        self._filed: dict[int, int] = {}  # n-gram hash -> where its continuation starts
-        self._upto = ngram - 1  # positions filed so far: ngram .. _upto
+        self._filed: dict[int, int] = {}  # hash of (n, n-gram) -> where its continuation starts
+        self._upto = 0  # continuations filed so far: those starting at 1 .. _upto
 
     def lookup(self, tokens: Sequence[int], k: int) -> tuple[int, list[int]]:
-        """Up to k tokens that followed the newest earlier place of the last n-gram of `tokens`
-        (the request's tokens, a list that only grows), with how far back the match reaches
-        ((-1, []): none)."""
-        n = self.ngram
-        for p in range(self._upto + 1, len(tokens)):  # never the last n-gram itself
-            self._filed[hash(tuple(tokens[p - n : p]))] = p
+        """Up to k tokens that followed the newest earlier place of the longest last n-gram of
+        `tokens` (the request's tokens, a list that only grows) found earlier, and the length of
+        the match they follow ((0, []): none)."""
+        first = max(self._upto + 1, len(tokens) - CONTEXT_WINDOW)
+        for p in range(first, len(tokens)):  # never the last n-gram itself
+            for n in range(1, min(self.ngram, p) + 1):
+                self._filed[hash((n, *tokens[p - n : p]))] = p
         self._upto = max(self._upto, len(tokens) - 1)
-        if k <= 0 or len(tokens) < n:
-            return -1, []
-        last = tuple(tokens[-n:])
-        p = self._filed.get(hash(last), -1)
-        if p < 0 or tuple(tokens[p - n : p]) != last:  # none, or another n-gram's hash
-            return -1, []
-        return _back_match(tokens, p, tokens, n), list(tokens[p : p + k])
+        if k <= 0:
+            return 0, []
+        for n in range(min(self.ngram, len(tokens)), 0, -1):
+            last = tuple(tokens[-n:])
+            p = self._filed.get(hash((n, *last)), -1)
+            if p >= 0 and tuple(tokens[p - n : p]) == last:  # not another n-gram's hash
+                return _match_len(tokens, p, tokens, n), list(tokens[p : p + k])
+        return 0, []

@@ -87,7 +87,7 @@ class ResultFolder:
                 touched.append(req)
                 table.end(req, "length")  # into the radix tree (and pinned, if asked)
                 continue
-            if run.num_new > 1 or not run.sample:
+            if run.num_new - len(run.draft) > 1 or not run.sample:  # not a (drafted) decode
                 # share the computed prompt from the next step on
                 shared = self.kv.cache_prefix(req)
                 if shared:

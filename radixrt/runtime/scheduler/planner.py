@@ -85,11 +85,14 @@ class Planner:
         decodes = [r for r in table.running if r.is_decoding and not self._awaits_end(r)]
         spec = self.speculator
         drafting = spec is not None and spec.drafts_in(len(decodes))
-        for req in decodes:
+        for i, req in enumerate(decodes):
             if req.phase is Phase.RUNNING and req.rid not in draft.planned:
-                self._plan_chunk(req, 1, draft, self._draft(req) if drafting else [])
-        if drafting:  # the next plan needs this one's verification folded in
-            draft.sync_reason = draft.sync_reason or SYNC_SPECULATE
+                others = len(decodes) - i - 1  # decodes still to plan: a token each first
+                draft_ids = self._draft(req, draft, others) if drafting else []
+                self._plan_chunk(req, 1, draft, draft_ids)
+                if draft_ids or (drafting and spec.drafts_next(req)):  # type: ignore[union-attr]
+                    # where it goes on, or the token it drafts after, is in this step's result
+                    draft.sync_reason = draft.sync_reason or SYNC_SPECULATE
         prefills = sorted((r for r in table.running if not r.is_decoding and r.remaining > 0),
                           key=lambda r: r.priority)  # stable: admission order within a level
         ahead = [r for r in prefills if urgent is None or r.priority <= urgent]
@@ -241,14 +244,15 @@ class Planner:
         )
 
     # --- running requests --------------------------------------------------------------------
-    def _draft(self, req: Request) -> list[int]:
+    def _draft(self, req: Request, draft: StepDraft, others: int) -> list[int]:
         """Speculative decoding: what the decoding request drafts after its last token, within
-        its max_tokens and the context (the token sampled after the draft counts) and the free
-        pages (a draft never evicts nor preempts)."""
+        its max_tokens and the context (the token sampled after the draft counts), the step's
+        token budget and the free pages, leaving a token and a page to each of the `others`
+        decodes still to plan (a draft never evicts nor preempts)."""
         assert self.speculator is not None
-        room = min(req.max_tokens - len(req.output_ids),
-                   self.context_length - req.num_tokens,
-                   self.kv.room(req, evict=False)) - 1
+        free = self.kv.room(req, evict=False) - others * self.kv.page_size
+        room = min(req.max_tokens - len(req.output_ids), self.context_length - req.num_tokens,
+                   draft.budget - others, free) - 1
         return self.speculator.draft(req, room)
 
     def _plan_chunk(self, req: Request, chunk: int, draft: StepDraft,

@@ -23,10 +23,13 @@ class Phase(enum.Enum):
 
 @dataclass
 class DraftState:
-    """A request's speculative decoding (speculator.py): its own n-grams, its draft length."""
+    """A request's speculative decoding (speculator.py): its own n-grams, its draft length, and
+    its back-off after drafts that were all rejected (or found nothing)."""
 
     length: int
     context: ContextIndex = field(default_factory=ContextIndex)
+    skip: int = 0  # steps it plans without drafting (back-off)
+    backoff: int = 0  # the back-off after its next miss is twice this (at least 1)
 
 
 @dataclass(eq=False)

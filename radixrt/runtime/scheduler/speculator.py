@@ -1,8 +1,9 @@
 """Speculative decoding, the scheduler's half: which decoding requests draft, what, how much.
 
-A decoding request drafts the tokens that followed its last NGRAM tokens elsewhere: in the radix
-tree (DraftIndex, within its namespace) or in its own prompt and outputs (ContextIndex), whichever
-match reaches further back (its own context on a tie). The planner puts the draft in the request's
+A decoding request drafts the tokens that followed its last tokens elsewhere: in the radix tree
+(DraftIndex, within its namespace, on its last NGRAM tokens) or in its own prompt and outputs
+(ContextIndex, on its last NGRAM tokens or fewer), whichever match is longer (its own context on
+a tie). The planner puts the draft in the request's
 run (`Run.draft`): one extend of 1 + len(draft) tokens, verified by the worker in the same forward
 pass as everything else (worker/draft_verifier.py); the folder hands back how many were accepted
 (`verified`) and gives the rejected positions' KV back.
@@ -14,11 +15,17 @@ When to draft:
 - only in a step with at most `max_batch_size` decoding requests: in a bigger batch the forward
   pass is no longer bound by reading the weights and the extra positions cost real time;
 - each request's draft length adapts to its acceptance: all accepted doubles it (up to
-  num_draft_tokens), otherwise it becomes the accepted count plus one, so a request whose drafts
-  keep missing drafts one token and costs one extra position.
+  num_draft_tokens), otherwise it becomes the accepted count plus one;
+- a request whose draft was rejected whole, or whose lookup found nothing, backs off: it drafts
+  nothing for the next 1, 2, 4 ... MAX_BACKOFF_STEPS steps (doubling while it keeps missing;
+  any accepted token resets it). Free prose copies little, and its requests mostly decode as
+  without speculation.
 
-A step with drafts is folded in before the next is planned (in_flight.SYNC_SPECULATE): where the
-next run starts depends on how many drafts the worker accepted.
+Drafting needs a request's last token known when its step is planned, so overlap scheduling
+gives way: a plan in which a request will draft next step (its back-off is over) is folded in
+before the next is planned (in_flight.SYNC_SPECULATE), as is a plan with drafts (where the next
+run starts depends on how many the worker accepted). Steps in which no request drafts or is about
+to overlap as before.
 """
 
 from __future__ import annotations
@@ -28,6 +35,9 @@ import time
 from radixrt.runtime.scheduler.draft_index import DraftIndex
 from radixrt.runtime.scheduler.request import DraftState, Request
 from radixrt.runtime.scheduler.stats import SchedulerStats
+
+# A request whose drafts keep missing drafts again after at most this many steps.
+MAX_BACKOFF_STEPS = 16
 
 
 class Speculator:
@@ -43,23 +53,35 @@ class Speculator:
         return 0 < num_decodes <= self.max_batch_size
 
     def draft(self, req: Request, room: int) -> list[int]:
-        """The tokens `req` drafts this step: at most `room` (what its max_tokens, the context
-        length and the free KV pages leave after the token it samples anyway)."""
-        if req.pending or room <= 0:
-            return []
+        """The tokens `req` drafts this step (called once per step it decodes in, a step that
+        drafts): at most `room` (what its max_tokens, the context length and the free KV pages
+        leave after the token it samples anyway)."""
         state = req.draft_state
         if state is None:
             state = req.draft_state = DraftState(self.num_draft_tokens)
+        if state.skip > 0:
+            state.skip -= 1
+            return []
+        if req.pending or room <= 0:
+            return []
         k = min(state.length, room)
         start = time.perf_counter()
         tokens = req.all_ids
-        own_back, own = state.context.lookup(tokens, k)
-        tree_back, tree = self.index.lookup(req.extra_key, tokens, k)
-        draft = own if own_back >= tree_back else tree
+        own_match, own = state.context.lookup(tokens, k)
+        tree_match, tree = self.index.lookup(req.extra_key, tokens, k)
+        draft = own if own_match >= tree_match else tree
         stats = self.stats
         stats.draft_lookups += 1
         stats.draft_lookup_seconds += time.perf_counter() - start
+        if not draft:
+            self._back_off(state)
         return draft
+
+    @staticmethod
+    def drafts_next(req: Request) -> bool:
+        """Whether `req` will try to draft in its next step (so this one must be folded in
+        before that one is planned: its token must be known)."""
+        return req.draft_state is None or req.draft_state.skip == 0
 
     def verified(self, req: Request, drafted: int, accepted: int) -> None:
         """The worker kept `accepted` of the `drafted` tokens: count them, adapt the length."""
@@ -73,3 +95,12 @@ class Speculator:
             full = accepted == drafted
             state.length = (min(self.num_draft_tokens, 2 * state.length) if full
                             else accepted + 1)
+            if accepted:
+                state.backoff = 0
+            else:
+                self._back_off(state)
+
+    @staticmethod
+    def _back_off(state: DraftState) -> None:
+        state.backoff = min(max(1, 2 * state.backoff), MAX_BACKOFF_STEPS)
+        state.skip = state.backoff

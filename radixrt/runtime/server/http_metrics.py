@@ -134,6 +134,8 @@ class HTTPMetrics:
                  "request's own tokens) so far"),
                 ("draft_lookup_seconds", "Speculative decoding: seconds spent looking drafts "
                  "up so far"),
+                ("draft_index_entries", "Speculative decoding: places of n-grams of the radix "
+                 "tree's tokens the draft index holds"),
             )}
         self.spec_lengths = Gauge(f"{PREFIX}_spec_accept_length",
                                   "Speculative decoding: verified runs by how many drafted "

@@ -52,13 +52,24 @@ class OutputTracker:
         if sample.finish_reason is not None:
             return [], False  # already ended here by a stop string
         detok = self._detoks[delta.index]
-        text = detok.add(delta.token_ids) if delta.token_ids else ""
+        token_ids, logprobs = delta.token_ids, delta.logprobs
+        text = ""
+        if self.params.stop and len(token_ids) > 1:
+            # several tokens at once (speculative decoding, jump-forward): a stop string ends
+            # the sample at the token that completes it, as one token per delta would
+            for taken, token in enumerate(token_ids, 1):
+                text += detok.add([token])
+                if detok.stopped:
+                    token_ids, logprobs = token_ids[:taken], logprobs[:taken]
+                    break
+        elif token_ids:
+            text = detok.add(token_ids)
         stopped_here = detok.stopped and delta.finish_reason is None
         reason = "stop" if detok.stopped else delta.finish_reason
         if reason is not None:
             text += detok.finish()
-        sample.token_ids.extend(delta.token_ids)
-        sample.logprobs.extend(delta.logprobs)
+        sample.token_ids.extend(token_ids)
+        sample.logprobs.extend(logprobs)
         sample.text += text
         sample.finish_reason = reason
         sample.matched_stop = detok.stop_reason if detok.stopped else None
@@ -66,9 +77,9 @@ class OutputTracker:
             rid=out.rid,
             index=sample.index,
             text=text,
-            token_ids=list(delta.token_ids),
+            token_ids=list(token_ids),
             finish_reason=reason,
-            logprobs=list(delta.logprobs),
+            logprobs=list(logprobs),
             cached_tokens=delta.cached_tokens,
             prompt_logprobs=list(delta.prompt_logprobs),
             queue_s=delta.queue_s,

@@ -25,6 +25,7 @@ from radixrt.runtime.messages import (
 )
 from radixrt.runtime.models.loader import LoadedModel
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.worker.draft_verifier import accepted_count
 from radixrt.runtime.worker.grammar_rows import MaskRow, MaskThread, after_sample
 from radixrt.runtime.worker.sampler import (
     AllowedTokens,
@@ -33,7 +34,6 @@ from radixrt.runtime.worker.sampler import (
     TokenSpan,
     prompt_logprobs,
 )
-from radixrt.runtime.worker.draft_verifier import accepted_count
 
 
 @dataclass

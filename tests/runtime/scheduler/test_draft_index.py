@@ -71,11 +71,11 @@ def test_drafts_are_paths_of_the_tree(page_size: int, steps: list, contexts: lis
         for extra_key in NAMESPACES:
             haystacks = paths(tree, extra_key)
             for context in contexts:
-                back, draft = index.lookup(extra_key, context, k)
+                matched, draft = index.lookup(extra_key, context, k)
                 assert len(draft) <= k
                 if draft:
-                    assert occurs(tuple(context[-NGRAM:]) + tuple(draft), haystacks)
-                    assert 0 <= back <= len(context) - NGRAM
+                    assert occurs(tuple(context[-matched:]) + tuple(draft), haystacks)
+                    assert NGRAM <= matched <= len(context)
     tree.evict(tree.evictable_pages)
     assert index.entries == 0 and not index._spans  # noqa: SLF001
 
@@ -88,11 +88,11 @@ def test_a_continuation_runs_on_down_the_most_recent_branch() -> None:
     tree.insert(system, list(range(5)))  # a system prompt, then two answers after it
     tree.insert(system + [1, 1, 1], list(range(8)))
     tree.insert(system + [2, 2, 2], [0, 1, 2, 3, 4, 8, 9, 10])  # the newer branch
-    assert index.lookup(None, [3, 7, 6, 5], 4) == (0, [2, 2, 2])
-    assert index.lookup(None, [8, 7, 6], 4) == (0, [5, 2, 2, 2])  # its run, then down
+    assert index.lookup(None, [3, 7, 6, 5], 4) == (3, [2, 2, 2])
+    assert index.lookup(None, [8, 7, 6], 4) == (3, [5, 2, 2, 2])  # its run, then down
     tree.match_prefix(system + [1, 1], None)  # the first branch is used again: now the newest
-    assert index.lookup(None, [9, 8, 7, 6], 6) == (1, [5, 1, 1, 1])
-    assert index.lookup("other", [9, 8, 7, 6], 6) == (-1, [])  # never across namespaces
+    assert index.lookup(None, [9, 8, 7, 6], 6) == (4, [5, 1, 1, 1])
+    assert index.lookup("other", [9, 8, 7, 6], 6) == (0, [])  # never across namespaces
 
 
 def test_the_longest_back_match_wins() -> None:
@@ -100,23 +100,26 @@ def test_the_longest_back_match_wins() -> None:
     tree = RadixCache(1, listener=index)
     tree.insert([1, 2, 3, 4, 5, 6, 40, 41], list(range(8)))
     tree.insert([7, 3, 4, 5, 6, 50, 51], list(range(8, 15)))  # newer, matches less far back
-    assert index.lookup(None, [2, 3, 4, 5, 6], 2) == (2, [40, 41])
-    assert index.lookup(None, [0, 4, 5, 6], 2) == (0, [50, 51])  # a tie: the newest
+    assert index.lookup(None, [2, 3, 4, 5, 6], 2) == (5, [40, 41])
+    assert index.lookup(None, [0, 4, 5, 6], 2) == (3, [50, 51])  # a tie: the newest
     tree.evict(100)
-    assert index.lookup(None, [2, 3, 4, 5, 6], 2) == (-1, []) and index.entries == 0
+    assert index.lookup(None, [2, 3, 4, 5, 6], 2) == (0, []) and index.entries == 0
 
 
 @given(st.lists(st.integers(0, 3), min_size=0, max_size=40), st.integers(1, 6))
 def test_own_context_gives_the_newest_earlier_continuation(tokens: list[int], k: int) -> None:
+    """Of the longest last n-gram (NGRAM tokens down to one) that occurred before."""
     index = ContextIndex()
     grown: list[int] = []
     for token in tokens:  # the request's tokens grow one at a time, as decoding does
         grown.append(token)
-        back, draft = index.lookup(grown, k)
-        last = tuple(grown[-NGRAM:])
-        places = [p for p in range(NGRAM, len(grown)) if tuple(grown[p - NGRAM : p]) == last]
-        if len(grown) < NGRAM or not places:
-            assert (back, draft) == (-1, [])
-            continue
-        p = max(places)
-        assert draft == grown[p : p + k] and back >= 0
+        matched, draft = index.lookup(grown, k)
+        for n in range(min(NGRAM, len(grown)), 0, -1):
+            last = tuple(grown[-n:])
+            places = [p for p in range(n, len(grown)) if tuple(grown[p - n : p]) == last]
+            if places:
+                p = max(places)
+                assert draft == grown[p : p + k] and matched >= n
+                break
+        else:
+            assert (matched, draft) == (0, [])

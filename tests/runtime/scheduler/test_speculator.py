@@ -68,3 +68,26 @@ def test_the_draft_length_follows_acceptance() -> None:
     assert (stats.spec_verifications, stats.spec_drafted_tokens,
             stats.spec_accepted_tokens) == (3, 17, 11)
     assert stats.spec_accepted_lengths == {2: 1, 3: 1, 6: 1}
+
+
+def test_missing_requests_back_off_and_an_accepted_token_resets_it() -> None:
+    spec, tree, _ = speculator()
+    tree.insert(list(range(1, 40)), list(range(39)))
+    req = request([1, 2, 3])
+    skipped = []
+    for _ in range(4):  # four rejected drafts: 1, 2, 4, 8 steps without drafting after each
+        assert spec.draft(req, room=64) and spec.drafts_next(req)
+        spec.verified(req, drafted=1, accepted=0)
+        n = 0
+        while not spec.drafts_next(req):
+            assert spec.draft(req, room=64) == []
+            n += 1
+        skipped.append(n)
+    assert skipped == [1, 2, 4, 8]
+    assert spec.draft(req, room=64)
+    spec.verified(req, drafted=1, accepted=1)
+    spec.verified(req, drafted=1, accepted=0)  # after a hit, a miss backs off one step again
+    assert not spec.drafts_next(req) and spec.draft(req, room=64) == []
+    assert spec.drafts_next(req)
+    lost = request([30, 31, 77])  # nothing follows (31, 77) anywhere: backs off too
+    assert spec.draft(lost, room=64) == [] and not spec.drafts_next(lost)

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.worker.sampler import Sampler, SamplingRow
 from radixrt.runtime.worker.draft_verifier import accepted_count
+from radixrt.runtime.worker.sampler import Sampler, SamplingRow
 
 
 @pytest.mark.parametrize("draft, sampled, stops, want", [
