@@ -40,7 +40,7 @@ SPECULATIVE_ALGORITHMS = ("radix",)
 DEFAULT_SPECULATIVE_NUM_DRAFT_TOKENS = 8
 MAX_SPECULATIVE_NUM_DRAFT_TOKENS = 64
 # steps with more decoding requests than this draft nothing (benchmarks/speculative.py's curve)
-DEFAULT_SPECULATIVE_MAX_BATCH_SIZE = 8
+DEFAULT_SPECULATIVE_MAX_BATCH_SIZE = 4
 DEFAULT_MAX_PINNED_FRACTION = 0.5  # of the KV pool that pins (leases) may keep locked
 # Fair-share preemption leaves a request alone until it has written this many tokens since its
 # admission, so a request preempted for fairness makes progress before it can be preempted
