@@ -31,7 +31,7 @@ PAGE_IDS = [page.relative_to(ROOT).as_posix() for page in PAGES]
 README_MAX_LINES = 400
 # flags of other commands the pages show: pip's, every command's --help, llama.cpp's
 # llama-server (the benchmarks' peer), helm's (docs/kubernetes.md)
-OTHER_COMMANDS_FLAGS = {"--no-deps", "--help", "--jinja", "--set"}
+OTHER_COMMANDS_FLAGS = {"--no-deps", "--help", "--jinja", "--spec-type", "--set"}
 MODELS_TABLE_HEADER = "| architecture (`config.json`) |"
 
 each_page = pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
