@@ -109,3 +109,43 @@ def test_preemption_keeps_the_outputs(make_engine, preemption: str, overlap: boo
                           preemption=preemption, overlap=overlap)
     assert samples(on) == samples(off)
     assert stats["preemptions"] > 0 and stats["spec_accepted_tokens"] > 0
+
+
+def test_unseeded_samples_follow_the_models_distribution(make_engine):
+    """Temperature 1, top_k 3, no seed: the second output token is drawn after a one-token
+    draft of the request's own text that verification keeps or rejects; the pairs (first,
+    second) still follow the model's distribution (chi-square over the 9 pairs, p > 0.001)."""
+    prompt = "red green blue red green blue red green blue red green"
+    params = SamplingParams(max_tokens=3, temperature=1.0, top_k=3, n=128, ignore_eos=True)
+    exact = make_engine()
+
+    def top3(text_ids):  # the processed distribution: the model's top 3, renormalised
+        out = exact.generate(list(text_ids),
+                             SamplingParams(max_tokens=1, temperature=0, top_logprobs=3))
+        top = out[0].samples[0].logprobs[0].top if out[0].samples[0].logprobs else []
+        return top
+
+    engine = make_engine(speculative_algorithm="radix", speculative_max_batch_size=4096,
+                         max_total_tokens=8192, max_num_batched_tokens=4096)
+    outs = engine.generate([prompt] * 8, params)
+    pairs = [tuple(s.token_ids[:2]) for o in outs for s in o.samples]
+    stats = engine.stats()
+    assert stats["spec_accepted_lengths"].get(0, 0) > 0, stats["spec_accepted_lengths"]
+    assert stats["spec_accepted_tokens"] > 0  # drafts both kept and rejected
+    prompt_ids = outs[0].prompt_token_ids
+    first = _normalised(top3(prompt_ids))
+    expected = {}
+    for a, pa in first.items():
+        for b, pb in _normalised(top3(prompt_ids + [a])).items():
+            expected[(a, b)] = pa * pb * len(pairs)
+    assert set(pairs) <= set(expected)
+    chi2 = sum((pairs.count(cell) - e) ** 2 / e for cell, e in expected.items())
+    assert chi2 < 27.9, (chi2, expected)  # 8 degrees of freedom: p = 0.0005
+
+
+def _normalised(top) -> dict[int, float]:
+    import math
+
+    weights = {token: math.exp(lp) for token, lp in top}
+    total = sum(weights.values())
+    return {token: w / total for token, w in weights.items()}
