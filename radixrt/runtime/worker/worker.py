@@ -293,6 +293,8 @@ class Worker:
     def _draft_rows(draws: _Draws, idx: int, run: Run, state: _RequestState) -> None:
         """Speculative decoding: one row after the last known token and one after each drafted
         token, each sampled as if the drafts before it were outputs (worker/draft_verifier.py)."""
+        if run.fork_into:
+            raise RuntimeError(f"request {run.rid}: a draft on a run that forks")
         draws.drafted[run.rid] = len(draws.rows)
         tokens = state.token_ids + run.draft  # the penalties read the drafts before each row
         known = len(state.token_ids)
