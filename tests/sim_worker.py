@@ -272,9 +272,9 @@ class SimWorker:
             assert run.num_new == len(run.new_slots) >= 1
             end = run.start + run.num_new - len(run.draft)
             assert end <= len(state.token_ids), f"run of {run.rid} past its known tokens"
-            if run.draft:  # speculative: a decode of its last known token, then the drafts
+            if run.draft:  # speculative: a decode or a prompt's last chunk, then the drafts
                 assert run.sample and not run.fork_into and end == len(state.token_ids) \
-                    and end - run.start == 1, f"run of {run.rid}: a draft on no decode"
+                    and end > run.start, f"run of {run.rid}: a draft on no sampling run"
             if run.sample and end < len(state.token_ids):  # planned before a jump-forward
                 assert end == state.forced_at and not run.fork_into, f"run of {run.rid}: known"
             else:
@@ -350,7 +350,7 @@ class SimWorker:
                 break
         self.drafted += len(run.draft)
         self.accepted += len(drawn) - 1
-        del state.slots[run.start + len(drawn) :]
+        del state.slots[run.start + run.num_new - len(run.draft) + len(drawn) - 1 :]
         state.token_ids += drawn
         tokens = [TokenLogprob(t, SAMPLED) for t in drawn]
         self.produced.setdefault(run.rid, []).extend(tokens)

@@ -70,6 +70,34 @@ def test_an_answer_given_before_is_drafted_from_the_tree(make_engine):
     assert after["steps"] - before["steps"] <= 8  # 32 tokens in a handful of steps
 
 
+def test_a_prompts_last_chunk_drafts(make_engine):
+    """A prompt whose continuation is in the tree drafts it in its prefill's own pass: asked
+    again, an 8-token answer comes back in one step (7 drafts kept, then the sampled token)."""
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
+    prompt = "List the planets of the solar system in order, comma separated."
+    engine = make_engine(speculative_algorithm="radix", speculative_num_draft_tokens=7)
+    first = engine.generate(prompt, params)[0].samples[0]
+    before = engine.stats()
+    again = engine.generate(prompt, params)[0].samples[0]
+    after = engine.stats()
+    assert again.token_ids == first.token_ids
+    assert after["steps"] - before["steps"] == 1
+    assert after["spec_accepted_tokens"] - before["spec_accepted_tokens"] == 7
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["inline", "overlap"])
+def test_a_chunked_prompt_drafts_from_its_own_tokens(make_engine, overlap: bool):
+    """A prompt prefilled in 16-token chunks drafts on its last chunk from its own tokens (the
+    record it is asked to repeat follows a newline, as the answer does): the outputs are the
+    outputs without speculation, and the copy is accepted."""
+    params = SamplingParams(max_tokens=24, temperature=0, logprobs=True)
+    off, on, stats = both(make_engine, [COPY], params, max_num_batched_tokens=16,
+                          overlap=overlap)
+    assert samples(on) == samples(off)
+    assert_logprobs_close(off, on)
+    assert stats["spec_accepted_tokens"] >= 12
+
+
 @pytest.mark.parametrize("constraint", ["json_schema", "regex"])
 def test_grammars_keep_their_outputs(make_engine, constraint: str):
     params = SamplingParams(max_tokens=64, temperature=0,

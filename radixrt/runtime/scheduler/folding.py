@@ -114,7 +114,7 @@ class ResultFolder:
         """Speculative decoding: the drafts the worker accepted go before the placeholder of the
         token it sampled after them, and the rejected drafts' positions are given back. True if
         the request finished (at an accepted token)."""
-        self.kv.truncate(req, run.start + 1 + len(accepted))
+        self.kv.truncate(req, run.start + run.num_new - len(run.draft) + len(accepted))
         if self.speculator is not None:
             self.speculator.verified(req, len(run.draft), len(accepted))
         for token in accepted:

@@ -85,10 +85,11 @@ class Planner:
         decodes = [r for r in table.running if r.is_decoding and not self._awaits_end(r)]
         spec = self.speculator
         drafting = spec is not None and spec.drafts_in(len(decodes))
+        draft.decoders = len(decodes)
         for i, req in enumerate(decodes):
             if req.phase is Phase.RUNNING and req.rid not in draft.planned:
                 others = len(decodes) - i - 1  # decodes still to plan: a token each first
-                draft_ids = self._draft(req, draft, others) if drafting else []
+                draft_ids = self._draft(req, 1, draft, others) if drafting else []
                 self._plan_chunk(req, 1, draft, draft_ids)
                 if draft_ids or (drafting and spec.drafts_next(req)):  # type: ignore[union-attr]
                     # where it goes on, or the token it drafts after, is in this step's result
@@ -135,7 +136,8 @@ class Planner:
             if draft.budget <= 0:
                 break
             if req.phase is Phase.RUNNING and req.rid not in draft.planned:
-                self._plan_chunk(req, min(req.remaining, draft.budget), draft)
+                chunk = min(req.remaining, draft.budget)
+                self._plan_chunk(req, chunk, draft, self._prompt_draft(req, chunk, draft))
 
     def _expire_waiting(self) -> None:
         """Requests never admitted by their deadline end with an error."""
@@ -193,6 +195,7 @@ class Planner:
                 continue  # next step its prefix is in the tree: compute it once
             self.kv.admit(req)
             chunk = min(req.remaining, draft.budget)
+            draft_ids = self._prompt_draft(req, chunk, draft)
             room = self.kv.room(req)
             busy = bool(table.running or draft.runs)
             if room < chunk:
@@ -203,15 +206,17 @@ class Planner:
                         table.fail(req, POOL_TOO_SMALL)
                     break
                 chunk = room
-            slots = self.kv.reserve(req, chunk, draft.copies)
+            if room < chunk + len(draft_ids):  # a draft never waits for memory
+                draft_ids = []
+            slots = self.kv.reserve(req, chunk + len(draft_ids), draft.copies)
             if slots is None:
                 self.kv.release(req, cache=False)
                 break
             if req.admitted_at < 0:
                 req.admitted_s = time.monotonic()
                 self.stats.prompt_tokens += len(req.prompt_ids)
-                self.stats.cached_tokens += req.kv_len - chunk
-                req.cached_len = req.kv_len - chunk
+                self.stats.cached_tokens += req.kv_len - chunk - len(draft_ids)
+                req.cached_len = req.kv_len - chunk - len(draft_ids)
             table.start(req)
             draft.new_requests.append(
                 WorkerRequest(
@@ -221,10 +226,10 @@ class Planner:
                     params=req.params,
                     max_tokens=req.max_tokens,
                     seed_offset=req.seed_offset,
-                    prefix_slots=self.kv.slots(req, 0, req.kv_len - chunk),
+                    prefix_slots=self.kv.slots(req, 0, req.kv_len - len(slots)),
                 )
             )
-            self._add_run(req, chunk, slots, draft)
+            self._add_run(req, len(slots), slots, draft, draft_ids)
 
     def _shares_prefill_in_progress(self, req: Request, draft: StepDraft) -> bool:
         """True when a request prefilling now (in this plan, in a step still in flight, or in
@@ -244,26 +249,46 @@ class Planner:
         )
 
     # --- running requests --------------------------------------------------------------------
-    def _draft(self, req: Request, draft: StepDraft, others: int) -> list[int]:
-        """Speculative decoding: what the decoding request drafts after its last token, within
-        its max_tokens and the context (the token sampled after the draft counts), the step's
-        token budget and the free pages, leaving a token and a page to each of the `others`
-        decodes still to plan (a draft never evicts nor preempts)."""
+    def _draft(self, req: Request, chunk: int, draft: StepDraft, others: int) -> list[int]:
+        """Speculative decoding: what the request drafts after the `chunk` tokens it computes
+        this step (a decode's last token, or a prompt's last chunk), within its max_tokens and
+        the context (the token sampled after the draft counts), the step's token budget and the
+        free pages, leaving a token and a page to each of the `others` decodes still to plan (a
+        draft never evicts nor preempts)."""
         assert self.speculator is not None
-        free = self.kv.room(req, evict=False) - others * self.kv.page_size
-        room = min(req.max_tokens - len(req.output_ids), self.context_length - req.num_tokens,
-                   draft.budget - others, free) - 1
+        free = self.kv.room(req, evict=False) - others * self.kv.page_size - chunk
+        room = min(req.max_tokens - len(req.output_ids) - 1,
+                   self.context_length - req.num_tokens - 1, draft.budget - others - chunk, free)
         return self.speculator.draft(req, room)
+
+    def _prompt_draft(self, req: Request, chunk: int, draft: StepDraft) -> list[int]:
+        """Speculative decoding on a prompt's last chunk: the tokens that followed the prompt's
+        end elsewhere are verified in the prefill's own forward pass, after its first sample,
+        so an answer copied from the tree is drafted from its first token on. Not on a prompt
+        that forks (n > 1) or asks for prompt logprobs, and only while the step's decoders, this
+        request one of them, are few enough to draft."""
+        spec = self.speculator
+        if (spec is None or chunk != req.remaining or req.max_tokens <= 0
+                or req.fork_count > 1 or req.prompt_logprob_from() >= 0):
+            return []
+        draft.decoders += 1
+        if not spec.drafts_in(draft.decoders):
+            return []
+        draft_ids = self._draft(req, chunk, draft, 0)
+        if draft_ids:  # where it goes on is in this step's result
+            draft.sync_reason = draft.sync_reason or SYNC_SPECULATE
+        return draft_ids
 
     def _plan_chunk(self, req: Request, chunk: int, draft: StepDraft,
                     draft_ids: list[int] | None = None) -> None:
-        """Plan `chunk` more tokens of a running request (a decode: 1 plus its draft_ids)."""
+        """Plan `chunk` more tokens of a running request, then its draft_ids (speculative)."""
         draft_ids = draft_ids or []
+        known = chunk
         chunk += len(draft_ids)
         room = self.kv.room(req)
         if 0 < room < chunk:
-            chunk = room
-            del draft_ids[max(chunk - 1, 0):]
+            del draft_ids[max(room - known, 0):]
+            chunk = min(room, known + len(draft_ids))
         while True:
             slots = self.kv.reserve(req, chunk, draft.copies)
             if slots is not None:

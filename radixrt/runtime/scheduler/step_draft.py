@@ -26,3 +26,6 @@ class StepDraft:
     # admitted by this plan
     not_admitted: set[int] = field(default_factory=set)
     sync_reason: str | None = None  # the step in flight must be folded in first (in_flight.py)
+    # requests that decode after this step (its decodes, then prompts whose last chunk it
+    # computes): how many speculative decoding counts when a prompt's last chunk may draft
+    decoders: int = 0

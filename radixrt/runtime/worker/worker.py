@@ -378,7 +378,7 @@ class Worker:
 
         n = accepted_count(run.draft, [t.token_id for t in drawn], stops,
                            None if grammar is None else goes_on)
-        del state.slots[run.start + 1 + n :]
+        del state.slots[run.start + run.num_new - len(run.draft) + n :]
         state.token_ids.extend(t.token_id for t in drawn[:n])
         state.token_ids.append(drawn[n].token_id)
         return RunResult(rid=run.rid, token=drawn[n], accepted=drawn[:n],

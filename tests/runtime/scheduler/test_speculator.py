@@ -62,12 +62,12 @@ def test_the_draft_length_follows_acceptance() -> None:
     spec.verified(req, drafted=8, accepted=2)
     assert len(spec.draft(req, room=64)) == 3  # accepted + 1
     spec.verified(req, drafted=3, accepted=3)
-    assert len(spec.draft(req, room=64)) == 6  # all accepted: doubled
-    spec.verified(req, drafted=6, accepted=6)
+    assert len(spec.draft(req, room=64)) == 7  # all accepted: rows verified (1 + 3) doubled
+    spec.verified(req, drafted=7, accepted=7)
     assert len(spec.draft(req, room=64)) == 8  # up to num_draft_tokens
     assert (stats.spec_verifications, stats.spec_drafted_tokens,
-            stats.spec_accepted_tokens) == (3, 17, 11)
-    assert stats.spec_accepted_lengths == {2: 1, 3: 1, 6: 1}
+            stats.spec_accepted_tokens) == (3, 18, 12)
+    assert stats.spec_accepted_lengths == {2: 1, 3: 1, 7: 1}
 
 
 def test_missing_requests_back_off_and_an_accepted_token_resets_it() -> None:
