@@ -29,18 +29,20 @@ DEFAULT_MAX_NUM_BATCHED_TOKENS = 1024
 # when the group saves at least this many position reads per layer ((members - 1) x prefix; the
 # planner's CASCADE_MIN_PREFIX, measured in docs/design-notes.md).
 CASCADE_MIN_SAVED_READS = 4096
+# On the CPU, small batches' linear layers run block of output rows by block of output rows, this
+# many rows per block (models/linear.py: CPU_BLOCKED_LINEAR_ROWS; the LM head's in decoder.py).
+LINEAR_BLOCK_ROWS = 256
 # Decode batches up to this size replay CUDA graphs (triton backend on CUDA); 0 disables them.
 DEFAULT_CUDA_GRAPH_MAX_BS = 128
 DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
 # speculative decoding (scheduler/speculator.py): drafts looked up in the radix tree
 SPECULATIVE_ALGORITHMS = ("radix",)
-# 7 drafts: with the token before them, 8 rows, the most the CPU's weight-major product reads at
-# about the cost of one step's worth of rows 5-8 (models/linear.py); 9 rows cost as much as 16
+# 7 drafts: with the token before them 8 rows, the last row count before the CPU's products cost
+# more (the 30 layers' projections: 56.2 ms at 8 rows, 61.9 at 9; docs/design-notes.md)
 DEFAULT_SPECULATIVE_NUM_DRAFT_TOKENS = 7
 MAX_SPECULATIVE_NUM_DRAFT_TOKENS = 64
-# steps with more decoding requests than this draft nothing (benchmarks/speculative.py's curve:
-# free prose 1.10x at 2, 0.88x at 4 since the weight-major products made 4-row decodes cheap)
-DEFAULT_SPECULATIVE_MAX_BATCH_SIZE = 2
+# steps with more decoding requests than this draft nothing (benchmarks/speculative.py's curve)
+DEFAULT_SPECULATIVE_MAX_BATCH_SIZE = 4
 DEFAULT_MAX_PINNED_FRACTION = 0.5  # of the KV pool that pins (leases) may keep locked
 # Fair-share preemption leaves a request alone until it has written this many tokens since its
 # admission, so a request preempted for fairness makes progress before it can be preempted

@@ -35,6 +35,8 @@ if TYPE_CHECKING:
     from radixrt.runtime.forward.forward_batch import ForwardBatch
     from radixrt.runtime.forward.kv_cache import KVCache
 
+LM_HEAD_BLOCK_ROWS = 1024  # rows per block of the LM head on the CPU (linear.py)
+
 # HF checkpoint projection name -> (our fused parameter prefix, shard index)
 _FUSED_SHARDS = {
     "q_proj": ("qkv_proj", 0),
@@ -210,7 +212,7 @@ class CausalLM(nn.Module):
         """hidden [n, hidden] -> logits [n, vocab] float32 (divided by logits_divisor, then
         soft-capped, where the config says so)."""
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = parallel_logits(hidden, weight, self.shard.vocab, self.tp)
+        logits = parallel_logits(hidden, weight, self.shard.vocab, self.tp, LM_HEAD_BLOCK_ROWS)
         if self.config.logits_divisor != 1.0:
             logits = logits / self.config.logits_divisor
         return soft_cap(logits, self.config.final_logit_softcap)

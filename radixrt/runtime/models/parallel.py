@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from radixrt.runtime.config import LINEAR_BLOCK_ROWS
 from radixrt.runtime.distributed.group import TPGroup
-from radixrt.runtime.models.linear import SmallBatchLinear, small_batch_linear
+from radixrt.runtime.models.linear import BlockedLinear, small_batch_linear
 from radixrt.runtime.models.shard_plan import Slice
 from radixrt.runtime.models.tensor_source import Weight, read_all, read_range, shape_of
 
@@ -51,14 +52,15 @@ def take(full: Weight, index: Sequence[int | None], dim: int) -> Tensor:
     return out.index_copy_(dim, where, piece)
 
 
-class ColumnParallelLinear(SmallBatchLinear):
+class ColumnParallelLinear(BlockedLinear):
     """Output rows `rows[0] + rows[1] + ...` of one or more full weights (a fused projection:
     shard s is the full tensor loaded as `load(s, tensor)`)."""
 
-    def __init__(self, in_features: int, rows: Sequence[Sequence[int | None]], bias: bool) -> None:
+    def __init__(self, in_features: int, rows: Sequence[Sequence[int | None]], bias: bool,
+                 block_rows: int = LINEAR_BLOCK_ROWS) -> None:
         self.rows = [list(r) for r in rows]
         self.sizes = [len(r) for r in self.rows]
-        super().__init__(in_features, sum(self.sizes), bias=bias)
+        super().__init__(in_features, sum(self.sizes), bias=bias, block_rows=block_rows)
 
     @torch.no_grad()
     def load(self, shard: int, full: Weight, name: str = "weight") -> None:
@@ -69,19 +71,19 @@ class ColumnParallelLinear(SmallBatchLinear):
         dest.copy_(piece)
 
 
-class RowParallelLinear(SmallBatchLinear):
+class RowParallelLinear(BlockedLinear):
     """Input columns `cols` of a full weight; the ranks' partial outputs are summed, then the
     bias (replicated; gpt-oss's o_proj) is added once."""
 
     def __init__(self, cols: Sequence[int | None], out_features: int, tp: TPGroup,
-                 bias: bool = False) -> None:
-        super().__init__(len(cols), out_features, bias=bias)
+                 block_rows: int = LINEAR_BLOCK_ROWS, bias: bool = False) -> None:
+        super().__init__(len(cols), out_features, bias=bias, block_rows=block_rows)
         self.cols = list(cols)
         self.tp = tp
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [num_tokens, local in_features] -> [num_tokens, out_features], summed over ranks
-        out = self.tp.all_reduce(small_batch_linear(x, self.weight, None))
+        out = self.tp.all_reduce(small_batch_linear(x, self.weight, None, self.block_rows))
         return out if self.bias is None else out + self.bias
 
     @torch.no_grad()
@@ -126,10 +128,11 @@ class VocabParallelEmbedding(VocabRows):
         return self.tp.all_reduce(h)
 
 
-def parallel_logits(hidden: Tensor, weight: Tensor, vocab: Slice, tp: TPGroup) -> Tensor:
+def parallel_logits(hidden: Tensor, weight: Tensor, vocab: Slice, tp: TPGroup,
+                    block_rows: int) -> Tensor:
     """hidden [n, hidden] x this rank's vocabulary rows of the LM head -> logits [n, vocab]
     float32 over the whole vocabulary (gathered; padding rows dropped)."""
-    local = small_batch_linear(hidden, weight, None)  # [n, vocab.size]
+    local = small_batch_linear(hidden, weight, None, block_rows)  # [n, vocab.size]
     if tp.size == 1:
         return local.float()
     return tp.all_gather(local)[:, : vocab.real].float()

@@ -15,9 +15,8 @@ When to draft:
 - only in a step with at most `max_batch_size` decoding requests: in a bigger batch the forward
   pass is no longer bound by reading the weights and the extra positions cost real time;
 - each request's draft length adapts to its acceptance: all accepted doubles the rows verified
-  (the draft and the token before it: 1, 3, 7 ... drafts, up to num_draft_tokens; the CPU's
-  products cost about the same for 2, 4 and 8 rows as for 1, 3 and 5-7, models/linear.py),
-  otherwise it becomes the accepted count plus one;
+  (the draft and the token before it: 1, 3, 7 ... drafts, up to num_draft_tokens), otherwise
+  it becomes the accepted count plus one;
 - a request whose draft was rejected whole, or whose lookup found nothing, backs off: it drafts
   nothing for the next 1, 2, 4 ... MAX_BACKOFF_STEPS steps (doubling while it keeps missing;
   any accepted token resets it). Free prose copies little, and its requests mostly decode as

@@ -22,7 +22,7 @@ from torch import Tensor
 from radixrt.runtime.distributed.group import TPGroup, bind_listener
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.forward.kv_cache import KVCache
-from radixrt.runtime.models.decoder import CausalLM
+from radixrt.runtime.models.decoder import LM_HEAD_BLOCK_ROWS, CausalLM
 from radixrt.runtime.models.loader import _build, iter_dummy_weights
 from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.parallel import (
@@ -243,28 +243,28 @@ def test_vocab_parallel_embedding_matches_dense(vocab: int, tp: int) -> None:
     assert torch.equal(outs[0], dense)
 
 
-@pytest.mark.parametrize("rows", [5, 9, 200])
+@pytest.mark.parametrize("block_rows", [4, LM_HEAD_BLOCK_ROWS])
 @pytest.mark.parametrize(("vocab", "tp"), [(37, 2), (37, 3)])
-def test_parallel_logits_gather_and_drop_padding(vocab: int, tp: int, rows: int) -> None:
+def test_parallel_logits_gather_and_drop_padding(vocab: int, tp: int, block_rows: int) -> None:
     """parallel_logits: each rank's vocabulary rows of the LM head (VocabRows), gathered into
     float32 logits over exactly the real vocabulary (padding columns dropped), equal to the dense
-    product on every rank (weight-major, padded and plain products alike)."""
+    product on every rank (blocked and plain products alike)."""
     config = config_of(6, 3, vocab=vocab)
-    gen = torch.Generator().manual_seed(vocab * tp + rows)
+    gen = torch.Generator().manual_seed(vocab * tp + block_rows)
     head = weight(gen, vocab, config.hidden_size)
-    hidden = randn(gen, rows, config.hidden_size)  # weight-major, padded to 16, plain
+    hidden = randn(gen, 5, config.hidden_size)  # 5 rows: within CPU_BLOCKED_LINEAR_ROWS
     dense = F.linear(hidden, head)
 
     def rank_fn(group: TPGroup) -> Tensor:
         plan = ShardPlan.for_rank(config, tp, group.rank)
-        lm_rows = VocabRows(plan.vocab, config.hidden_size)
-        lm_rows.load(0, head, "weight")
-        return parallel_logits(hidden, lm_rows.weight, plan.vocab, group)
+        rows = VocabRows(plan.vocab, config.hidden_size)
+        rows.load(0, head, "weight")
+        return parallel_logits(hidden, rows.weight, plan.vocab, group, block_rows)
 
     outs = run_ranks(tp, rank_fn)
     for out in outs:
         assert torch.equal(out, outs[0])
-    assert outs[0].dtype == torch.float32 and outs[0].shape == (rows, vocab)
+    assert outs[0].dtype == torch.float32 and outs[0].shape == (5, vocab)
     assert max_err(outs[0], dense) < LAYER_ATOL
 
 
