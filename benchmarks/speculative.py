@@ -122,7 +122,8 @@ class Run:
 
 def systems(args: argparse.Namespace) -> list[System]:
     ns = argparse.Namespace(max_total_tokens=args.max_total_tokens, radixrt_args="")
-    out = [dataclasses.replace(radixrt_system(RT_OFF, ns, []), extra_body={}),
+    out = [dataclasses.replace(radixrt_system(RT_OFF, ns, ["--speculative-algorithm", "none"]),
+                               extra_body={}),
            dataclasses.replace(radixrt_system(RT_ON, ns, ["--speculative-algorithm", "radix"]),
                                extra_body={})]
     binary = args.llama_server or LLAMA_SERVER

@@ -36,7 +36,7 @@ LINEAR_BLOCK_ROWS = 256
 DEFAULT_CUDA_GRAPH_MAX_BS = 128
 DEVICE_PATTERN = r"auto|cpu|cuda(:[0-9]+)?"
 # speculative decoding (scheduler/speculator.py): drafts looked up in the radix tree
-SPECULATIVE_ALGORITHMS = ("radix",)
+SPECULATIVE_ALGORITHMS = ("radix", "none")  # none: off (as is None)
 # 7 drafts: with the token before them 8 rows, the last row count before the CPU's products cost
 # more (the 30 layers' projections: 56.2 ms at 8 rows, 61.9 at 9; docs/design-notes.md)
 DEFAULT_SPECULATIVE_NUM_DRAFT_TOKENS = 7
@@ -140,7 +140,7 @@ class EngineConfig:
         "choices": SPECULATIVE_ALGORITHMS,
         "help": "speculative decoding: radix = each decoding request drafts the tokens that "
         "followed its last tokens in the radix tree or its own context, verified in the same "
-        "forward pass (exactly: outputs are the model's); default off"})
+        "forward pass (exactly: outputs are the model's); none (the default) = off"})
     speculative_num_draft_tokens: int = field(default=DEFAULT_SPECULATIVE_NUM_DRAFT_TOKENS,
                                               metadata={
         "help": "most tokens a request drafts in one step (its draft length adapts below this "
@@ -253,7 +253,7 @@ class EngineConfig:
         if (self.speculative_algorithm is not None
                 and self.speculative_algorithm not in SPECULATIVE_ALGORITHMS):
             raise bad("speculative_algorithm", self.speculative_algorithm,
-                      f"use one of {SPECULATIVE_ALGORITHMS} or None (off)")
+                      f"use one of {SPECULATIVE_ALGORITHMS} (None: off)")
         if not 1 <= self.speculative_num_draft_tokens <= MAX_SPECULATIVE_NUM_DRAFT_TOKENS:
             raise bad("speculative_num_draft_tokens", self.speculative_num_draft_tokens,
                       f"use 1..{MAX_SPECULATIVE_NUM_DRAFT_TOKENS}")

@@ -125,7 +125,9 @@ def test_choices_return_one_choice_exactly_with_n_and_seed(make_engine):
 
 
 def test_jump_forward_gives_identical_outputs_in_fewer_steps(make_engine):
-    on, off = make_engine(), make_engine(disable_jump_forward=True)
+    # without speculative decoding, which drafts forced tokens too
+    on = make_engine(speculative_algorithm=None)
+    off = make_engine(disable_jump_forward=True, speculative_algorithm=None)
     cases = [(PROMPTS[0], SamplingParams(max_tokens=120, temperature=0.0, json_schema=PERSON)),
              (PROMPTS[1], SamplingParams(max_tokens=120, temperature=0.9, seed=5,
                                          json_schema=SCHEMAS[1])),

@@ -101,10 +101,11 @@ def record_plans(engine) -> list:
 
 def test_chunked_prefill_at_small_budget(make_engine, reference):
     budget = 16
-    engine = make_engine(max_num_batched_tokens=budget, page_size=16)
+    engine = make_engine(max_num_batched_tokens=budget, page_size=16, speculative_algorithm=None)
     plans = record_plans(engine)
     # alone on an empty cache: a prompt of P tokens is prefilled in ceil(P / budget) steps of
-    # `budget` tokens (the last one shorter), then one decode step per further token
+    # `budget` tokens (the last one shorter), then one decode step per further token (no
+    # speculative drafts: test_engine_speculative.py chunks with them)
     prompt = SHARED_PROMPTS[0]
     out = engine.generate(prompt, GREEDY)[0]
     assert out.token_ids == reference[prompt]

@@ -22,7 +22,7 @@ SCHEMA = {"type": "object", "properties": {"name": {"type": "string"},
 
 def both(make_engine, prompts, params, **options):
     """The outputs with speculation off and on (same options), and the on engine's stats."""
-    off = make_engine(**options).generate(prompts, params)
+    off = make_engine(speculative_algorithm=None, **options).generate(prompts, params)
     engine = make_engine(speculative_algorithm="radix", **options)
     on = engine.generate(prompts, params)
     return off, on, engine.stats()
@@ -55,34 +55,36 @@ def test_greedy_outputs_are_identical_and_drafts_are_accepted(make_engine, page_
     assert sum(stats["spec_accepted_lengths"].values()) == stats["spec_verifications"]
 
 
+PLANETS = "List the planets of the solar system in order, comma separated."
+
+
+def asked_twice(make_engine, max_tokens: int, num_draft_tokens: int) -> tuple[int, int]:
+    """The same prompt twice: the second answer equals the first; (steps, accepted drafts) of
+    the second request."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    engine = make_engine(speculative_algorithm="radix",
+                         speculative_num_draft_tokens=num_draft_tokens)
+    first = engine.generate(PLANETS, params)[0].samples[0]
+    before = engine.stats()
+    again = engine.generate(PLANETS, params)[0].samples[0]
+    after = engine.stats()
+    assert again.token_ids == first.token_ids
+    return (after["steps"] - before["steps"],
+            after["spec_accepted_tokens"] - before["spec_accepted_tokens"])
+
+
 def test_an_answer_given_before_is_drafted_from_the_tree(make_engine):
     """The answer is in neither prompt: the second request drafts it from the first's output,
     cached in the radix tree, and keeps nearly all of it."""
-    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
-    prompt = "List the planets of the solar system in order, comma separated."
-    engine = make_engine(speculative_algorithm="radix", speculative_num_draft_tokens=16)
-    first = engine.generate(prompt, params)[0].samples[0]
-    before = engine.stats()
-    again = engine.generate(prompt, params)[0].samples[0]
-    after = engine.stats()
-    assert again.token_ids == first.token_ids
-    assert after["spec_accepted_tokens"] - before["spec_accepted_tokens"] >= 24
-    assert after["steps"] - before["steps"] <= 8  # 32 tokens in a handful of steps
+    steps, accepted = asked_twice(make_engine, 32, 16)
+    assert accepted >= 24
+    assert steps <= 8  # 32 tokens in a handful of steps
 
 
 def test_a_prompts_last_chunk_drafts(make_engine):
     """A prompt whose continuation is in the tree drafts it in its prefill's own pass: asked
     again, an 8-token answer comes back in one step (7 drafts kept, then the sampled token)."""
-    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
-    prompt = "List the planets of the solar system in order, comma separated."
-    engine = make_engine(speculative_algorithm="radix", speculative_num_draft_tokens=7)
-    first = engine.generate(prompt, params)[0].samples[0]
-    before = engine.stats()
-    again = engine.generate(prompt, params)[0].samples[0]
-    after = engine.stats()
-    assert again.token_ids == first.token_ids
-    assert after["steps"] - before["steps"] == 1
-    assert after["spec_accepted_tokens"] - before["spec_accepted_tokens"] == 7
+    assert asked_twice(make_engine, 8, 7) == (1, 7)
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["inline", "overlap"])

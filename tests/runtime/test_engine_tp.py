@@ -169,7 +169,8 @@ def test_speculative_decoding_on_two_ranks(loaded_model):
     are tp 1's without speculation, and drafts were accepted."""
     record = '{"name": "Ada Lovelace", "born": 1815, "city": "London"}'
     prompts = [f"Repeat this JSON record exactly:\n{record}\nRepeated:\n", PROMPTS[0]]
-    ref = Engine(loaded_model, check_integrity=True, max_total_tokens=512)
+    ref = Engine(loaded_model, check_integrity=True, max_total_tokens=512,
+                 speculative_algorithm=None)
     tp = Engine(tp_size=2, check_integrity=True, max_total_tokens=512,
                 speculative_algorithm="radix")
     try:

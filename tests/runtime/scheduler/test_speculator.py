@@ -4,10 +4,14 @@ follows acceptance."""
 
 from __future__ import annotations
 
+import pytest
+
+from radixrt.runtime.config import EngineConfig
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.scheduler.draft_index import DraftIndex
 from radixrt.runtime.scheduler.radix_cache import RadixCache
 from radixrt.runtime.scheduler.request import Request
+from radixrt.runtime.scheduler.scheduler import Scheduler
 from radixrt.runtime.scheduler.speculator import Speculator
 from radixrt.runtime.scheduler.stats import SchedulerStats
 
@@ -91,3 +95,13 @@ def test_missing_requests_back_off_and_an_accepted_token_resets_it() -> None:
     assert spec.drafts_next(req)
     lost = request([30, 31, 77])  # nothing follows (31, 77) anywhere: backs off too
     assert spec.draft(lost, room=64) == [] and not spec.drafts_next(lost)
+
+
+def test_none_is_off_and_an_unknown_algorithm_is_refused() -> None:
+    """`--speculative-algorithm none` (and None) builds no speculator; anything else but radix
+    is refused with the choices."""
+    for algorithm, on in ((None, False), ("none", False), ("radix", True)):
+        sched = Scheduler(EngineConfig(speculative_algorithm=algorithm), 64, 256, [0])
+        assert (sched.speculator is not None) == on
+    with pytest.raises(ValueError, match=r"speculative_algorithm.*'radix', 'none'"):
+        EngineConfig(speculative_algorithm="ngram")
