@@ -6,7 +6,8 @@ A decoding request drafts the tokens that followed its last tokens elsewhere: in
 a tie). The planner puts the draft in the request's
 run (`Run.draft`): one extend of 1 + len(draft) tokens, verified by the worker in the same forward
 pass as everything else (worker/draft_verifier.py); the folder hands back how many were accepted
-(`verified`) and gives the rejected positions' KV back.
+(`verified`) and gives the rejected positions' KV back. A prompt's last chunk drafts the same way
+(planner._prompt_draft): its extend is the chunk, then the draft after the prompt's end.
 
 When to draft:
 - only a request with no token in flight (its last token is known), never past its max_tokens or
