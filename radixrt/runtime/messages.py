@@ -47,10 +47,16 @@ class Run(msgspec.Struct, frozen=True):
     sample: bool  # the chunk reaches the end of the known tokens: sample the next one
     prompt_logprob_from: int = -1  # >= 0: return prompt logprobs for prompt tokens from here
     fork_into: list[int] = []  # n > 1: sample once per child from the last row; children inherit KV
-    # speculative decoding: tokens drafted after the run's last known token (a decode run of
-    # num_new = 1 + len(draft), its slots reserved for them too); the worker samples at every
-    # position and keeps the drafts up to the first whose sample differs (RunResult.accepted)
+    # speculative decoding: tokens drafted after the run's last known token (a decode, or a
+    # prompt's last chunk; num_new counts them, their slots are reserved too); the worker samples
+    # at every position and keeps the drafts up to the first whose sample differs
+    # (RunResult.accepted)
     draft: list[int] = []
+
+    @property
+    def known_end(self) -> int:
+        """The position after the run's last known token (its drafts come after it)."""
+        return self.start + self.num_new - len(self.draft)
 
 
 class SlotCopy(msgspec.Struct, frozen=True):

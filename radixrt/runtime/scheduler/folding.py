@@ -87,7 +87,7 @@ class ResultFolder:
                 touched.append(req)
                 table.end(req, "length")  # into the radix tree (and pinned, if asked)
                 continue
-            if run.num_new - len(run.draft) > 1 or not run.sample:  # not a (drafted) decode
+            if run.known_end - run.start > 1 or not run.sample:  # not a (drafted) decode
                 # share the computed prompt from the next step on
                 shared = self.kv.cache_prefix(req)
                 if shared:
@@ -114,7 +114,7 @@ class ResultFolder:
         """Speculative decoding: the drafts the worker accepted go before the placeholder of the
         token it sampled after them, and the rejected drafts' positions are given back. True if
         the request finished (at an accepted token)."""
-        self.kv.truncate(req, run.start + run.num_new - len(run.draft) + len(accepted))
+        self.kv.truncate(req, run.known_end + len(accepted))
         if self.speculator is not None:
             self.speculator.verified(req, len(run.draft), len(accepted))
         for token in accepted:

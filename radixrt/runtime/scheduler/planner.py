@@ -195,7 +195,6 @@ class Planner:
                 continue  # next step its prefix is in the tree: compute it once
             self.kv.admit(req)
             chunk = min(req.remaining, draft.budget)
-            draft_ids = self._prompt_draft(req, chunk, draft)
             room = self.kv.room(req)
             busy = bool(table.running or draft.runs)
             if room < chunk:
@@ -206,8 +205,7 @@ class Planner:
                         table.fail(req, POOL_TOO_SMALL)
                     break
                 chunk = room
-            if room < chunk + len(draft_ids):  # a draft never waits for memory
-                draft_ids = []
+            draft_ids = self._prompt_draft(req, chunk, draft)  # within the free pages left
             slots = self.kv.reserve(req, chunk + len(draft_ids), draft.copies)
             if slots is None:
                 self.kv.release(req, cache=False)
@@ -215,8 +213,8 @@ class Planner:
             if req.admitted_at < 0:
                 req.admitted_s = time.monotonic()
                 self.stats.prompt_tokens += len(req.prompt_ids)
-                self.stats.cached_tokens += req.kv_len - chunk - len(draft_ids)
-                req.cached_len = req.kv_len - chunk - len(draft_ids)
+                self.stats.cached_tokens += req.kv_len - len(slots)
+                req.cached_len = req.kv_len - len(slots)
             table.start(req)
             draft.new_requests.append(
                 WorkerRequest(

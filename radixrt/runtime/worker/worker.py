@@ -177,8 +177,7 @@ class Worker:
                     f"the plan starts at {run.start}"
                 )
             state.slots.extend(run.new_slots)
-            known_end = run.start + run.num_new - len(run.draft)
-            tokens.append(state.token_ids[run.start : known_end] + run.draft)
+            tokens.append(state.token_ids[run.start : run.known_end] + run.draft)
             prefix_lens.append(run.start)
             tables.append(state.slots)
         batch = ForwardBatch.build(tokens, prefix_lens, tables, device=self.device,
@@ -261,7 +260,7 @@ class Worker:
         draws = _Draws(row_index=[], rows=[], owners=[], grammars=[], known={}, drafted={})
         for idx, run in wanted.sample:
             state = self.states[run.rid]
-            end = run.start + run.num_new - len(run.draft)
+            end = run.known_end
             if not run.fork_into and end < len(state.token_ids):
                 draws.known[run.rid] = (idx, state.token_ids[end])  # jump-forward appended it
                 continue
@@ -378,7 +377,7 @@ class Worker:
 
         n = accepted_count(run.draft, [t.token_id for t in drawn], stops,
                            None if grammar is None else goes_on)
-        del state.slots[run.start + run.num_new - len(run.draft) + n :]
+        del state.slots[run.known_end + n :]
         state.token_ids.extend(t.token_id for t in drawn[:n])
         state.token_ids.append(drawn[n].token_id)
         return RunResult(rid=run.rid, token=drawn[n], accepted=drawn[:n],
