@@ -66,6 +66,11 @@ STARTUP_TIMEOUT_S = 600.0  # model load + pool allocation
 DRAIN_TIMEOUT_S = 30.0  # SIGTERM/SIGINT: in-flight requests get this long to finish
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
+# --- KV tiers (host memory and disk under the radix tree) --------------------------------------
+MAX_TIER_TOKENS = 1 << 34  # a tier's size in tokens
+MAX_PATH_CHARS = 4096
+HICACHE_HOST_RATIO = 2.0  # --enable-hierarchical-cache: host tier = this x the pool (SGLang's)
+
 # --- beyond one device: tensor parallelism and replicas ---------------------------------------
 DIST_BACKENDS = ("auto", "nccl", "gloo")  # auto: nccl on CUDA, gloo on the CPU
 MAX_TP_SIZE = 64
@@ -153,6 +158,20 @@ class EngineConfig:
     seed: int = field(default=0, metadata={"help": "seed of unseeded sampling"})
     swap_space_tokens: int = field(default=1 << 16, metadata={
         "expose": False, "help": "host slots for preemption by swap"})
+    host_cache_tokens: int = field(default=0, metadata={
+        "help": "KV tier in host memory under the radix tree, in tokens: cached prefixes "
+        "evicted from the pool move here and load back when a request matches them "
+        "(bounded, allocated once; 0: off)"})
+    disk_cache_dir: str | None = field(default=None, metadata={
+        "help": "directory of the disk KV tier (created 0700, one server at a time): prefixes "
+        "evicted from the host tier (or the pool) move here, and a restarted server serves "
+        "what it holds (warm restart); with --disk-cache-tokens"})
+    disk_cache_tokens: int = field(default=0, metadata={
+        "help": "size of the disk KV tier in tokens: its file is preallocated to this bound "
+        "and never grows past it"})
+    enable_hierarchical_cache: bool = field(default=False, metadata={
+        "help": f"SGLang's flag: a host KV tier {HICACHE_HOST_RATIO:g}x the pool's size "
+        "(--host-cache-tokens, when given, sizes it instead)"})
     cuda_graph_max_bs: int = field(default=DEFAULT_CUDA_GRAPH_MAX_BS, metadata={
         "help": "decode batches up to this size replay CUDA graphs (triton on CUDA); 0 disables"})
     max_pinned_fraction: float = field(default=DEFAULT_MAX_PINNED_FRACTION, metadata={
@@ -237,6 +256,7 @@ class EngineConfig:
             raise bad("max_num_batched_tokens", self.max_num_batched_tokens, "must be >= 16")
         if self.swap_space_tokens < 0:
             raise bad("swap_space_tokens", self.swap_space_tokens, "must be >= 0")
+        self._check_tiers(bad)
         if not 0.0 <= self.max_pinned_fraction <= 1.0:
             raise bad("max_pinned_fraction", self.max_pinned_fraction,
                       "must be in [0, 1] (0 refuses every pin)")
@@ -263,6 +283,23 @@ class EngineConfig:
         if self.cuda_graph_max_bs < 0:
             raise bad("cuda_graph_max_bs", self.cuda_graph_max_bs, "must be >= 0 (0 disables)")
         self._check_distributed(bad)
+
+    def _check_tiers(self, bad: Any) -> None:
+        for name in ("host_cache_tokens", "disk_cache_tokens"):
+            value = getattr(self, name)
+            if not 0 <= value <= MAX_TIER_TOKENS:
+                raise bad(name, value, f"use 0..{MAX_TIER_TOKENS} (0: off)")
+        if self.disk_cache_dir is not None:
+            if not 0 < len(self.disk_cache_dir) <= MAX_PATH_CHARS:
+                raise bad("disk_cache_dir", self.disk_cache_dir,
+                          f"give a directory path of 1..{MAX_PATH_CHARS} characters")
+            if self.disk_cache_tokens < self.page_size:
+                raise bad("disk_cache_tokens", self.disk_cache_tokens,
+                          "give the disk tier's size in tokens (at least a page) with "
+                          "disk_cache_dir")
+        elif self.disk_cache_tokens:
+            raise bad("disk_cache_tokens", self.disk_cache_tokens,
+                      "needs disk_cache_dir (the directory of the disk tier)")
 
     def _check_distributed(self, bad: Any) -> None:
         if not 1 <= self.tp_size <= MAX_TP_SIZE:

@@ -15,7 +15,7 @@ from radixrt.runtime.config import EngineConfig
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.constrained.token_table import TokenTable
 from radixrt.runtime.engine_link import EngineLink
-from radixrt.runtime.messages import Scheduling, ToScheduler, ToTokenizer
+from radixrt.runtime.messages import DISK_TIER, Scheduling, StepPlan, ToScheduler, ToTokenizer
 from radixrt.runtime.models.loader import LoadedModel
 from radixrt.runtime.outputs import RequestOutput, StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
@@ -55,6 +55,7 @@ class Engine:
             options["model"] = model
         self.config = EngineConfig.from_kwargs(**options)
         self._ranks: EngineRanks | None = None
+        self._closed = False
         # compiled grammars, for when the cache has evicted one a queued request still needs
         # (the worker loads it, never compiles it inside a step) and for the other ranks
         self._grammar_dir = tempfile.TemporaryDirectory(prefix="radixrt-grammars-",
@@ -247,7 +248,12 @@ class Engine:
     def close(self) -> None:
         """Stop the worker thread of an overlapping Engine (an inline one holds none), the
         worker's mask thread and the other tensor-parallel ranks. The Engine takes no more
-        steps after this."""
+        steps after this. With a disk KV tier, the cache goes to it first (a warm restart).
+        Closing again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        self._persist_cache()
         self._executor.close()
         self.worker.close()
         if self._ranks is not None:
@@ -257,6 +263,14 @@ class Engine:
             self._grammars.close()
             self._grammars = None
         self._grammar_dir.cleanup()
+
+    def _persist_cache(self) -> None:
+        kv = self.scheduler.kv
+        if kv.tiers is None or kv.tiers.pools[DISK_TIER] is None or self.loop.in_flight:
+            return
+        kv.tiers.persist()
+        self._executor.submit(StepPlan(step_id=-1, moves=kv.take_moves()))
+        self._executor.take()
 
     # --- introspection -------------------------------------------------------------------
     def check_integrity(self) -> None:

@@ -24,6 +24,13 @@ MAX_PRIORITY = 1 << 20
 MAX_QUEUE_TIMEOUT_S = 24 * 3600.0
 
 
+# KV tiers (docs/architecture.md, "KV tiers"): where a radix-tree node's pages live. Lower tiers
+# are larger and slower; a page moves between them by PageMove.
+DEVICE_TIER, HOST_TIER, DISK_TIER = 0, 1, 2
+TIER_NAMES = ("device", "host", "disk")
+NUM_TIERS = len(TIER_NAMES)
+
+
 class WorkerRequest(msgspec.Struct, frozen=True):
     """First sight of a request by the worker (or again after preemption by recompute)."""
 
@@ -74,6 +81,21 @@ class Swap(msgspec.Struct, frozen=True):
     slots: list[int]
 
 
+class PageMove(msgspec.Struct, frozen=True):
+    """KV tiers: copy the K/V of pages `src` of tier `src_tier` to pages `dst` of tier `dst_tier`
+    (page ids of each tier's pool; DEVICE_TIER, HOST_TIER, DISK_TIER). A move to the disk tier
+    also says what its pages hold, for their records (a warm restart's index): the namespace,
+    the digest of the tokens before the first page (worker/disk_format.py) and the tokens."""
+
+    src_tier: int
+    dst_tier: int
+    src: list[int]
+    dst: list[int]
+    namespace: str | None = None
+    prefix: bytes = b""
+    tokens: list[int] = []
+
+
 class PrefixGroup(msgspec.Struct, frozen=True):
     """Decode runs of one step whose slot tables begin with the same `length` slots (a radix-tree
     prefix they all hold): their attention reads that prefix once (cascade attention)."""
@@ -84,11 +106,14 @@ class PrefixGroup(msgspec.Struct, frozen=True):
 
 class StepPlan(msgspec.Struct, frozen=True, tag=True):
     """The worker applies the parts in field order: swap_out reads KV before anything in this
-    step can overwrite the slots the scheduler just freed; free comes before new_requests so a
-    request preempted and re-admitted in one plan starts clean."""
+    step can overwrite the slots the scheduler just freed; moves run in the order the scheduler
+    planned them (a page one frees may be the page a later one fills), before anything else
+    writes KV; free comes before new_requests so a request preempted and re-admitted in one plan
+    starts clean."""
 
     step_id: int
     swap_out: list[Swap] = []  # these slots -> host memory; the slot table is dropped
+    moves: list[PageMove] = []  # KV tiers: demotions and load-backs, in order
     free: list[int] = []  # forget these requests (and any swapped KV they have)
     new_requests: list[WorkerRequest] = []
     copies: list[SlotCopy] = []
@@ -128,6 +153,7 @@ class StepResult(msgspec.Struct, frozen=True, tag=True):
     results: list[RunResult] = []
     num_tokens: int = 0  # tokens in the forward pass
     masks: MaskTiming | None = None  # None: no row of the step had a grammar
+    move_seconds: float = 0.0  # spent on the plan's PageMoves (KV tiers)
 
 
 class OutputDelta(msgspec.Struct, frozen=True):
@@ -176,6 +202,8 @@ class WorkerReady(msgspec.Struct, frozen=True, tag=True):
     device: str
     dtype: str
     kv_bytes_per_token: int = 0  # K and V of one token over all layers (worker/capacity.py)
+    host_pages: int = 0  # the KV tiers below the pool (0: none)
+    disk_pages: int = 0
     tp: TPLayout | None = None  # the tensor-parallel layout (None: one rank)
 
 

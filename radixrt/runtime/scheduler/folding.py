@@ -52,6 +52,7 @@ class ResultFolder:
             self.stats.grammar_masks += result.masks.rows
             self.stats.grammar_mask_seconds += result.masks.seconds
             self.stats.grammar_mask_wait_seconds += result.masks.wait_seconds
+        self.stats.tier_move_seconds += result.move_seconds
         for run in plan.runs:
             req = table.requests.get(run.rid)
             if req is None or step.is_stale(req):

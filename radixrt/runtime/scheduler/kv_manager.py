@@ -3,6 +3,10 @@
 Ownership: every page has a reference count. The radix tree holds one reference on each page it
 owns; a request holds one on each page of its slot table. A page is free at zero. The invariant,
 checkable at any time: free + evictable + locked-in-tree + private-to-requests == total.
+
+KV tiers (tier_mover.py): with a host or disk tier, making room demotes cached pages instead of
+dropping them, and admitting a request loads its cached prefix back from them; every lower-tier
+page is the tree's or free.
 """
 
 from __future__ import annotations
@@ -11,10 +15,11 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from radixrt.runtime.messages import SlotCopy
+from radixrt.runtime.messages import DEVICE_TIER, PageMove, SlotCopy
 from radixrt.runtime.scheduler.page_pool import PagePool
 from radixrt.runtime.scheduler.radix_cache import RadixCache, RadixNode, TreeListener
 from radixrt.runtime.scheduler.request import Request
+from radixrt.runtime.scheduler.tier_mover import TierMover
 
 
 @dataclass(frozen=True)
@@ -30,12 +35,23 @@ class PoolCounters:
 
 class KVManager:
     def __init__(self, num_pages: int, page_size: int, disable_radix_cache: bool = False,
-                 listener: TreeListener | None = None) -> None:
-        """listener: told of every change to the tree (speculative decoding's draft index)."""
+                 listener: TreeListener | None = None, host_pages: int = 0,
+                 disk_pages: int = 0) -> None:
+        """listener: told of every change to the tree (speculative decoding's draft index);
+        host_pages / disk_pages: the KV tiers below the pool (0: none)."""
         self.page_size = page_size
         self.pool = PagePool(num_pages, page_size)
         self.tree = RadixCache(page_size, listener=listener)
         self.disable_radix_cache = disable_radix_cache
+        self.tiers: TierMover | None = None
+        if (host_pages or disk_pages) and not disable_radix_cache:
+            self.tiers = TierMover(self.tree, [
+                self.pool, PagePool(host_pages, page_size) if host_pages else None,
+                PagePool(disk_pages, page_size) if disk_pages else None])
+
+    def take_moves(self) -> list[PageMove]:
+        """The KV tiers' page moves since the last plan, in order (for the next StepPlan)."""
+        return self.tiers.take_moves() if self.tiers is not None else []
 
     # --- capacity ------------------------------------------------------------------------------
     @property
@@ -96,7 +112,15 @@ class KVManager:
         req.kv_len = 0
         if self.disable_radix_cache:
             return 0
-        match = self.tree.match_prefix(self.match_key(req), req.extra_key)
+        key = self.match_key(req)
+        match = self.tree.match_prefix(key, req.extra_key)
+        if self.tiers is not None:
+            self.tiers.stats.hit_tokens[DEVICE_TIER] += match.device_length
+            if match.length > match.device_length:  # load back what there is room for
+                self.tiers.load_back(match)
+                match = self.tree.match_prefix(key, req.extra_key)
+                if match.length > match.device_length:
+                    match = self.tree.match_prefix(key[: match.device_length], req.extra_key)
         if match.length:
             self.tree.lock(match.node)
             req.tree_node = match.node
@@ -117,6 +141,8 @@ class KVManager:
         key = req.all_ids[: num_pages * ps]
         result = self.tree.insert(key, req.pages[:num_pages], req.extra_key)
         self.pool.incref(result.new_pages)
+        if self.tiers is not None:
+            self.tiers.free(result.released)  # computed again while held in a lower tier
         self.tree.lock(result.node)
         if req.tree_node is not None:
             self.tree.unlock(req.tree_node)
@@ -233,6 +259,8 @@ class KVManager:
         return [pages[p // ps] * ps + p % ps for p in range(start, end)]
 
     def _ensure_free(self, num_pages: int) -> bool:
+        if self.tiers is not None:
+            return self.tiers.make_room(num_pages)
         short = num_pages - self.pool.num_free
         if short > 0 and self.tree.evictable_pages >= short:
             self.pool.decref(self.tree.evict(short))
@@ -240,6 +268,8 @@ class KVManager:
 
     def flush(self) -> int:
         """Drop every unlocked cached page; returns how many tokens were freed."""
+        if self.tiers is not None:
+            return self.tiers.flush()
         freed = self.tree.evict(self.tree.evictable_pages)
         self.pool.decref(freed)
         return len(freed) * self.page_size
@@ -247,7 +277,7 @@ class KVManager:
     # --- accounting ----------------------------------------------------------------------------
     def counters(self, requests: Iterable[Request]) -> PoolCounters:
         ps = self.page_size
-        tree_pages = set(self.tree.pages())
+        tree_pages = set(self.tree.pages(DEVICE_TIER))
         private = {p for r in requests for p in r.pages if p not in tree_pages}
         return PoolCounters(
             total=self.pool.num_pages * ps,
@@ -284,3 +314,5 @@ class KVManager:
             raise RuntimeError(f"KV accounting broken: {c}")
         if self.tree.evictable_pages + self.tree.locked_pages != self.tree.total_pages:
             raise RuntimeError("radix tree evictable + locked != total")
+        if self.tiers is not None:
+            self.tiers.check()

@@ -52,6 +52,21 @@ class PagePool:
             refcounts[page] = 1
         return pages
 
+    def claim(self, pages: Sequence[int]) -> None:
+        """Take these free pages, each with refcount 1 (a warm restart's pages, whose ids are
+        given). All or nothing: a page out of range, in use or listed twice raises ValueError."""
+        refcounts = self._refcounts
+        for page in pages:
+            self._check_range(page)
+        if len(set(pages)) != len(pages) or any(refcounts[p] for p in pages):
+            raise ValueError(f"claim of pages in use or listed twice: {sorted(pages)[:8]}...")
+        if not pages:
+            return
+        taken = set(pages)
+        self._free_pages = [p for p in self._free_pages if p not in taken]
+        for page in pages:
+            refcounts[page] = 1
+
     def incref(self, pages: Iterable[int]) -> None:
         """Add one owner to each page (a page listed twice gains two). Every page must be in use."""
         pages = list(pages)

@@ -104,7 +104,8 @@ class Planner:
         self._move_onto_tree_pages(draft, free)
         if draft.sync_reason is not None:
             in_flight.request_sync(draft.sync_reason)
-        if not (draft.runs or free or draft.swap_out or draft.copies or draft.swap_in):
+        moves = self.kv.take_moves()
+        if not (draft.runs or free or draft.swap_out or draft.copies or draft.swap_in or moves):
             return None
         self.stats.steps += 1
         in_flight.record_plan(self.stats.steps,
@@ -113,6 +114,7 @@ class Planner:
         return StepPlan(
             step_id=self.stats.steps,
             swap_out=draft.swap_out,
+            moves=moves,
             free=free,
             new_requests=draft.new_requests,
             copies=draft.copies,

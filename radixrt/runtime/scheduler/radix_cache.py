@@ -14,101 +14,35 @@ A ``TreeListener`` (the speculative decoder's draft index, draft_index.py) hears
 to the tree's token content and shape as it happens: a leaf added, a node split in two, a leaf
 removed, everything dropped. Tokens enter the tree only as new leaves and leave it only as
 evicted leaves, so an index kept by these four events is exact without ever walking the tree.
+
+Tiers (docs/architecture.md, "KV tiers"): a node's pages live in one tier, the device pool
+(``DEVICE_TIER``) or a lower one (host memory, disk); ``node.pages`` are page ids of that tier's
+pool. Down every path the tier never rises (a node's children are in its tier or lower), only
+device nodes are locked, and each tier keeps its own LRU list of its *tier leaves* (nodes with no
+child in their own tier; on the device, unlocked ones only). ``demote`` moves a tier leaf one way
+down, ``promote`` brings a lower node under a device parent back, ``drop`` removes a node with
+everything below it; the caller moves the data and owns the page ids of every tier.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 from sortedcontainers import SortedKeyList
 
-Key = tuple[int, ...]
+from radixrt.runtime.messages import DEVICE_TIER, NUM_TIERS
+from radixrt.runtime.scheduler.radix_check import check_tree
+from radixrt.runtime.scheduler.radix_node import (
+    InsertResult,
+    Key,
+    MatchResult,
+    RadixNode,
+    TreeListener,
+    lru_key,
+)
 
-
-class RadixNode:
-    """One edge of the tree: a run of tokens (whole pages) and the KV pages that hold them.
-
-    ``lock_count`` counts the locks on this node and on every node below it; ``own_locks`` counts
-    only the locks taken on this node, so ``lock_count == own_locks + sum(children's lock_count)``.
-    """
-
-    __slots__ = (
-        "key",
-        "pages",
-        "parent",
-        "children",
-        "lock_count",
-        "own_locks",
-        "last_access",
-        "tick",
-        "removed",
-        "extra_key",
-    )
-
-    def __init__(
-        self, key: Key, pages: list[int], parent: RadixNode | None, extra_key: str | None = None
-    ) -> None:
-        self.extra_key = extra_key if parent is None else parent.extra_key  # namespace
-        self.key = key
-        self.pages = pages
-        self.parent = parent
-        self.children: dict[Key, RadixNode] = {}
-        self.lock_count = 0
-        self.own_locks = 0
-        self.last_access = 0.0
-        self.tick = 0  # tie-break of last_access: later accesses get larger ticks
-        self.removed = False  # set when evicted or dropped by reset
-
-    @property
-    def is_root(self) -> bool:
-        return self.parent is None and not self.removed
-
-    def __repr__(self) -> str:
-        return (
-            f"RadixNode(tokens={len(self.key)}, pages={len(self.pages)}, "
-            f"children={len(self.children)}, lock_count={self.lock_count})"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class MatchResult:
-    """``node`` covers exactly the matched prefix; ``pages`` hold its ``length`` tokens."""
-
-    node: RadixNode
-    pages: list[int]
-    length: int
-
-
-@dataclass(frozen=True, slots=True)
-class InsertResult:
-    """``node`` covers the whole inserted key. The tree took ownership of ``new_pages``; for the
-    first ``existing_len`` tokens it kept the pages it already had and ignored the passed ones."""
-
-    node: RadixNode
-    new_pages: list[int]
-    existing_len: int
-
-
-class TreeListener(Protocol):
-    def added(self, leaf: RadixNode) -> None:
-        """A new leaf (its parent already linked): its key's tokens entered the tree."""
-
-    def split(self, upper: RadixNode, lower: RadixNode) -> None:
-        """``lower`` (the same node object as before) lost the head of its key to ``upper``."""
-
-    def removed(self, leaf: RadixNode) -> None:
-        """An evicted leaf (still linked to its parent while this is called)."""
-
-    def cleared(self) -> None:
-        """Every node was dropped (reset)."""
-
-
-def _lru_key(node: RadixNode) -> tuple[float, int]:
-    return (node.last_access, node.tick)
-
+__all__ = ["InsertResult", "MatchResult", "RadixCache", "RadixNode", "TreeListener"]
 
 class RadixCache:
     """Radix tree of token ids -> KV pages with path locking and LRU eviction of unlocked leaves."""
@@ -121,18 +55,20 @@ class RadixCache:
         self._clock = clock
         self._tick = 0
         self._roots: dict[str | None, RadixNode] = {}
-        # Unlocked non-root leaves, least recently used first. A node's LRU key is only changed
-        # while the node is out of this list.
-        self._evictable_leaves: SortedKeyList = SortedKeyList(key=_lru_key)
+        # Each tier's tier leaves (device: unlocked ones), least recently used first. A node's
+        # LRU key is only changed while the node is out of its list.
+        self._leaves: list[SortedKeyList] = [SortedKeyList(key=lru_key)
+                                             for _ in range(NUM_TIERS)]
         self._evictable_pages = 0
         self._locked_pages = 0
+        self._lower_pages = [0] * NUM_TIERS  # pages of each lower tier (index 0 unused)
         self.listener = listener
 
     # --- counters ---------------------------------------------------------------------------
 
     @property
     def evictable_pages(self) -> int:
-        """Pages of unlocked nodes (leaves now, inner nodes once their children are evicted)."""
+        """Device pages of unlocked nodes (they can leave the device: evicted or demoted)."""
         return self._evictable_pages
 
     @property
@@ -142,8 +78,12 @@ class RadixCache:
 
     @property
     def total_pages(self) -> int:
-        """Every page the tree owns."""
+        """Every device page the tree owns."""
         return self._evictable_pages + self._locked_pages
+
+    def tier_pages(self, tier: int) -> int:
+        """Pages the tree holds in ``tier``."""
+        return self.total_pages if tier == DEVICE_TIER else self._lower_pages[tier]
 
     # --- lookup and insertion ---------------------------------------------------------------
 
@@ -153,7 +93,7 @@ class RadixCache:
         return root if root is not None else RadixNode((), [], None, extra_key)
 
     def match_prefix(self, key: Sequence[int], extra_key: str | None = None) -> MatchResult:
-        """Longest cached prefix of ``key`` in whole pages; does not lock.
+        """Longest cached prefix of ``key`` in whole pages, in any tier; does not lock.
 
         Splits a node so that the returned node ends exactly where the match ends, and marks the
         matched path as just used.
@@ -166,6 +106,7 @@ class RadixCache:
         now = self._clock()
         pages: list[int] = []
         pos = 0
+        device_len = 0
         while pos < len(key):
             child = node.children.get(key[pos : pos + p])
             if child is None:
@@ -175,20 +116,26 @@ class RadixCache:
             if partial:
                 child = self._split(child, n)
             self._touch(child, now)
-            pages.extend(child.pages)
+            if child.tier == DEVICE_TIER:
+                pages.extend(child.pages)
+                device_len = pos + n
             pos += n
             node = child
             if partial:
                 break
-        return MatchResult(node, pages, pos)
+        return MatchResult(node, pages, pos, device_len)
 
     def insert(
-        self, key: Sequence[int], pages: Sequence[int], extra_key: str | None = None
+        self, key: Sequence[int], pages: Sequence[int], extra_key: str | None = None,
+        tier: int = DEVICE_TIER,
     ) -> InsertResult:
-        """Cache ``key`` -> ``pages`` (one page per ``page_size`` tokens).
+        """Cache ``key`` -> ``pages`` (one page per ``page_size`` tokens, in ``tier``).
 
-        The part of ``key`` already cached keeps the tree's pages; the rest becomes a new leaf that
-        owns the matching tail of ``pages`` (returned as ``new_pages``; the caller increfs them).
+        The part of ``key`` already cached keeps the tree's pages (device pages replace a lower
+        tier's: ``InsertResult.released``); the rest becomes a new leaf that owns the matching
+        tail of ``pages`` (returned as ``new_pages``; the caller increfs them). Pages of a lower
+        tier go only where the path above them is in a tier no lower (a warm restart's
+        index).
         """
         p = self.page_size
         if len(key) % p:
@@ -205,6 +152,9 @@ class RadixCache:
             node = self._roots[extra_key] = RadixNode((), [], None, extra_key)
         now = self._clock()
         pos = 0
+        existing_len = 0
+        taken: list[int] = []
+        released: list[tuple[int, list[int]]] = []
         while pos < len(key):
             child = node.children.get(key[pos : pos + p])
             if child is None:
@@ -213,14 +163,21 @@ class RadixCache:
             if n < len(child.key):
                 child = self._split(child, n)
             self._touch(child, now)
+            if child.tier > tier:  # ours are in a higher tier: they take its place
+                own = list(pages[pos // p : (pos + n) // p])
+                released.append((child.tier, self._retier(child, tier, own)))
+                taken.extend(own)
+            elif child.tier == tier:
+                existing_len = pos + n
             pos += n
             node = child
-        existing_len = pos
-        new_pages: list[int] = []
+        if node.tier > tier:
+            raise ValueError(f"insert: pages of tier {tier} under a node of tier {node.tier}")
         if pos < len(key):
-            new_pages = list(pages[pos // p :])
-            node = self._add_leaf(node, key[pos:], new_pages, now)
-        return InsertResult(node, list(new_pages), existing_len)
+            own = list(pages[pos // p :])
+            taken.extend(own)
+            node = self._add_leaf(node, key[pos:], own, now, tier)
+        return InsertResult(node, taken, existing_len, released)
 
     # --- locking ----------------------------------------------------------------------------
 
@@ -230,12 +187,14 @@ class RadixCache:
             raise RuntimeError(f"lock of a node that is no longer in the tree: {node!r}")
         if node.parent is None:
             return
+        if node.tier != DEVICE_TIER:
+            raise RuntimeError(f"lock of a node whose pages are not on the device: {node!r}")
         node.own_locks += 1
         walk: RadixNode | None = node
         while walk is not None and walk.parent is not None:
             if walk.lock_count == 0:
-                if not walk.children:
-                    self._evictable_leaves.remove(walk)
+                if not walk.tier_children:
+                    self._leaves[DEVICE_TIER].remove(walk)
                 self._evictable_pages -= len(walk.pages)
                 self._locked_pages += len(walk.pages)
             walk.lock_count += 1
@@ -256,112 +215,107 @@ class RadixCache:
             if walk.lock_count == 0:
                 self._locked_pages -= len(walk.pages)
                 self._evictable_pages += len(walk.pages)
-                if not walk.children:
-                    self._evictable_leaves.add(walk)
+                if not walk.tier_children:
+                    self._leaves[DEVICE_TIER].add(walk)
             walk = walk.parent
 
-    # --- eviction ---------------------------------------------------------------------------
+    # --- eviction and tiers -----------------------------------------------------------------
 
     def evict(self, num_pages: int) -> list[int]:
-        """Remove unlocked leaves, least recently used first, until at least ``num_pages`` pages
-        are released or nothing is evictable. Returns the pages (the caller decrefs them)."""
+        """Remove unlocked device leaves, least recently used first, until at least
+        ``num_pages`` pages are released or nothing is evictable. Returns the pages (the caller
+        decrefs them). A tree with lower tiers moves pages with ``demote`` and ``drop`` instead:
+        a device leaf with lower-tier children is refused here."""
         released: list[int] = []
-        leaves = self._evictable_leaves
+        leaves = self._leaves[DEVICE_TIER]
         while len(released) < num_pages and leaves:
-            leaf = leaves.pop(0)
-            parent = leaf.parent
-            assert parent is not None
-            if self.listener is not None:
-                self.listener.removed(leaf)
-            del parent.children[leaf.key[: self.page_size]]
+            leaf = leaves[0]
+            if leaf.children:
+                raise RuntimeError(f"evict of {leaf!r}: lower-tier nodes below it (use drop)")
             released.extend(leaf.pages)
-            self._evictable_pages -= len(leaf.pages)
-            leaf.parent = None
-            leaf.removed = True
-            if parent.parent is not None:
-                if not parent.children and parent.lock_count == 0:
-                    leaves.add(parent)
-            elif not parent.children:
-                del self._roots[parent.extra_key]
+            self._remove_leaf(leaf)
+        return released
+
+    def lru_leaf(self, tier: int) -> RadixNode | None:
+        """The least recently used tier leaf of ``tier`` (device: unlocked), if any."""
+        leaves = self._leaves[tier]
+        return leaves[0] if leaves else None
+
+    def lru_leaves(self, tier: int) -> Iterator[RadixNode]:
+        """The tier leaves of ``tier``, least recently used first (do not change the tree while
+        iterating)."""
+        return iter(self._leaves[tier])
+
+    def demote(self, node: RadixNode, tier: int, pages: list[int]) -> list[int]:
+        """Move a tier leaf's KV to a lower ``tier``, now in ``pages`` (the caller copied it);
+        returns the pages it leaves (the caller frees them). Its children must be in ``tier``
+        or lower."""
+        old = node.tier
+        if (node.parent is None or tier <= old or not self._listed(node)
+                or any(c.tier < tier for c in node.children.values())):
+            raise RuntimeError(f"demote of {node!r} to tier {tier}: not a tier leaf above it")
+        if len(pages) != len(node.pages):
+            raise ValueError(f"demote: {len(pages)} pages for a node of {len(node.pages)}")
+        return self._retier(node, tier, pages)
+
+    def promote(self, node: RadixNode, pages: list[int]) -> list[int]:
+        """Bring a lower-tier node whose parent is on the device back to the device, in
+        ``pages`` (the caller copies the KV); returns the lower tier's pages it leaves."""
+        parent = node.parent
+        if node.tier == DEVICE_TIER or parent is None or parent.tier != DEVICE_TIER:
+            raise RuntimeError(f"promote of {node!r}: not a lower-tier node under the device")
+        if len(pages) != len(node.pages):
+            raise ValueError(f"promote: {len(pages)} pages for a node of {len(node.pages)}")
+        return self._retier(node, DEVICE_TIER, pages)
+
+    def drop(self, node: RadixNode) -> list[tuple[int, list[int]]]:
+        """Remove an unlocked node and everything below it; returns (tier, pages) of each
+        removed node, deepest first (the caller frees them)."""
+        if node.parent is None or node.lock_count:
+            raise RuntimeError(f"drop of {node!r}: a root or locked")
+        order: list[RadixNode] = []
+        stack = [node]
+        while stack:
+            at = stack.pop()
+            order.append(at)
+            stack.extend(at.children.values())
+        released: list[tuple[int, list[int]]] = []
+        for at in reversed(order):  # children before parents: each is a leaf when removed
+            released.append((at.tier, at.pages))
+            self._remove_leaf(at)
         return released
 
     def reset(self) -> list[int]:
-        """Drop every node and return all pages. RuntimeError if anything is locked."""
-        if self._locked_pages:
-            raise RuntimeError(f"reset with {self._locked_pages} locked pages in the radix cache")
+        """Drop every node and return all device pages. RuntimeError if anything is locked or
+        lower tiers hold pages (free them with ``drop``)."""
+        if self._locked_pages or any(self._lower_pages):
+            raise RuntimeError(f"reset with {self._locked_pages} locked pages or lower-tier "
+                               "pages in the radix cache")
         released: list[int] = []
         for node in self._walk():
             released.extend(node.pages)
             node.removed = True
             node.parent = None
         self._roots.clear()
-        self._evictable_leaves.clear()
+        for leaves in self._leaves:
+            leaves.clear()
         self._evictable_pages = 0
         if self.listener is not None:
             self.listener.cleared()
         return released
 
-    def pages(self) -> list[int]:
-        """Every page the tree owns (walks the tree; for integrity checks)."""
-        return [page for node in self._walk() for page in node.pages]
+    def pages(self, tier: int = DEVICE_TIER) -> list[int]:
+        """Every page the tree owns in ``tier`` (walks the tree; for integrity checks)."""
+        return [page for node in self._walk() if node.tier == tier for page in node.pages]
 
-    # --- integrity --------------------------------------------------------------------------
+    def nodes(self) -> Iterator[RadixNode]:
+        """Every non-root node, parents before children (walks the tree)."""
+        return self._walk()
 
     def check(self) -> None:
-        """Walk the tree and verify structure, lock counts, counters and the evictable-leaf list."""
-        p = self.page_size
-        evictable = locked = 0
-        seen_pages: set[int] = set()
-        expected_leaves: set[int] = set()
-        for extra_key, root in self._roots.items():
-            bad = root.parent is not None or root.key or root.pages or root.lock_count
-            if bad or root.removed or root.extra_key != extra_key:
-                raise RuntimeError(f"radix check: bad root of namespace {extra_key!r}: {root!r}")
-            if not root.children:
-                raise RuntimeError(f"radix check: empty root of namespace {extra_key!r} kept")
-        for node in self._walk():
-            where = f"radix check: node {node!r}"
-            if node.removed:
-                raise RuntimeError(f"{where} is marked removed but still in the tree")
-            if not node.key or len(node.key) % p or len(node.pages) != len(node.key) // p:
-                raise RuntimeError(f"{where}: key of {len(node.key)} tokens, page_size {p}")
-            parent = node.parent
-            if parent is None or parent.children.get(node.key[:p]) is not node:
-                raise RuntimeError(f"{where} is not its parent's child under its first page")
-            child_locks = 0
-            for first_page, child in node.children.items():
-                if child.parent is not node or child.key[:p] != first_page:
-                    raise RuntimeError(f"{where}: child {child!r} is filed wrongly")
-                child_locks += child.lock_count
-            if node.own_locks < 0 or node.lock_count != node.own_locks + child_locks:
-                raise RuntimeError(
-                    f"{where}: lock_count {node.lock_count} != own {node.own_locks} "
-                    f"+ children {child_locks}"
-                )
-            for page in node.pages:
-                if page in seen_pages:
-                    raise RuntimeError(f"{where}: page {page} is owned twice")
-                seen_pages.add(page)
-            if node.lock_count:
-                locked += len(node.pages)
-            else:
-                evictable += len(node.pages)
-                if not node.children:
-                    expected_leaves.add(id(node))
-        if (evictable, locked) != (self._evictable_pages, self._locked_pages):
-            raise RuntimeError(
-                f"radix check: counted evictable/locked pages {evictable}/{locked}, "
-                f"counters say {self._evictable_pages}/{self._locked_pages}"
-            )
-        listed = [id(node) for node in self._evictable_leaves]
-        if len(listed) != len(set(listed)) or set(listed) != expected_leaves:
-            raise RuntimeError(
-                f"radix check: evictable-leaf list ({len(listed)} entries) != the "
-                f"{len(expected_leaves)} unlocked leaves in the tree"
-            )
-        keys = [_lru_key(node) for node in self._evictable_leaves]
-        if keys != sorted(keys):
-            raise RuntimeError("radix check: evictable-leaf list is out of LRU order")
+        """Walk the tree and verify structure, tiers, lock counts, counters and LRU lists."""
+        check_tree(self.page_size, self._roots, self._leaves, self._listed,
+                   (self._evictable_pages, self._locked_pages, self._lower_pages))
 
     # --- internals --------------------------------------------------------------------------
 
@@ -372,6 +326,11 @@ class RadixCache:
             node = stack.pop()
             yield node
             stack.extend(node.children.values())
+
+    @staticmethod
+    def _listed(node: RadixNode) -> bool:
+        """Whether ``node`` belongs in its tier's LRU list: a non-root tier leaf, unlocked."""
+        return node.parent is not None and not node.tier_children and not node.lock_count
 
     def _common_len(self, node_key: Key, key: Key, start: int) -> int:
         """Length of the common prefix of ``node_key`` and ``key[start:]``, in whole pages."""
@@ -391,14 +350,45 @@ class RadixCache:
         return self._tick
 
     def _touch(self, node: RadixNode, now: float) -> None:
-        """Mark ``node`` as used at ``now``, keeping the evictable-leaf list ordered."""
-        listed = node.lock_count == 0 and not node.children
+        """Mark ``node`` as used at ``now``, keeping its tier's LRU list ordered."""
+        listed = self._listed(node)
         if listed:
-            self._evictable_leaves.remove(node)
+            self._leaves[node.tier].remove(node)
         node.last_access = now
         node.tick = self._next_tick()
         if listed:
-            self._evictable_leaves.add(node)
+            self._leaves[node.tier].add(node)
+
+    def _count(self, node: RadixNode, sign: int) -> None:
+        """Add (sign 1) or take (-1) ``node``'s pages to or from its tier's counters."""
+        n = sign * len(node.pages)
+        if node.tier != DEVICE_TIER:
+            self._lower_pages[node.tier] += n
+        elif node.lock_count:
+            self._locked_pages += n
+        else:
+            self._evictable_pages += n
+
+    def _retier(self, node: RadixNode, tier: int, pages: list[int]) -> list[int]:
+        """Move unlocked ``node`` to ``tier`` in ``pages``; its parent's tier and its
+        children's must allow it. Returns its old pages."""
+        parent = node.parent
+        assert parent is not None and not node.lock_count
+        if self._listed(node):
+            self._leaves[node.tier].remove(node)
+        if parent.parent is not None:  # the parent's tier-leaf status may change
+            was = self._listed(parent)
+            parent.tier_children += (parent.tier == tier) - (parent.tier == node.tier)
+            if was != self._listed(parent):
+                (self._leaves[parent.tier].add if was is False else
+                 self._leaves[parent.tier].remove)(parent)
+        self._count(node, -1)
+        old, node.pages, node.tier = node.pages, pages, tier
+        node.tier_children = sum(1 for c in node.children.values() if c.tier == tier)
+        self._count(node, 1)
+        if self._listed(node):
+            self._leaves[tier].add(node)
+        return old
 
     def _split(self, node: RadixNode, n: int) -> RadixNode:
         """Cut ``node`` after ``n`` tokens (a page boundary, 0 < n < len(key)); return the new upper
@@ -406,8 +396,9 @@ class RadixCache:
         p = self.page_size
         parent = node.parent
         assert parent is not None and 0 < n < len(node.key) and n % p == 0
-        upper = RadixNode(node.key[:n], node.pages[: n // p], parent)
+        upper = RadixNode(node.key[:n], node.pages[: n // p], parent, tier=node.tier)
         upper.lock_count = node.lock_count  # on the path of everything below, none taken on it
+        upper.tier_children = 1  # the lower part
         upper.last_access = node.last_access
         upper.tick = self._next_tick()
         node.key = node.key[n:]
@@ -419,16 +410,39 @@ class RadixCache:
             self.listener.split(upper, node)
         return upper
 
-    def _add_leaf(self, parent: RadixNode, key: Key, pages: list[int], now: float) -> RadixNode:
+    def _add_leaf(self, parent: RadixNode, key: Key, pages: list[int], now: float,
+                  tier: int = DEVICE_TIER) -> RadixNode:
         p = self.page_size
-        if parent.parent is not None and not parent.children and parent.lock_count == 0:
-            self._evictable_leaves.remove(parent)  # no longer a leaf
-        leaf = RadixNode(key, pages, parent)
+        if parent.tier == tier and parent.parent is not None:
+            if self._listed(parent):
+                self._leaves[tier].remove(parent)  # no longer a tier leaf
+            parent.tier_children += 1
+        leaf = RadixNode(key, pages, parent, tier=tier)
         leaf.last_access = now
         leaf.tick = self._next_tick()
         parent.children[key[:p]] = leaf
-        self._evictable_pages += len(pages)
-        self._evictable_leaves.add(leaf)
+        self._count(leaf, 1)
+        self._leaves[tier].add(leaf)
         if self.listener is not None:
             self.listener.added(leaf)
         return leaf
+
+    def _remove_leaf(self, leaf: RadixNode) -> None:
+        """Unlink an unlocked childless node; its parent may become a tier leaf, a root left
+        empty is dropped."""
+        parent = leaf.parent
+        assert parent is not None and not leaf.children and not leaf.lock_count
+        if self.listener is not None:
+            self.listener.removed(leaf)
+        self._leaves[leaf.tier].remove(leaf)
+        del parent.children[leaf.key[: self.page_size]]
+        self._count(leaf, -1)
+        leaf.parent = None
+        leaf.removed = True
+        if parent.parent is not None:
+            if parent.tier == leaf.tier:
+                parent.tier_children -= 1
+                if self._listed(parent):
+                    self._leaves[parent.tier].add(parent)
+        elif not parent.children:
+            del self._roots[parent.extra_key]

@@ -22,6 +22,7 @@ from typing import Any
 from radixrt.runtime.config import EngineConfig, parse_tenant_weights
 from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.messages import (
+    TIER_NAMES,
     OutputDelta,
     Scheduling,
     StepPlan,
@@ -41,6 +42,7 @@ from radixrt.runtime.scheduler.request_table import RequestTable
 from radixrt.runtime.scheduler.speculator import Speculator
 from radixrt.runtime.scheduler.stats import SchedulerStats
 from radixrt.runtime.worker.capacity import Capacity, typical_request_tokens
+from radixrt.runtime.worker.disk_format import scan
 
 # A request refused because a queue is full is told to retry after this many seconds.
 QUEUE_FULL_RETRY_AFTER_S = 1
@@ -55,10 +57,13 @@ class Scheduler:
         eos_token_ids: Sequence[int],
         kv_bytes_per_token: int = 0,
         vocab_size: int | None = None,
+        tier_pages: tuple[int, int] = (0, 0),
     ) -> None:
         """kv_bytes_per_token: what one token costs in the pool (0: unknown, no capacity);
         vocab_size: the model's (WorkerReady), against which every request's token ids are
-        checked at add_request (None: the simulation's scheduler, which has no model)."""
+        checked at add_request (None: the simulation's scheduler, which has no model);
+        tier_pages: the host and disk KV tiers' pages (0: none). With a disk tier in
+        config.disk_cache_dir, what it holds is restored into the tree (a warm restart)."""
         self.config = config
         self.context_length = context_length
         self.vocab_size = vocab_size
@@ -71,7 +76,13 @@ class Scheduler:
             drafts = DraftIndex()
             self.speculator = Speculator(drafts, config.speculative_num_draft_tokens,
                                          config.speculative_max_batch_size, self.stats)
-        self.kv = KVManager(num_pages, config.page_size, config.disable_radix_cache, drafts)
+        self.kv = KVManager(num_pages, config.page_size, config.disable_radix_cache, drafts,
+                            *tier_pages)
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.restored_tokens = 0  # a warm restart's tokens, from the disk tier
+        if self.kv.tiers is not None and tier_pages[1] and config.disk_cache_dir:
+            self.restored_tokens = self.kv.tiers.restore(
+                scan(config.disk_cache_dir, config.tp_size))
         self.policy = make_policy(config.schedule_policy)
         self.table = RequestTable(
             self.kv, int(config.max_pinned_fraction * self.kv.capacity_tokens),
@@ -85,7 +96,8 @@ class Scheduler:
     def for_worker(cls, config: EngineConfig, ready: WorkerReady) -> Scheduler:
         """The scheduler sized by what the worker reported at start-up."""
         return cls(config, ready.num_pages, ready.context_length, ready.eos_token_ids,
-                   ready.kv_bytes_per_token, ready.vocab_size)
+                   ready.kv_bytes_per_token, ready.vocab_size,
+                   (ready.host_pages, ready.disk_pages))
 
     # --- the views the engine, the loop and the tests read ----------------------------------
     @property
@@ -304,4 +316,28 @@ class Scheduler:
             "pin_budget_tokens": self.table.pin_budget_tokens,
             "pins_refused": self.table.pins_refused,
             "disable_radix_cache": self.kv.disable_radix_cache,
+            "kv_tiers": self._tiers_info(),
         }
+
+    def _tiers_info(self) -> dict[str, Any] | None:
+        """The KV tiers below the pool: each tier's size and use (tokens, bytes), tokens served
+        from it, pages moved each way, seconds moving them; None without tiers."""
+        tiers = self.kv.tiers
+        if tiers is None:
+            return None
+        ps, per_token = self.kv.page_size, self.kv_bytes_per_token
+        info: dict[str, Any] = {}
+        for tier, name in enumerate(TIER_NAMES):
+            pool = tiers.pools[tier]
+            if pool is None:
+                continue
+            info[name] = {
+                "tokens": pool.num_pages * ps, "bytes": pool.num_pages * ps * per_token,
+                "cached_tokens": self.kv.tree.tier_pages(tier) * ps,
+                "hit_tokens": tiers.stats.hit_tokens[tier],
+            }
+        info["moved_tokens"] = {f"{TIER_NAMES[a]}->{TIER_NAMES[b]}": n * ps
+                                for (a, b), n in sorted(tiers.stats.moved_pages.items())}
+        info["move_seconds"] = self.stats.tier_move_seconds
+        info["restored_tokens"] = self.restored_tokens
+        return info

@@ -51,3 +51,5 @@ class SchedulerStats:
     spec_drafted_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_accepted_lengths: dict[int, int] = field(default_factory=dict)
+    # KV tiers: seconds the worker spent moving pages between tiers (PageMoves)
+    tier_move_seconds: float = 0.0

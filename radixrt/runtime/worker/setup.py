@@ -8,7 +8,7 @@ from __future__ import annotations
 import psutil
 import torch
 
-from radixrt.runtime.config import EngineConfig
+from radixrt.runtime.config import HICACHE_HOST_RATIO, EngineConfig
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.forward.attention import resolve_attention_backend
@@ -17,6 +17,8 @@ from radixrt.runtime.models.loader import LoadedModel, inspect_model, load_model
 from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.shard_plan import check_tp_size
 from radixrt.runtime.worker.capacity import kv_bytes_per_token, pool_tokens
+from radixrt.runtime.worker.disk_format import Geometry
+from radixrt.runtime.worker.kv_tiers import DiskFile, KVTiers, fingerprint, model_fingerprint
 from radixrt.runtime.worker.worker import Worker
 
 # Without an explicit max_total_tokens the pool takes mem_fraction of free memory, capped here on
@@ -99,6 +101,33 @@ def pool_pages(config: EngineConfig, bytes_per_token: int, device: torch.device)
     return max(tokens // config.page_size, 2)
 
 
+def tier_pages(config: EngineConfig, num_pages: int) -> tuple[int, int]:
+    """The host and disk KV tiers' pages (0: off); --enable-hierarchical-cache sizes the host
+    tier from the pool where --host-cache-tokens does not."""
+    host = config.host_cache_tokens // config.page_size
+    if not host and config.enable_hierarchical_cache:
+        host = int(num_pages * HICACHE_HOST_RATIO)
+    disk = config.disk_cache_tokens // config.page_size if config.disk_cache_dir else 0
+    if config.disable_radix_cache:
+        return 0, 0  # nothing is cached, so nothing is tiered
+    return host, disk
+
+
+def build_tiers(config: EngineConfig, loaded: LoadedModel, worker: Worker, tp: TPGroup,
+                host_pages: int, disk_pages: int, per_token: int) -> KVTiers:
+    """The worker's host buffer and disk file (this rank's) beside its pool."""
+    disk = None
+    if disk_pages:
+        assert config.disk_cache_dir is not None
+        model = model_fingerprint(loaded.model_path, loaded.gguf_file,
+                                  config.load_format == "dummy")
+        geometry = Geometry(config.page_size, per_token * config.page_size, disk_pages)
+        disk = DiskFile(config.disk_cache_dir, tp.rank, geometry,
+                        fingerprint(model, worker.dtype, worker.kv_cache, config.page_size,
+                                    tp.rank, tp.size), write_names=tp.rank == 0)
+    return KVTiers(worker.kv_cache, config.page_size, host_pages, disk)
+
+
 def build_worker(
     config: EngineConfig,
     loaded: LoadedModel | None = None,
@@ -134,6 +163,7 @@ def build_worker(
     per_token = kv_bytes_per_token(shard.kv_shape(loaded.config),
                                    torch.empty((), dtype=dtype).element_size())
     num_pages = tp.min_int(pool_pages(config, per_token, device))
+    host_pages, disk_pages = tier_pages(config, num_pages)
     worker = Worker(
         loaded,
         num_pages * config.page_size,
@@ -146,6 +176,8 @@ def build_worker(
         grammar_backend=config.grammar_backend,
         grammar_compile_timeout=config.grammar_compile_timeout,
     )
+    if host_pages or disk_pages:
+        worker.tiers = build_tiers(config, loaded, worker, tp, host_pages, disk_pages, per_token)
     ready = WorkerReady(
         num_pages=num_pages,
         page_size=config.page_size,
@@ -155,6 +187,8 @@ def build_worker(
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),
         kv_bytes_per_token=per_token * tp.size,
+        host_pages=host_pages,
+        disk_pages=disk_pages,
         tp=None if tp.size == 1 else TPLayout(
             **shard.describe(loaded.config), kv_bytes_per_token_per_rank=per_token,
             nnodes=config.nnodes, backend=dist_backend(config)),

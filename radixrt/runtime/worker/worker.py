@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import msgspec
 import torch
 
 from radixrt.runtime.config import DEFAULT_GRAMMAR_BACKEND, DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S
@@ -27,6 +28,7 @@ from radixrt.runtime.models.loader import LoadedModel
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.worker.draft_verifier import accepted_count
 from radixrt.runtime.worker.grammar_rows import MaskRow, MaskThread, after_sample
+from radixrt.runtime.worker.kv_tiers import KVTiers
 from radixrt.runtime.worker.sampler import (
     AllowedTokens,
     Sampler,
@@ -98,6 +100,7 @@ class Worker:
         self.sampler = Sampler(loaded.config.vocab_size, eos, self.device, base_seed=seed)
         self.states: dict[int, _RequestState] = {}
         self.swapped: dict[int, torch.Tensor] = {}  # rid -> host K/V
+        self.tiers: KVTiers | None = None  # the KV tiers below the pool (setup.build_tiers)
         self.tokenizer = loaded.tokenizer
         self.grammars = grammars
         self.grammar_dir = grammar_dir
@@ -114,8 +117,10 @@ class Worker:
                 self.graph_runner = CudaGraphRunner(self.model, self.kv_cache, cuda_graph_max_bs)
 
     def close(self) -> None:
-        """Stop the mask thread (if a constrained step started it)."""
+        """Stop the mask thread (if a constrained step started it); close the disk tier."""
         self.masks.close()
+        if self.tiers is not None:
+            self.tiers.close()
 
     # --- plan execution ------------------------------------------------------------------
     @torch.inference_mode()
@@ -124,6 +129,12 @@ class Worker:
             slots = torch.tensor(swap.slots, dtype=torch.int64)
             self.swapped[swap.rid] = self.kv_cache.read_slots(slots)
             self.states[swap.rid].slots = []
+        moved = 0.0
+        if plan.moves:
+            if self.tiers is None:
+                raise RuntimeError("a plan moves KV pages between tiers, but this worker has none")
+            self.tiers.apply(plan.moves)
+            moved = self.tiers.take_seconds()
         for rid in plan.free:
             self.states.pop(rid, None)
             self.swapped.pop(rid, None)
@@ -139,8 +150,9 @@ class Worker:
             self.kv_cache.write_slots(torch.tensor(swap.slots, dtype=torch.int64), data)
             self.states[swap.rid].slots = list(swap.slots)
         if not plan.runs:
-            return StepResult(step_id=plan.step_id)
-        return self._forward(plan)
+            return StepResult(step_id=plan.step_id, move_seconds=moved)
+        result = self._forward(plan)
+        return msgspec.structs.replace(result, move_seconds=moved) if moved else result
 
     def _new_state(self, new: WorkerRequest) -> _RequestState:
         params = new.params

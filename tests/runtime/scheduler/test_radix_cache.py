@@ -262,23 +262,6 @@ def test_reset() -> None:
     tree.check()
 
 
-def test_check_detects_corruption() -> None:
-    tree = RadixCache(1)
-    node = tree.insert([1, 2], [10, 11]).node
-    tree.check()
-    tree._evictable_pages += 1
-    with pytest.raises(RuntimeError, match="counters"):
-        tree.check()
-    tree._evictable_pages -= 1
-    node.lock_count = 1
-    with pytest.raises(RuntimeError, match="lock_count"):
-        tree.check()
-    node.lock_count = 0
-    tree._evictable_leaves.remove(node)
-    with pytest.raises(RuntimeError, match="evictable-leaf"):
-        tree.check()
-
-
 # --- stateful property test: tree + pool driven like the scheduler -----------------------------
 
 NAMESPACES = (None, "x")

@@ -1,0 +1,193 @@
+"""TierMover: which KV pages move between the device pool and the tiers below it (host memory,
+disk), and the bookkeeping of every move. Pure bookkeeping: the worker copies (worker/kv_tiers.py).
+
+- Making room on the device demotes the least recently used unlocked device leaf one tier down
+  (to the host tier, or the disk tier when there is no host tier) instead of dropping it; a tier
+  that is full makes room the same way (host -> disk), and the lowest tier drops its LRU leaf.
+  A node too big for the tier below is dropped with everything below it.
+- A match that reaches into a lower tier loads that part back (``load_back``): top-down, each
+  node once there are device pages for it (made the same way), locked while the rest loads so
+  that making room never demotes what was just loaded.
+- Each move is a ``PageMove`` appended to ``moves`` in the order the bookkeeping happened; the
+  worker applies them in that order, so a page freed by one move and filled by a later one is
+  read before it is overwritten.
+
+Ownership: a lower tier's page has one owner, the tree (refcount 1 in its pool), or is free.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from radixrt.runtime.messages import DEVICE_TIER, DISK_TIER, HOST_TIER, NUM_TIERS, PageMove
+from radixrt.runtime.scheduler.page_pool import PagePool
+from radixrt.runtime.scheduler.radix_cache import MatchResult, RadixCache, RadixNode
+from radixrt.runtime.worker.disk_format import RestoredPrefix, prefix_digest
+
+
+@dataclass
+class TierStats:
+    """Tokens served from each tier by admissions (a device hit, or loaded back), and pages
+    moved each way, (src tier, dst tier) -> pages."""
+
+    hit_tokens: list[int] = field(default_factory=lambda: [0] * NUM_TIERS)
+    moved_pages: Counter[tuple[int, int]] = field(default_factory=Counter)
+
+
+class TierMover:
+    def __init__(self, tree: RadixCache, pools: list[PagePool | None]) -> None:
+        """pools: the device pool, then the host and disk tiers' (None: that tier is off)."""
+        self.tree = tree
+        self.pools = pools
+        self.page_size = tree.page_size
+        self.moves: list[PageMove] = []
+        self.stats = TierStats()
+        self._loading: set[int] = set()  # ids of the nodes a load-back is bringing up
+
+    def pool(self, tier: int) -> PagePool:
+        pool = self.pools[tier]
+        assert pool is not None
+        return pool
+
+    def _below(self, tier: int) -> int | None:
+        """The next tier that exists below `tier`."""
+        for lower in range(tier + 1, NUM_TIERS):
+            if self.pools[lower] is not None:
+                return lower
+        return None
+
+    def free(self, released: Iterable[tuple[int, list[int]]]) -> None:
+        """Give back pages the tree let go of (drop, an insert over a lower tier)."""
+        for tier, pages in released:
+            self.pool(tier).decref(pages)
+
+    # --- down -----------------------------------------------------------------------------
+    def make_room(self, num_pages: int) -> bool:
+        """At least `num_pages` free device pages, moving unlocked device leaves down; changes
+        nothing when the device's unlocked pages cannot make it."""
+        device = self.pool(DEVICE_TIER)
+        if num_pages - device.num_free > self.tree.evictable_pages:
+            return False
+        while device.num_free < num_pages:
+            leaf = self.tree.lru_leaf(DEVICE_TIER)
+            if leaf is None:
+                break
+            self.move_down(leaf)
+        return device.num_free >= num_pages
+
+    def move_down(self, node: RadixNode) -> None:
+        """A tier leaf goes one tier down where it fits there, else it is dropped with what is
+        below it."""
+        target = self._below(node.tier)
+        if target is not None and len(node.pages) <= self.pool(target).num_pages:
+            pool = self.pool(target)
+            while pool.num_free < len(node.pages):
+                other = next((n for n in self.tree.lru_leaves(target)
+                              if id(n) not in self._loading), None)
+                if other is None:  # nothing but what is being loaded back
+                    break
+                self.move_down(other)
+            pages = pool.alloc(len(node.pages))
+            if pages is not None:
+                self._record(node, target, pages)
+                self.free([(node.tier, self.tree.demote(node, target, pages))])
+                return
+        self.free(self.tree.drop(node))
+
+    def _record(self, node: RadixNode, target: int, pages: list[int]) -> None:
+        src = node.tier
+        if target == DISK_TIER:
+            parent = node.parent
+            head: list[int] = []
+            while parent is not None and parent.parent is not None:
+                head[:0] = parent.key
+                parent = parent.parent
+            move = PageMove(src_tier=src, dst_tier=target, src=list(node.pages), dst=pages,
+                            namespace=node.extra_key,
+                            prefix=prefix_digest(node.extra_key, head, self.page_size),
+                            tokens=list(node.key))
+        else:
+            move = PageMove(src_tier=src, dst_tier=target, src=list(node.pages), dst=pages)
+        self.moves.append(move)
+        self.stats.moved_pages[(src, target)] += len(pages)
+
+    # --- up -------------------------------------------------------------------------------
+    def load_back(self, match: MatchResult) -> None:
+        """Bring the matched path's lower-tier part to the device, top-down, as far as device
+        pages can be made for it."""
+        lower: list[RadixNode] = []
+        node: RadixNode | None = match.node
+        while node is not None and node.tier != DEVICE_TIER:
+            lower.append(node)
+            node = node.parent
+        anchor = node if node is not None and node.parent is not None else None
+        if anchor is not None:
+            self.tree.lock(anchor)
+        self._loading = {id(n) for n in lower}
+        try:
+            for node in reversed(lower):
+                if not self.make_room(len(node.pages)) or node.removed:
+                    break  # no room, or making it dropped the rest of the path
+                pages = self.pool(DEVICE_TIER).alloc(len(node.pages))
+                assert pages is not None
+                tier = node.tier
+                self.moves.append(PageMove(src_tier=tier, dst_tier=DEVICE_TIER,
+                                           src=list(node.pages), dst=pages))
+                self.stats.moved_pages[(tier, DEVICE_TIER)] += len(pages)
+                self.stats.hit_tokens[tier] += len(node.key)
+                self.free([(tier, self.tree.promote(node, pages))])
+                self.tree.lock(node)
+                if anchor is not None:
+                    self.tree.unlock(anchor)
+                anchor = node
+        finally:
+            self._loading = set()
+            if anchor is not None:
+                self.tree.unlock(anchor)
+
+    # --- everything -----------------------------------------------------------------------
+    def flush(self) -> int:
+        """Drop every unlocked node of every tier; returns the device tokens freed."""
+        device = self.pool(DEVICE_TIER)
+        before = device.num_free
+        for tier in range(NUM_TIERS):
+            while (leaf := self.tree.lru_leaf(tier)) is not None:
+                self.free(self.tree.drop(leaf))
+        return (device.num_free - before) * self.page_size
+
+    def persist(self) -> None:
+        """Before a shutdown: every unlocked node goes down to the disk tier (least recently
+        used first, so the disk's own LRU keeps the most recent), for a warm restart."""
+        for tier in range(DISK_TIER):
+            while (leaf := self.tree.lru_leaf(tier)) is not None:
+                self.move_down(leaf)
+
+    def restore(self, prefixes: Iterable[RestoredPrefix]) -> int:
+        """A warm restart: the disk tier's prefixes go into the (empty) tree as disk nodes, each
+        page claimed in the disk pool once. Returns the tokens restored."""
+        disk = self.pool(DISK_TIER)
+        for prefix in prefixes:
+            result = self.tree.insert(prefix.tokens, prefix.pages, prefix.extra_key, DISK_TIER)
+            disk.claim(result.new_pages)
+        return self.tree.tier_pages(DISK_TIER) * self.page_size
+
+    def take_moves(self) -> list[PageMove]:
+        moves, self.moves = self.moves, []
+        return moves
+
+    def check(self) -> None:
+        """Every lower-tier page is the tree's (refcount 1) or free."""
+        for tier in (HOST_TIER, DISK_TIER):
+            pool = self.pools[tier]
+            if pool is None:
+                if self.tree.tier_pages(tier):
+                    raise RuntimeError(f"tier {tier} is off but the tree holds pages in it")
+                continue
+            pool.check()
+            owned = Counter(self.tree.pages(tier))
+            for page in range(pool.num_pages):
+                if pool.refcount(page) != owned.get(page, 0):
+                    raise RuntimeError(f"tier {tier} page {page}: refcount "
+                                       f"{pool.refcount(page)}, {owned.get(page, 0)} owners")

@@ -1,0 +1,211 @@
+"""The worker's lower KV tiers: a bounded host buffer and a bounded disk file, and the one way
+pages move between them and the device pool (``PageMove``, applied in the order planned).
+
+The scheduler decides every move (kv_manager.py); the worker only copies. Host pages live in one
+preallocated buffer laid out like the device pool ([2, num_layers, slots, kv_heads, head_dim]);
+disk pages in this rank's file of the disk tier (disk_format.py: data first, then its record, so
+a torn write never reads back as KV). The disk directory is created 0700 and locked, so two
+servers never share it; its file is preallocated to its bound and never grows past it.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import stat
+import time
+
+import torch
+from torch import Tensor
+
+from radixrt.runtime.forward.kv_cache import KVCache
+from radixrt.runtime.messages import DEVICE_TIER, DISK_TIER, HOST_TIER, PageMove
+from radixrt.runtime.worker.disk_format import (
+    FINGERPRINT_BYTES,
+    Geometry,
+    chain_digest,
+    namespace_digest,
+    pack_record,
+    rank_file,
+    read_header,
+    read_namespaces,
+    write_namespaces,
+)
+
+
+def model_fingerprint(model_path: str, gguf_file: str | None, dummy: bool) -> bytes:
+    """What identifies the weights: the model files' names, sizes and modification times (a
+    replaced file changes it). Random (dummy) weights never match anything."""
+    h = hashlib.sha256()
+    if dummy:
+        h.update(os.urandom(16))
+    names = [gguf_file] if gguf_file else sorted(os.listdir(model_path))
+    for name in names:
+        path = os.path.join(model_path, name)
+        info = os.stat(path)
+        if stat.S_ISREG(info.st_mode):
+            h.update(f"{name}\0{info.st_size}\0{info.st_mtime_ns}\0".encode())
+    return h.digest()
+
+
+def prepare_directory(directory: str) -> None:
+    """Create the disk tier's directory 0700 (an existing one of ours is set to 0700; one that is
+    not ours is refused)."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    info = os.stat(directory)
+    if info.st_uid != os.getuid():
+        raise PermissionError(f"disk_cache_dir={directory!r} belongs to another user: "
+                              "use a directory of your own")
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        os.chmod(directory, 0o700)
+
+
+class DiskFile:
+    """This rank's file of the disk tier, open and locked for the server's life."""
+
+    def __init__(self, directory: str, rank: int, geometry: Geometry, fingerprint: bytes,
+                 write_names: bool) -> None:
+        prepare_directory(directory)
+        self.directory = directory
+        self.geometry = geometry
+        self.write_names = write_names  # rank 0 keeps the namespace list
+        self.names = set(read_namespaces(directory).values())
+        path = rank_file(directory, rank)
+        self.fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self.fd)
+            raise RuntimeError(f"disk_cache_dir={directory!r} is in use by another server: "
+                               "give each server its own directory") from None
+        head = read_header(self.fd)
+        if head != (geometry, fingerprint):  # another model, shape or size: start empty
+            try:
+                self._create(fingerprint)
+            except OSError:
+                self.close()
+                raise
+
+    def _create(self, fingerprint: bytes) -> None:
+        """An empty file of the tier's full size: checked against the free space first, and
+        given back whole if the allocation fails part way."""
+        geo = self.geometry
+        os.ftruncate(self.fd, 0)
+        info = os.statvfs(self.directory)
+        free = info.f_bavail * info.f_frsize
+        if geo.file_bytes > free:
+            raise OSError(f"disk_cache_dir={self.directory!r}: the disk tier needs "
+                          f"{geo.file_bytes} bytes, {free} are free: lower disk_cache_tokens")
+        try:
+            os.posix_fallocate(self.fd, 0, geo.file_bytes)
+        except OSError as exc:
+            os.ftruncate(self.fd, 0)
+            raise OSError(f"disk_cache_dir={self.directory!r}: the disk tier needs "
+                          f"{geo.file_bytes} bytes ({exc.strerror}): lower "
+                          "disk_cache_tokens") from None
+        os.pwrite(self.fd, geo.header(fingerprint), 0)
+
+    def write(self, page: int, data: bytes, namespace: str | None, parent: bytes,
+              tokens: list[int]) -> bytes:
+        """Write a page, data first, then its record; returns the page's digest."""
+        geo = self.geometry
+        if len(data) != geo.page_bytes:
+            raise ValueError(f"disk page of {len(data)} bytes, the file's are {geo.page_bytes}")
+        if self.write_names and namespace not in self.names:
+            self.names.add(namespace)
+            write_namespaces(self.directory, sorted(self.names, key=lambda n: (n is not None,
+                                                                              n or "")))
+        record = pack_record(namespace_digest(namespace), parent, tokens, data)
+        os.pwrite(self.fd, data, geo.data_offset_of(page))
+        os.pwrite(self.fd, record, geo.record_offset(page))
+        return chain_digest(parent, tokens)
+
+    def read(self, page: int) -> bytes:
+        geo = self.geometry
+        return os.pread(self.fd, geo.page_bytes, geo.data_offset_of(page))
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # releases the lock
+            self.fd = -1
+
+
+class KVTiers:
+    """The host buffer and the disk file beside the device pool, and the moves between them."""
+
+    def __init__(self, kv_cache: KVCache, page_size: int, host_pages: int,
+                 disk: DiskFile | None) -> None:
+        self.kv = kv_cache
+        self.page_size = page_size
+        shape = (2, kv_cache.num_layers, host_pages * page_size, kv_cache.num_kv_heads,
+                 kv_cache.head_dim)
+        pin = kv_cache.device.type == "cuda"
+        self.host = torch.empty(shape if host_pages else (0,), dtype=kv_cache.dtype,
+                                pin_memory=pin)  # [2, num_layers, host slots, kv_heads, dim]
+        self.disk = disk
+        self.seconds = 0.0  # spent applying moves, since the last take_seconds()
+
+    @property
+    def host_bytes(self) -> int:
+        return self.host.numel() * self.host.element_size()
+
+    def _slots(self, pages: list[int]) -> Tensor:
+        ps = self.page_size
+        return torch.tensor([p * ps + i for p in pages for i in range(ps)], dtype=torch.int64)
+
+    def _read(self, tier: int, pages: list[int]) -> Tensor:
+        """[2, num_layers, len(pages) * page_size, kv_heads, head_dim] on the CPU."""
+        if tier == DEVICE_TIER:
+            return self.kv.read_slots(self._slots(pages))
+        if tier == HOST_TIER:
+            return self.host[:, :, self._slots(pages)]
+        assert self.disk is not None
+        kv = self.kv
+        shape = (2, kv.num_layers, self.page_size, kv.num_kv_heads, kv.head_dim)
+        parts = [torch.frombuffer(bytearray(self.disk.read(p)), dtype=torch.uint8)
+                 .view(kv.dtype).reshape(shape) for p in pages]
+        return torch.cat(parts, dim=2)
+
+    def _write(self, move: PageMove, data: Tensor) -> None:
+        if move.dst_tier == DEVICE_TIER:
+            self.kv.write_slots(self._slots(move.dst), data)
+        elif move.dst_tier == HOST_TIER:
+            self.host[:, :, self._slots(move.dst)] = data
+        else:
+            assert self.disk is not None
+            ps = self.page_size
+            parent = move.prefix
+            for i, page in enumerate(move.dst):
+                chunk = data[:, :, i * ps : (i + 1) * ps].contiguous()
+                raw = chunk.view(torch.uint8).numpy().tobytes()
+                parent = self.disk.write(page, raw, move.namespace, parent,
+                                         move.tokens[i * ps : (i + 1) * ps])
+
+    def apply(self, moves: list[PageMove]) -> None:
+        """Apply a plan's moves in order (a page freed by one may be written by a later one)."""
+        start = time.perf_counter()
+        for move in moves:
+            if len(move.src) != len(move.dst):
+                raise ValueError(f"a move of {len(move.src)} pages to {len(move.dst)}")
+            if move.dst_tier == DISK_TIER and len(move.tokens) != len(move.dst) * self.page_size:
+                raise ValueError("a move to the disk tier without its pages' tokens")
+            self._write(move, self._read(move.src_tier, move.src))
+        self.seconds += time.perf_counter() - start
+
+    def take_seconds(self) -> float:
+        seconds, self.seconds = self.seconds, 0.0
+        return seconds
+
+    def close(self) -> None:
+        if self.disk is not None:
+            self.disk.close()
+
+
+def fingerprint(model: bytes, dtype: torch.dtype, kv: KVCache, page_size: int, rank: int,
+                num_ranks: int) -> bytes:
+    """What a disk page's KV depends on beside its tokens."""
+    h = hashlib.sha256(model)
+    h.update(f"{dtype}|{kv.num_layers}|{kv.num_kv_heads}|{kv.head_dim}|{page_size}|{rank}|"
+             f"{num_ranks}".encode())
+    return h.digest()[:FINGERPRINT_BYTES]
