@@ -64,6 +64,7 @@ PARENT_POLL_MS = 500  # children check this often that the launcher is still ali
 CHILD_WATCH_S = 0.5  # the launcher checks this often that both children are alive
 STARTUP_TIMEOUT_S = 600.0  # model load + pool allocation
 DRAIN_TIMEOUT_S = 30.0  # SIGTERM/SIGINT: in-flight requests get this long to finish
+PERSIST_TIMEOUT_S = 120.0  # then the scheduler this long to move the cache to the disk KV tier
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 # --- KV tiers (host memory and disk under the radix tree) --------------------------------------

@@ -15,7 +15,7 @@ from radixrt.runtime.config import EngineConfig
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.constrained.token_table import TokenTable
 from radixrt.runtime.engine_link import EngineLink
-from radixrt.runtime.messages import DISK_TIER, Scheduling, StepPlan, ToScheduler, ToTokenizer
+from radixrt.runtime.messages import Scheduling, ToScheduler, ToTokenizer
 from radixrt.runtime.models.loader import LoadedModel
 from radixrt.runtime.outputs import RequestOutput, StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
@@ -253,7 +253,7 @@ class Engine:
         if self._closed:
             return
         self._closed = True
-        self._persist_cache()
+        self.loop.persist_cache()
         self._executor.close()
         self.worker.close()
         if self._ranks is not None:
@@ -263,14 +263,6 @@ class Engine:
             self._grammars.close()
             self._grammars = None
         self._grammar_dir.cleanup()
-
-    def _persist_cache(self) -> None:
-        kv = self.scheduler.kv
-        if kv.tiers is None or kv.tiers.pools[DISK_TIER] is None or self.loop.in_flight:
-            return
-        kv.tiers.persist()
-        self._executor.submit(StepPlan(step_id=-1, moves=kv.take_moves()))
-        self._executor.take()
 
     # --- introspection -------------------------------------------------------------------
     def check_integrity(self) -> None:

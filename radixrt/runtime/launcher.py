@@ -22,6 +22,7 @@ from radixrt.runtime.config import (
     DEFAULT_MODEL,
     DRAIN_TIMEOUT_S,
     LOG_FORMAT,
+    PERSIST_TIMEOUT_S,
     STARTUP_TIMEOUT_S,
     EngineConfig,
 )
@@ -230,9 +231,15 @@ def _dead(procs: dict[str, BaseProcess]) -> str:
 
 
 def _stop(procs: dict[str, BaseProcess]) -> None:
-    for proc in procs.values():
+    """The scheduler first (it may move the cache to the disk KV tier through the worker,
+    within PERSIST_TIMEOUT_S), then the rest."""
+    order = sorted(procs, key=lambda name: name != "scheduler")
+    for i, name in enumerate(order):
+        proc = procs[name]
         if proc.is_alive():
             proc.terminate()
+        if i == 0:
+            proc.join(timeout=PERSIST_TIMEOUT_S)
     for proc in procs.values():
         proc.join(timeout=5)
         if proc.is_alive():

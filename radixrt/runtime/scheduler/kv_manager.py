@@ -143,6 +143,8 @@ class KVManager:
         self.pool.incref(result.new_pages)
         if self.tiers is not None:
             self.tiers.free(result.released)  # computed again while held in a lower tier
+            if self.tiers.orphans:  # a warm restart's chains waiting for these tokens
+                self.tiers.attach(key, req.extra_key)
         self.tree.lock(result.node)
         if req.tree_node is not None:
             self.tree.unlock(req.tree_node)

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from radixrt.runtime.messages import StepPlan, StepResult
+from radixrt.runtime.messages import DISK_TIER, StepPlan, StepResult
 from radixrt.runtime.scheduler.in_flight import InFlightLedger
 from radixrt.runtime.scheduler.request import Request
 from radixrt.runtime.scheduler.scheduler import Scheduler
+
+PERSIST_STEP_ID = -1  # the plan that moves the cache to disk before a shutdown
 
 
 class StepExecutor(Protocol):
@@ -75,6 +77,21 @@ class StepLoop:
         if self.check_integrity:
             sched.check_integrity()  # a violation raises: fail-stop
         return touched
+
+    def persist_cache(self) -> None:
+        """Before a shutdown: fold in what is in flight, then move the whole unlocked cache to
+        the disk KV tier (a warm restart's) in one plan of page moves. Nothing without a disk
+        tier."""
+        tiers = self.scheduler.kv.tiers
+        if tiers is None or tiers.pools[DISK_TIER] is None:
+            return
+        while self.in_flight:
+            self._fold()
+        tiers.persist()
+        moves = self.scheduler.kv.take_moves()
+        if moves:
+            self.executor.submit(StepPlan(step_id=PERSIST_STEP_ID, moves=moves))
+            self.executor.take()
 
     def _fold(self) -> list[Request]:
         result = self.executor.take()  # its plan counts as in flight until the result is here

@@ -9,6 +9,7 @@ requests, aborts, stop-string finishes, control calls): the link's `take` polls 
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -110,9 +111,15 @@ class SchedulerService:
     # --- the loop ------------------------------------------------------------------------
     def run(self) -> None:
         """The step loop with overlap; between turns, the tokenizer's messages (waiting for
-        them only while there is nothing to do)."""
+        them only while there is nothing to do). SIGTERM: the cache goes to the disk KV tier
+        (if there is one), then exit 0."""
+        stopping: list[int] = []
+        signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
         while True:
             self.drain_inbox(PARENT_POLL_MS if self.loop.idle else 0)
+            if stopping:
+                self.loop.persist_cache()
+                sys.exit(0)
             if not parent_alive(self.parent_pid):
                 sys.exit(0)
             self._send(self.intake.deltas(self.loop.step()))

@@ -18,13 +18,18 @@ Ownership: a lower tier's page has one owner, the tree (refcount 1 in its pool),
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from radixrt.runtime.messages import DEVICE_TIER, DISK_TIER, HOST_TIER, NUM_TIERS, PageMove
 from radixrt.runtime.scheduler.page_pool import PagePool
 from radixrt.runtime.scheduler.radix_cache import MatchResult, RadixCache, RadixNode
-from radixrt.runtime.worker.disk_format import RestoredPrefix, prefix_digest
+from radixrt.runtime.worker.disk_format import (
+    RestoredPrefix,
+    chain_digest,
+    namespace_digest,
+    prefix_digest,
+)
 
 
 @dataclass
@@ -45,6 +50,11 @@ class TierMover:
         self.moves: list[PageMove] = []
         self.stats = TierStats()
         self._loading: set[int] = set()  # ids of the nodes a load-back is bringing up
+        # a warm restart's disk chains whose head never reached the disk, by the digest of the
+        # tokens before them, until a request computes those tokens again (attach); the disk
+        # pages they hold, and how many of them hold each
+        self.orphans: dict[bytes, list[RestoredPrefix]] = {}
+        self._orphan_pages: Counter[int] = Counter()
 
     def pool(self, tier: int) -> PagePool:
         pool = self.pools[tier]
@@ -86,7 +96,10 @@ class TierMover:
             while pool.num_free < len(node.pages):
                 other = next((n for n in self.tree.lru_leaves(target)
                               if id(n) not in self._loading), None)
-                if other is None:  # nothing but what is being loaded back
+                if other is None:  # nothing but what is being loaded back (or orphans)
+                    if target == DISK_TIER and self.orphans:
+                        self._drop_orphan()
+                        continue
                     break
                 self.move_down(other)
             pages = pool.alloc(len(node.pages))
@@ -152,6 +165,8 @@ class TierMover:
         """Drop every unlocked node of every tier; returns the device tokens freed."""
         device = self.pool(DEVICE_TIER)
         before = device.num_free
+        while self.orphans:
+            self._drop_orphan()
         for tier in range(NUM_TIERS):
             while (leaf := self.tree.lru_leaf(tier)) is not None:
                 self.free(self.tree.drop(leaf))
@@ -166,12 +181,63 @@ class TierMover:
 
     def restore(self, prefixes: Iterable[RestoredPrefix]) -> int:
         """A warm restart: the disk tier's prefixes go into the (empty) tree as disk nodes, each
-        page claimed in the disk pool once. Returns the tokens restored."""
+        page claimed in the disk pool once; orphans wait for their head (``attach``). Returns
+        the tokens restored (orphans' included)."""
         disk = self.pool(DISK_TIER)
+        orphans: list[RestoredPrefix] = []
         for prefix in prefixes:
+            if prefix.parent:
+                orphans.append(prefix)
+                continue
             result = self.tree.insert(prefix.tokens, prefix.pages, prefix.extra_key, DISK_TIER)
             disk.claim(result.new_pages)
-        return self.tree.tier_pages(DISK_TIER) * self.page_size
+        for prefix in orphans:
+            disk.claim([p for p in prefix.pages if p not in self._orphan_pages])
+            self._orphan_pages.update(prefix.pages)
+            self.orphans.setdefault(prefix.parent, []).append(prefix)
+        return (self.tree.tier_pages(DISK_TIER) + len(self._orphan_pages)) * self.page_size
+
+    def attach(self, key: Sequence[int], extra_key: str | None) -> None:
+        """`key` (whole pages) was just cached: orphans waiting under any page boundary of it
+        go into the tree below it, as disk nodes. Hashes `key` page by page: only while
+        orphans wait."""
+        ps = self.page_size
+        digest = namespace_digest(extra_key)
+        for end in range(ps, len(key) + 1, ps):
+            digest = chain_digest(digest, key[end - ps : end])
+            for prefix in self.orphans.pop(digest, []):
+                self._adopt(key[:end], prefix)
+            if not self.orphans:
+                return
+
+    def _adopt(self, head: Sequence[int], prefix: RestoredPrefix) -> None:
+        ps = self.page_size
+        result = self.tree.insert([*head, *prefix.tokens],
+                                  [-1] * (len(head) // ps) + prefix.pages, prefix.extra_key,
+                                  DISK_TIER)
+        taken = set(result.new_pages)
+        assert -1 not in taken, "an orphan attached under tokens the tree does not hold"
+        for page in taken:
+            self._orphan_pages.pop(page, None)  # the tree's now
+        self._release_orphan([p for p in prefix.pages if p not in taken])
+
+    def _drop_orphan(self) -> None:
+        parent = next(iter(self.orphans))
+        waiting = self.orphans[parent]
+        self._release_orphan(waiting.pop().pages)
+        if not waiting:
+            del self.orphans[parent]
+
+    def _release_orphan(self, pages: Iterable[int]) -> None:
+        """An orphan entry lets go of its pages: those no other entry (nor the tree) holds are
+        freed."""
+        for page in pages:
+            if page not in self._orphan_pages:
+                continue  # the tree's
+            self._orphan_pages[page] -= 1
+            if not self._orphan_pages[page]:
+                del self._orphan_pages[page]
+                self.pool(DISK_TIER).decref([page])
 
     def take_moves(self) -> list[PageMove]:
         moves, self.moves = self.moves, []
@@ -187,6 +253,8 @@ class TierMover:
                 continue
             pool.check()
             owned = Counter(self.tree.pages(tier))
+            if tier == DISK_TIER:
+                owned.update(self._orphan_pages.keys())
             for page in range(pool.num_pages):
                 if pool.refcount(page) != owned.get(page, 0):
                     raise RuntimeError(f"tier {tier} page {page}: refcount "

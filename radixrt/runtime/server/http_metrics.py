@@ -10,7 +10,8 @@ urgent requests by their priority and tenant, every preemption by its cause (mem
 fair share), and running requests by tenant. Grammar masks: how many the worker built, the
 seconds they took and the seconds sampling waited for them after the forward pass. Speculative
 decoding: drafts verified, tokens drafted and accepted, draft lookups and their seconds, and the
-acceptance-length histogram (verified runs by how many drafted tokens they kept).
+acceptance-length histogram (verified runs by how many drafted tokens they kept). KV tiers: each
+tier's size, cached and hit tokens, tokens moved each way, seconds moving them.
 
 The same load figures are also exported under the names a Kubernetes inference gateway reads
 (GATEWAY_GAUGES): the Gateway API Inference Extension's endpoint picker (llm-d-router) scrapes
@@ -26,6 +27,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from radixrt.runtime.config import MAX_METRIC_LABELS
+from radixrt.runtime.messages import TIER_NAMES
 from radixrt.runtime.scheduler.stats import OTHER_LABEL
 from radixrt.runtime.tokenizer.pin_leases import PinService
 from radixrt.runtime.tokenizer.request_metrics import RequestMetrics
@@ -141,6 +143,18 @@ class HTTPMetrics:
                                   "Speculative decoding: verified runs by how many drafted "
                                   "tokens they accepted (the acceptance-length histogram)",
                                   ["accepted"], registry=r)
+        self.tier = {
+            key: Gauge(f"{PREFIX}_kv_tier_{key}", text, ["tier"], registry=r) for key, text in (
+                ("tokens", "KV tiers: each tier's size in tokens (device = the pool)"),
+                ("cached_tokens", "KV tiers: tokens of the radix cache held in each tier now"),
+                ("hit_tokens", "KV tiers: prompt tokens served from each tier so far (a device "
+                 "hit, or loaded back from host or disk)"))}
+        self.tier_moved = Gauge(f"{PREFIX}_kv_tier_moved_tokens",
+                                "KV tiers: tokens moved between tiers so far, by direction",
+                                ["direction"], registry=r)
+        self.tier_seconds = Gauge(f"{PREFIX}_kv_tier_move_seconds",
+                                  "KV tiers: seconds the worker spent moving pages so far",
+                                  registry=r)
         self.pinned = Gauge(f"{PREFIX}_pinned_prefixes",
                             "Prefixes pinned in the radix cache (DSL forks, HTTP pins)",
                             registry=r)
@@ -259,8 +273,20 @@ class HTTPMetrics:
                 self.preempts_caused.labels(by, value).set(count)
         self.queue_timeouts.set(info.get("queue_timeouts", 0))
         self.queue_full.set(info.get("queue_full", 0))
+        self._update_tiers(info.get("kv_tiers"))
         self.leases.set(len(self.pins))
         self.leases_expired.set(self.pins.expired_total)
+
+    def _update_tiers(self, tiers: dict[str, Any] | None) -> None:
+        if not tiers:
+            return
+        for name in TIER_NAMES:
+            for key, gauge in self.tier.items():
+                if name in tiers:
+                    gauge.labels(tier=name).set(tiers[name][key])
+        for direction, tokens in tiers["moved_tokens"].items():
+            self.tier_moved.labels(direction=direction).set(tokens)
+        self.tier_seconds.set(tiers["move_seconds"])
 
     def _update_gateway(self, info: dict[str, Any], kv_usage: float) -> None:
         figures = {"waiting": info.get("waiting", 0), "running": info.get("running", 0),

@@ -200,17 +200,23 @@ def write_namespaces(directory: str, names: Sequence[str | None]) -> None:
 
 @dataclass(frozen=True)
 class RestoredPrefix:
-    """A cached token sequence of the disk tier: its namespace, tokens and disk pages."""
+    """A cached token sequence of the disk tier: its namespace, tokens and disk pages. `parent`:
+    empty when the tokens start at the namespace's root; else the digest of the tokens before
+    them, whose pages were not on disk (an *orphan*: it is attached under those tokens once a
+    request computes them again)."""
 
     extra_key: str | None
     tokens: list[int]
     pages: list[int]
+    parent: bytes = b""
 
 
 def scan(directory: str, num_ranks: int) -> list[RestoredPrefix]:
-    """The prefixes a warm restart restores: pages valid in every rank's file whose chain of
-    parents reaches a known namespace, one prefix per chain's end (shared heads repeat; the
-    radix tree holds them once). A page found twice (the same digest) is held once."""
+    """The prefixes a warm restart restores: pages valid in every rank's file, one prefix per
+    chain's end (shared heads repeat; the radix tree holds them once), each from its namespace's
+    root or, where the pages above it never reached the disk, from the first page found (an
+    orphan, `parent` set). A page found twice (the same digest) is held once; a namespace not
+    in the namespace list is never restored."""
     files = [scan_file(rank_file(directory, r)) for r in range(num_ranks)]
     names = read_namespaces(directory)
     by_digest: dict[bytes, PageRecord] = {}
@@ -218,36 +224,21 @@ def scan(directory: str, num_ranks: int) -> list[RestoredPrefix]:
         others = [f.get(page) for f in files[1:]]
         if all(o is not None and o.digest == record.digest for o in others):
             by_digest.setdefault(record.digest, record)
-    paths: dict[bytes, list[PageRecord] | None] = {}
-
-    def path_of(digest: bytes) -> list[PageRecord] | None:
-        """The records from the namespace's root down to `digest` (None: the chain breaks)."""
-        chain: list[PageRecord] = []
-        at = digest
-        while at not in paths:
-            record = by_digest.get(at)
-            if record is None:
-                break
-            chain.append(record)
-            at = record.parent
-        base: list[PageRecord] | None
-        if at in paths:
-            base = paths[at]
-        else:
-            base = [] if chain and at == chain[-1].namespace and at in names else None
-        for record in reversed(chain):
-            base = None if base is None else [*base, record]
-            paths[record.digest] = base
-        return paths.get(digest, base)
-
     parents = {r.parent for r in by_digest.values()}
     restored = []
-    for digest, record in by_digest.items():
+    for digest in by_digest:
         if digest in parents:
             continue  # not a chain's end
-        chain = path_of(digest)
-        if chain:
-            restored.append(RestoredPrefix(names[record.namespace],
-                                           [t for r in chain for t in r.tokens],
-                                           [r.page for r in chain]))
+        chain: list[PageRecord] = []
+        at = digest
+        while at in by_digest and len(chain) <= len(by_digest):
+            chain.append(by_digest[at])
+            at = by_digest[at].parent
+        chain.reverse()
+        namespace = chain[0].namespace
+        if namespace not in names or any(r.namespace != namespace for r in chain):
+            continue
+        restored.append(RestoredPrefix(names[namespace], [t for r in chain for t in r.tokens],
+                                       [r.page for r in chain],
+                                       b"" if at == namespace else at))
     return restored

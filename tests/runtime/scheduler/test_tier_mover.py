@@ -110,6 +110,45 @@ def test_restore_claims_the_disk_pages_once() -> None:
     kv.check_integrity([])
 
 
+def test_an_orphan_attaches_once_its_head_is_computed_again() -> None:
+    """A warm restart's chain whose head (a shared system prompt, hot on the device at the
+    kill) never reached the disk waits until a request computes that head again."""
+    kv = KVManager(16, 2, disk_pages=8)
+    assert kv.tiers is not None
+    head, tail = [1, 2, 3, 4], [5, 6, 7, 8]
+    orphan = RestoredPrefix(None, tail, [6, 2], prefix_digest(None, head, 2))
+    other = RestoredPrefix(None, [5, 6, 9, 9], [6, 3], prefix_digest(None, head, 2))
+    assert kv.tiers.restore([orphan, other]) == 6  # pages 6, 2, 3: shared 6 held once
+    kv.check_integrity([])
+    assert kv.match_len(make_req(1, head + tail + [0])) == 0  # nothing rooted yet
+    cached(kv, head)  # a request computes the head (and its next token: [1, 2, 3, 4, 0])
+    assert not kv.tiers.orphans
+    kv.check_integrity([])
+    req = make_req(2, head + [5, 6, 9, 9, 0])
+    assert kv.admit(req) == 8
+    assert {m.src_tier for m in kv.take_moves()} == {DISK_TIER}
+    kv.release(req)
+    kv.check_integrity([])
+
+
+def test_orphans_give_their_pages_up_first_and_on_flush() -> None:
+    kv = KVManager(16, 1, disk_pages=4)
+    assert kv.tiers is not None
+    kv.tiers.restore([RestoredPrefix(None, [5, 6, 7], [0, 1, 2], b"x" * 16)])
+    kv.check_integrity([])
+    kv.tiers.persist()
+    cached(kv, [9, 9, 9])  # 4 tokens cached, persisted to disk: the orphan makes room
+    kv.tiers.persist()
+    assert not kv.tiers.orphans and kv.tree.tier_pages(DISK_TIER) == 4
+    kv.check_integrity([])
+    fresh = KVManager(16, 1, disk_pages=4)
+    assert fresh.tiers is not None
+    fresh.tiers.restore([RestoredPrefix(None, [5, 6], [3, 1], b"y" * 16)])
+    assert fresh.flush() == 0 and not fresh.tiers.orphans
+    assert fresh.tiers.pools[DISK_TIER].num_free == 4
+    fresh.check_integrity([])
+
+
 class TieredMachine(KVManagerMachine):
     """The KV manager's machine with host and disk tiers: the worker is simulated by applying
     each PageMove to a model of every tier's slots before anything is written or checked."""

@@ -58,16 +58,17 @@ def test_digests_chain_page_by_page_and_namespaces_differ() -> None:
     assert namespace_digest(None) != namespace_digest("") != namespace_digest("salt")
 
 
-def test_scan_restores_chains_shares_heads_and_drops_broken_ones(tmp_path) -> None:
+def test_scan_restores_chains_shares_heads_and_keeps_orphans(tmp_path) -> None:
     d = str(tmp_path)
     a = chain([1, 2, 3, 4, 5, 6])
     b = chain([1, 2, 3, 4, 9, 9])
-    orphan = chain([7, 7, 8, 8])[1]  # its parent page is missing
-    make_file(d, 0, {0: a[0], 1: a[1], 2: a[2], 3: b[2], 4: orphan})
+    orphan = chain([7, 7, 8, 8, 6, 6])[1:]  # the page above it never reached the disk
+    make_file(d, 0, {0: a[0], 1: a[1], 2: a[2], 3: b[2], 4: orphan[0], 5: orphan[1]})
     assert scan(d, 1) == []  # no namespace list: nothing is trusted
     write_namespaces(d, [None])
-    got = sorted((p.tokens, p.pages) for p in scan(d, 1))
-    assert got == [([1, 2, 3, 4, 5, 6], [0, 1, 2]), ([1, 2, 3, 4, 9, 9], [0, 1, 3])]
+    got = sorted((p.tokens, p.pages, p.parent) for p in scan(d, 1))
+    assert got == [([1, 2, 3, 4, 5, 6], [0, 1, 2], b""), ([1, 2, 3, 4, 9, 9], [0, 1, 3], b""),
+                   ([8, 8, 6, 6], [4, 5], prefix_digest(None, [7, 7], PS))]
 
 
 def test_a_page_must_check_out_in_every_rank(tmp_path) -> None:
@@ -77,6 +78,9 @@ def test_a_page_must_check_out_in_every_rank(tmp_path) -> None:
     make_file(d, 1, {0: a[0]})
     write_namespaces(d, [None])
     assert [(p.tokens, p.pages) for p in scan(d, 2)] == [([1, 2], [0])]
+    make_file(d, 1, {1: a[1]})  # rank 1 lost the head: nothing is rooted anywhere
+    assert [(p.tokens, p.parent) for p in scan(d, 2)] == [([3, 4], prefix_digest(None, [1, 2],
+                                                                                   PS))]
 
 
 @settings(max_examples=60, deadline=None)
