@@ -52,6 +52,12 @@ class PlanOptions:
     shared_prefix_tokens: int = field(default=0, metadata={
         "help": "of the prompt, the same for every request (a system prompt, few-shot examples)"})
     requests: int = field(default=64, metadata={"help": "requests that share that prefix"})
+    host_memory: str | None = field(default=None, metadata={
+        "help": "host memory for a host KV tier, e.g. 256GiB: how many tokens it holds "
+        "(--host-cache-tokens)"})
+    disk_space: str | None = field(default=None, metadata={
+        "help": "disk space for a disk KV tier, e.g. 2TB: how many tokens it holds "
+        "(--disk-cache-tokens)"})
     json: bool = field(default=False, metadata={"help": "print the figures as JSON"})
 
     def __post_init__(self) -> None:
@@ -66,6 +72,9 @@ class PlanOptions:
                                  ">= 0")
         if self.requests < 1:
             raise ValueError(f"PlanOptions.requests={self.requests} is invalid: must be >= 1")
+        for name in ("host_memory", "disk_space"):
+            if getattr(self, name) is not None:
+                parse_memory(getattr(self, name))
 
     @property
     def memory_bytes(self) -> int:
@@ -83,7 +92,7 @@ def add_plan_parser(sub: Any) -> None:
 
 def run_plan(args: argparse.Namespace) -> int:
     from radixrt.runtime.models.loader import inspect_model
-    from radixrt.runtime.worker.capacity import Workload, plan
+    from radixrt.runtime.worker.capacity import Workload, plan, tier_tokens
 
     try:
         engine = from_flags(EngineConfig, args, only=ENGINE_FIELDS)
@@ -96,6 +105,10 @@ def run_plan(args: argparse.Namespace) -> int:
                         options.requests)
         figures = plan(config, memory, DTYPE_BYTES[options.dtype], engine.page_size,
                        engine.mem_fraction, context, work)
+        host, disk = (parse_memory(v) if v else 0
+                      for v in (options.host_memory, options.disk_space))
+        figures["host_tier_tokens"], figures["disk_tier_tokens"] = tier_tokens(
+            figures["kv_bytes_per_token"], engine.page_size, host, disk)
     except (ValueError, OSError) as exc:
         print(f"radixrt plan: {as_flags(str(exc), (EngineConfig, PlanOptions))}",
               file=sys.stderr)
@@ -140,4 +153,13 @@ def report(args: argparse.Namespace, architecture: str, memory: int, context: in
         ]
     lines.append(f"at the context length ({context} tokens per request): "
                  f"{f['max_concurrency_at_context_length']} at once")
+    for name, flag, key, size in (("host", "--host-cache-tokens", "host_tier_tokens",
+                                   args.host_memory),
+                                  ("disk", "--disk-cache-tokens", "disk_tier_tokens",
+                                   args.disk_space)):
+        if size:
+            lines.append(f"{name} KV tier in {size}: {f[key]} tokens ({flag} {f[key]}), "
+                         f"{f[key] // max(args.prompt_tokens, 1)} prompts of "
+                         f"{args.prompt_tokens} tokens kept beside the pool's "
+                         f"{f['pool_tokens'] // max(args.prompt_tokens, 1)}")
     return "\n".join(lines)

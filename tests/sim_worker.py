@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from radixrt.runtime.config import PLACEHOLDER_TOKEN, EngineConfig
 from radixrt.runtime.messages import (
+    DEVICE_TIER,
     Run,
     RunResult,
     Scheduling,
@@ -160,9 +161,13 @@ class SimState:
 
 
 class SimWorker:
-    def __init__(self, num_slots: int) -> None:
+    def __init__(self, num_slots: int, page_size: int = 1) -> None:
         self.num_slots = num_slots
+        self.page_size = page_size
         self.kv: dict[int, int] = {}  # slot -> prefix hash of the position written there
+        # KV tiers: (tier, slot) -> what the lower tier's slot holds; pages moved, by direction
+        self.lower: dict[tuple[int, int], int | None] = {}
+        self.moved: dict[tuple[int, int], int] = {}
         self.states: dict[int, SimState] = {}
         self.host: dict[int, list[int]] = {}  # swapped-out KV by rid
         self.produced: dict[int, list[TokenLogprob]] = {}  # every token reported, by rid
@@ -208,6 +213,7 @@ class SimWorker:
             self._check_table(swap.rid)
             self.host[swap.rid] = [self.kv[s] for s in swap.slots]
             state.slots = []
+        self._move(plan)
         for rid in plan.free:
             assert rid in self.states or rid in self.host, f"free of unknown request {rid}"
             self.states.pop(rid, None)
@@ -247,6 +253,36 @@ class SimWorker:
             state.slots = list(swap.slots)
             owners = self._owners()
         return self._forward(plan, owners)
+
+    def _move(self, plan: StepPlan) -> None:
+        """KV tiers: each PageMove in order, copying what the source pages hold (a page one move
+        frees may be the page a later one fills). A load-back never lands on a live slot (one
+        of a request this plan frees is not live: its pages went back to the pool)."""
+        if not plan.moves:
+            return
+        freed = set(plan.free)
+        owners = {slot: owner for slot, owner in self._owners().items() if owner[0] not in freed}
+        ps = self.page_size
+        for move in plan.moves:
+            assert len(move.src) == len(move.dst) > 0 and move.src_tier != move.dst_tier
+            src = [p * ps + i for p in move.src for i in range(ps)]
+            dst = [p * ps + i for p in move.dst for i in range(ps)]
+            if move.src_tier == DEVICE_TIER:
+                values = [self.kv.get(s) for s in src]
+            else:
+                values = [self.lower.get((move.src_tier, s)) for s in src]
+            for slot, value in zip(dst, values, strict=True):
+                if move.dst_tier == DEVICE_TIER:
+                    assert slot not in owners, (f"a load-back into live slot {slot} of "
+                                                f"{owners[slot]}, free {plan.free}")
+                    if value is None:
+                        self.kv.pop(slot, None)
+                    else:
+                        self.kv[slot] = value
+                else:
+                    self.lower[(move.dst_tier, slot)] = value
+            key = (move.src_tier, move.dst_tier)
+            self.moved[key] = self.moved.get(key, 0) + len(move.src)
 
     def _new_request(self, new: WorkerRequest) -> None:
         assert new.rid not in self.states and new.rid not in self.host, f"{new.rid} known"
@@ -450,12 +486,16 @@ class Sim:
         return self.loop.in_flight.oldest
 
 
-def make_sim(pool_tokens: int, overlap: bool = False, **options: object) -> Sim:
+def make_sim(pool_tokens: int, overlap: bool = False, disk_tier_tokens: int = 0,
+             **options: object) -> Sim:
+    """disk_tier_tokens: a disk KV tier of this size (its pages are bookkeeping and the
+    simulated worker's dict, no directory; the host tier is config.host_cache_tokens)."""
     config = EngineConfig(max_total_tokens=pool_tokens, **options)  # type: ignore[arg-type]
     num_pages = max(pool_tokens // config.page_size, 2)
-    sched = Scheduler(config, num_pages, CONTEXT, [EOS])
+    tiers = (config.host_cache_tokens // config.page_size, disk_tier_tokens // config.page_size)
+    sched = Scheduler(config, num_pages, CONTEXT, [EOS], tier_pages=tiers)
     sched.kv.tree._clock = lambda: 0.0  # LRU by access order only: reproducible runs
-    worker = SimWorker(num_pages * config.page_size)
+    worker = SimWorker(num_pages * config.page_size, config.page_size)
     executor = SimExecutor(worker)
     return Sim(sched, worker, StepLoop(sched, executor, overlap), executor)
 

@@ -43,7 +43,8 @@ SERVE_FLAGS = {
 PLAN_FLAGS = {
     "--model", "--page-size", "--mem-fraction", "--context-length",  # EngineConfig's
     "--memory", "--dtype", "--prompt-tokens", "--mean-output-tokens", "--max-output-tokens",
-    "--shared-prefix-tokens", "--requests", "--json",  # PlanOptions'
+    "--shared-prefix-tokens", "--requests", "--host-memory", "--disk-space",
+    "--json",  # PlanOptions'
     "-h", "--help",
 }
 

@@ -120,6 +120,7 @@ class StepPlan(msgspec.Struct, frozen=True, tag=True):
     swap_in: list[Swap] = []  # host KV -> these slots; the request's slot table becomes `slots`
     runs: list[Run] = []
     prefix_groups: list[PrefixGroup] = []  # over decode runs of `runs`; empty: no cascade
+    flush_disk: bool = False  # answer once the disk KV tier's writes are done (a shutdown's)
 
 
 class TokenLogprob(msgspec.Struct, frozen=True):

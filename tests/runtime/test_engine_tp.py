@@ -9,6 +9,7 @@ tensor-parallel Engine is this process (rank 0) plus real follower processes ove
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -179,3 +180,35 @@ def test_speculative_decoding_on_two_ranks(loaded_model):
     finally:
         ref.close()
         tp.close()
+
+
+def test_kv_tiers_on_two_ranks(loaded_model, tmp_path):
+    """Each rank demotes, loads back and writes to disk its own shard of every page (the same
+    moves from the one plan): the outputs are tp 1's without tiers; a second TP engine on the
+    same directory restores what both ranks' files agree on."""
+    words = SHARED.split()
+    prompts = [f"Note {i}: " + " ".join(words[i:] + words[:i]) for i in range(4)]  # distinct
+    params = GREEDY.with_(prompt_logprobs_start=None)
+    ref = Engine(loaded_model, check_integrity=True, max_total_tokens=128)
+    tiers = dict(check_integrity=True, max_total_tokens=128, host_cache_tokens=64,
+                 disk_cache_dir=str(tmp_path), disk_cache_tokens=1024)
+    tp = Engine(tp_size=2, **tiers)
+    try:
+        want = [ref.generate([p], params)[0] for p in prompts * 2]
+        got = [tp.generate([p], params)[0] for p in prompts * 2]
+        assert_same_outputs(want, got)
+        stats = tp.stats()["kv_tiers"]
+        assert stats["moved_tokens"].get("host->disk", 0) > 0
+        assert stats["host"]["hit_tokens"] + stats["disk"]["hit_tokens"] > 0
+    finally:
+        tp.close()
+    assert sorted(os.listdir(tmp_path)) == ["namespaces.msgpack", "rank0.kv", "rank1.kv"]
+    warm = Engine(tp_size=2, **tiers)
+    try:
+        assert warm.stats()["kv_tiers"]["restored_tokens"] > 0
+        again = [warm.generate([p], params)[0] for p in prompts]
+        assert_same_outputs(want[:4], again)
+        assert warm.stats()["kv_tiers"]["disk"]["hit_tokens"] > 0
+    finally:
+        warm.close()
+        ref.close()

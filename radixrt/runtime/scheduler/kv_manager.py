@@ -15,11 +15,14 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from radixrt.runtime.messages import DEVICE_TIER, PageMove, SlotCopy
+from radixrt.runtime.messages import DEVICE_TIER, DISK_TIER, HOST_TIER, PageMove, SlotCopy
 from radixrt.runtime.scheduler.page_pool import PagePool
 from radixrt.runtime.scheduler.radix_cache import RadixCache, RadixNode, TreeListener
 from radixrt.runtime.scheduler.request import Request
 from radixrt.runtime.scheduler.tier_mover import TierMover
+
+# lpm's worth of a cached token in each lower tier, against 1 for a device hit and 0 for a miss
+LOWER_TIER_HIT_WEIGHTS = {HOST_TIER: 0.75, DISK_TIER: 0.5}
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,20 @@ class KVManager:
         if self.disable_radix_cache:
             return 0
         return self.tree.match_prefix(self.match_key(req), req.extra_key).length
+
+    def match_value(self, req: Request) -> float:
+        """What a waiting request's cached prefix is worth to the queue's order (lpm): a device
+        token counts whole, a lower tier's less (loading it back costs, computing it costs more:
+        LOWER_TIER_HIT_WEIGHTS)."""
+        if self.disable_radix_cache:
+            return 0.0
+        match = self.tree.match_prefix(self.match_key(req), req.extra_key)
+        value = float(match.device_length)
+        node: RadixNode | None = match.node
+        while node is not None and node.parent is not None and node.tier != DEVICE_TIER:
+            value += len(node.key) * LOWER_TIER_HIT_WEIGHTS[node.tier]
+            node = node.parent
+        return value
 
     def cached_prefix(self, req: Request) -> tuple[int, int]:
         """A waiting request's cached prefix, in one tree match: (its length, the pages of it

@@ -90,7 +90,8 @@ class StepLoop:
         tiers.persist()
         moves = self.scheduler.kv.take_moves()
         if moves:
-            self.executor.submit(StepPlan(step_id=PERSIST_STEP_ID, moves=moves))
+            self.executor.submit(StepPlan(step_id=PERSIST_STEP_ID, moves=moves,
+                                          flush_disk=True))
             self.executor.take()
 
     def _fold(self) -> list[Request]:

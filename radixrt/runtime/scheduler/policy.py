@@ -26,7 +26,8 @@ class FCFS:
 
 
 class LongestPrefixMatch:
-    """Longest cached prefix first, so the requests that reuse the most run while it is cached.
+    """Longest cached prefix first, so the requests that reuse the most run while it is cached
+    (a token held in a lower KV tier counts less than one on the device: KVManager.match_value).
     Matching costs a tree walk per request: past `fallback_len` waiting requests, fcfs."""
 
     def __init__(self, fallback_len: int = LPM_FALLBACK_QUEUE_LEN) -> None:
@@ -35,7 +36,7 @@ class LongestPrefixMatch:
     def order(self, waiting: list[Request], kv: KVManager) -> list[Request]:
         if len(waiting) > self.fallback_len or kv.disable_radix_cache:
             return FCFS().order(waiting, kv)
-        matched = {r.rid: kv.match_len(r) for r in waiting}
+        matched = {r.rid: kv.match_value(r) for r in waiting}
         return sorted(waiting, key=lambda r: (-matched[r.rid], r.arrival))
 
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from radixrt.runtime.worker.disk_format import BLOCK_BYTES, Geometry
+
 if TYPE_CHECKING:  # torch-free at run time: the scheduler process states capacity too
     from radixrt.runtime.forward.kv_cache import KVShape
     from radixrt.runtime.models.model_config import ModelConfig
@@ -177,3 +179,14 @@ def plan(config: ModelConfig, memory_bytes: int, dtype_bytes: int, page_size: in
                                    / max(work.requests * work.prompt_tokens, 1)),
         "max_concurrency_at_context_length": capacity.concurrency(context_length),
     }
+
+
+def tier_tokens(bytes_per_token: int, page_size: int, host_bytes: int,
+                disk_bytes: int) -> tuple[int, int]:
+    """The KV tiers that `host_bytes` of host memory and `disk_bytes` of disk hold, in tokens
+    (whole pages; a disk page also carries its record: disk_format.py)."""
+    host = host_bytes // (bytes_per_token * page_size) * page_size
+    geometry = Geometry(page_size, bytes_per_token * page_size, 0)
+    per_page = geometry.page_bytes + geometry.record_bytes
+    disk = max(disk_bytes - geometry.data_offset - BLOCK_BYTES, 0) // per_page * page_size
+    return host, disk

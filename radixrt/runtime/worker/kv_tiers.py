@@ -5,7 +5,9 @@ The scheduler decides every move (kv_manager.py); the worker only copies. Host p
 preallocated buffer laid out like the device pool ([2, num_layers, slots, kv_heads, head_dim]);
 disk pages in this rank's file of the disk tier (disk_format.py: data first, then its record, so
 a torn write never reads back as KV). The disk directory is created 0700 and locked, so two
-servers never share it; its file is preallocated to its bound and never grows past it.
+servers never share it; its file is preallocated to its bound and never grows past it. Disk
+writes run on a writer thread, off the step's critical path (a read of a page waits for its
+write).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import hashlib
 import os
 import stat
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 from torch import Tensor
@@ -131,6 +134,53 @@ class DiskFile:
             self.fd = -1
 
 
+class DiskWriter:
+    """Writes to the disk tier off the step's thread: one writer thread, in submission order
+    (a page's data before its record, a page rewritten after its earlier write). A read of a
+    page waits for its pending write; close() waits for all of them. A failed write raises at
+    the next wait (the worker fails the step: fail-stop)."""
+
+    def __init__(self, disk: DiskFile) -> None:
+        self.disk = disk
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixrt-disk")
+        self._pending: dict[int, Future[None]] = {}  # page -> its latest write
+
+    def write(self, move: PageMove, data: Tensor, page_size: int) -> None:
+        """Queue the pages of a move to the disk tier; `data` is the move's own copy."""
+        future = self._pool.submit(self._write, move, data, page_size)
+        for page in move.dst:
+            self._pending[page] = future
+        future.add_done_callback(lambda done: self._forget(move.dst, done))
+
+    def _forget(self, pages: list[int], done: Future[None]) -> None:
+        for page in pages:
+            if self._pending.get(page) is done:
+                self._pending.pop(page, None)
+
+    def _write(self, move: PageMove, data: Tensor, page_size: int) -> None:
+        parent = move.prefix
+        for i, page in enumerate(move.dst):
+            chunk = data[:, :, i * page_size : (i + 1) * page_size].contiguous()
+            raw = chunk.view(torch.uint8).numpy().tobytes()
+            parent = self.disk.write(page, raw, move.namespace, parent,
+                                     move.tokens[i * page_size : (i + 1) * page_size])
+
+    def wait(self, pages: list[int]) -> None:
+        for page in pages:
+            future = self._pending.get(page)
+            if future is not None:
+                future.result()
+
+    def drain(self) -> None:
+        for future in list(self._pending.values()):
+            future.result()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.drain()  # re-raises a failed write
+        self.disk.close()
+
+
 class KVTiers:
     """The host buffer and the disk file beside the device pool, and the moves between them."""
 
@@ -144,7 +194,8 @@ class KVTiers:
         self.host = torch.empty(shape if host_pages else (0,), dtype=kv_cache.dtype,
                                 pin_memory=pin)  # [2, num_layers, host slots, kv_heads, dim]
         self.disk = disk
-        self.seconds = 0.0  # spent applying moves, since the last take_seconds()
+        self.writer = DiskWriter(disk) if disk is not None else None
+        self.seconds = 0.0  # spent applying moves on the step's thread, since take_seconds()
 
     @property
     def host_bytes(self) -> int:
@@ -160,7 +211,8 @@ class KVTiers:
             return self.kv.read_slots(self._slots(pages))
         if tier == HOST_TIER:
             return self.host[:, :, self._slots(pages)]
-        assert self.disk is not None
+        assert self.disk is not None and self.writer is not None
+        self.writer.wait(pages)
         kv = self.kv
         shape = (2, kv.num_layers, self.page_size, kv.num_kv_heads, kv.head_dim)
         parts = [torch.frombuffer(bytearray(self.disk.read(p)), dtype=torch.uint8)
@@ -173,14 +225,8 @@ class KVTiers:
         elif move.dst_tier == HOST_TIER:
             self.host[:, :, self._slots(move.dst)] = data
         else:
-            assert self.disk is not None
-            ps = self.page_size
-            parent = move.prefix
-            for i, page in enumerate(move.dst):
-                chunk = data[:, :, i * ps : (i + 1) * ps].contiguous()
-                raw = chunk.view(torch.uint8).numpy().tobytes()
-                parent = self.disk.write(page, raw, move.namespace, parent,
-                                         move.tokens[i * ps : (i + 1) * ps])
+            assert self.writer is not None
+            self.writer.write(move, data, self.page_size)  # `data` is a copy (_read's)
 
     def apply(self, moves: list[PageMove]) -> None:
         """Apply a plan's moves in order (a page freed by one may be written by a later one)."""
@@ -197,9 +243,16 @@ class KVTiers:
         seconds, self.seconds = self.seconds, 0.0
         return seconds
 
+    def flush(self) -> None:
+        """Wait for the disk tier's pending writes."""
+        if self.writer is not None:
+            self.writer.drain()
+
     def close(self) -> None:
-        if self.disk is not None:
-            self.disk.close()
+        """Wait for the disk tier's pending writes and close its file."""
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
 
 
 def fingerprint(model: bytes, dtype: torch.dtype, kv: KVCache, page_size: int, rank: int,

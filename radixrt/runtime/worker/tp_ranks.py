@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
 import time
@@ -169,6 +170,8 @@ def run_follower(config: EngineConfig, rank: int, parent_pid: int, log_level: st
     setproctitle.setproctitle(f"radixrt::tp{rank}")
     logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
     share_cpu_threads(config)
+    if config.disk_cache_dir:  # stop on rank 0's STOP only: its last plan may write the disk
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     threading.Thread(target=_exit_with_parent, args=(parent_pid, rank), daemon=True,
                      name="radixrt-parent-watch").start()
     try:
@@ -176,6 +179,7 @@ def run_follower(config: EngineConfig, rank: int, parent_pid: int, log_level: st
         worker, _ = build_worker(config, grammar_dir=grammar_dir, tp=group)
         settle(group)
         follow(worker, group)
+        worker.close()
     except Exception as exc:  # noqa: BLE001 - any failure of a rank stops the server
         log.error("tensor-parallel rank %d failed: %s", rank, exc)
         sys.exit(1)

@@ -135,6 +135,8 @@ class Worker:
                 raise RuntimeError("a plan moves KV pages between tiers, but this worker has none")
             self.tiers.apply(plan.moves)
             moved = self.tiers.take_seconds()
+        if plan.flush_disk and self.tiers is not None:
+            self.tiers.flush()
         for rid in plan.free:
             self.states.pop(rid, None)
             self.swapped.pop(rid, None)

@@ -60,6 +60,7 @@ def run_worker(config: EngineConfig, addrs: Addresses, parent_pid: int, log_leve
         results.send(worker.execute(plan) if leader is None else leader.execute(plan, data))
     if leader is not None:
         leader.close()
+    worker.close()  # the disk KV tier's pending writes finish
     sys.exit(0)
 
 

@@ -92,6 +92,9 @@ def configs(draw: st.DrawFn) -> dict:
         speculative_algorithm=draw(st.sampled_from([None, "radix", "radix"])),
         speculative_num_draft_tokens=draw(st.sampled_from([1, 3, 8])),
         speculative_max_batch_size=draw(st.sampled_from([1, 4, 256])),
+        # KV tiers: evicted prefixes demoted to host / disk and loaded back on a match
+        host_cache_tokens=draw(st.sampled_from([0, 0, 32, 256])),
+        disk_tier_tokens=draw(st.sampled_from([0, 0, 64, 512])),
     )
 
 
@@ -146,6 +149,9 @@ def record_coverage(sim: Sim) -> None:
     event("overlap" if sim.overlap else "no overlap")
     event("jump-forward" if sim.worker.forced else "no jump-forward")
     event("cascade" if sim.worker.shared_reads_saved else "no cascade")
+    loaded = any(dst == 0 for _src, dst in sim.worker.moved)
+    event("tiers: loaded back" if loaded else "tiers: demoted only" if sim.worker.moved
+          else "tiers: nothing moved")
     if sim.worker.drafted:
         event("drafts accepted" if sim.worker.accepted else "drafts all rejected")
         some_rejected = sim.worker.accepted < sim.worker.drafted

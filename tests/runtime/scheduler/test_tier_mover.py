@@ -12,6 +12,7 @@ from test_kv_manager import KVManagerMachine, make_req
 
 from radixrt.runtime.messages import DEVICE_TIER, DISK_TIER, HOST_TIER, TIER_NAMES, PageMove
 from radixrt.runtime.scheduler.kv_manager import KVManager
+from radixrt.runtime.scheduler.policy import make_policy
 from radixrt.runtime.worker.disk_format import RestoredPrefix, prefix_digest
 
 
@@ -147,6 +148,24 @@ def test_orphans_give_their_pages_up_first_and_on_flush() -> None:
     assert fresh.flush() == 0 and not fresh.tiers.orphans
     assert fresh.tiers.pools[DISK_TIER].num_free == 4
     fresh.check_integrity([])
+
+
+def test_lpm_counts_a_lower_tier_hit_between_a_device_hit_and_a_miss() -> None:
+    kv = KVManager(16, 1, host_pages=8, disk_pages=8)
+    assert kv.tiers is not None
+    on_disk, on_host, on_device = [10, 11, 12, 13], [20, 21, 22, 23], [30, 31, 32, 33]
+    for tokens in (on_disk, on_host, on_device):
+        cached(kv, tokens)
+    kv.tiers.move_down(kv.tree.match_prefix(on_disk + [0]).node)  # device -> host
+    kv.tiers.move_down(kv.tree.match_prefix(on_disk + [0]).node)  # host -> disk
+    kv.tiers.move_down(kv.tree.match_prefix(on_host + [0]).node)  # device -> host
+    assert [tiers_of(kv, t + [0]) for t in (on_disk, on_host, on_device)] == [
+        [DISK_TIER], [HOST_TIER], [DEVICE_TIER]]
+    reqs = [make_req(i, tokens + [0]) for i, tokens in
+            enumerate(([40, 41, 42, 43], on_disk, on_host, on_device))]
+    assert [kv.match_value(r) for r in reqs] == [0.0, 4 * 0.5, 4 * 0.75, 4.0]
+    assert [r.rid for r in make_policy("lpm").order(reqs, kv)] == [3, 2, 1, 0]
+    kv.check_integrity([])
 
 
 class TieredMachine(KVManagerMachine):

@@ -20,6 +20,7 @@ from radixrt.runtime.worker.capacity import (
     kv_bytes_per_token,
     parameter_count,
     plan,
+    tier_tokens,
 )
 
 LLAMA3_8B = {  # Meta-Llama-3-8B's config.json
@@ -64,8 +65,27 @@ def test_llama3_8b_on_80gib_is_the_worked_case(llama3: str, capsys: Any) -> None
     assert "8.03 B parameters" in text and "128 KiB" in text and "held once" in text
 
 
+def test_the_kv_tiers_are_sized_from_host_memory_and_disk_space(llama3: str,
+                                                               capsys: Any) -> None:
+    """128 KiB per token: 256 GiB of host memory hold 2,097,152 tokens (whole pages of 16);
+    1 TB of disk holds its pages and their records (16 pages' tokens plus 124 record bytes a
+    page), less the file's header and record area."""
+    code = main(["plan", "--model", llama3, "--memory", "80GiB", "--page-size", "16",
+                 "--host-memory", "256GiB", "--disk-space", "1TB", "--json"])
+    assert code == 0
+    figures = json.loads(capsys.readouterr().out)
+    assert figures["host_tier_tokens"] == 256 * 8192 == 2_097_152
+    page = 131_072 * 16 + 60 + 4 * 16
+    assert figures["disk_tier_tokens"] == (10**12 - 4096 - 4096) // page * 16
+    main(["plan", "--model", llama3, "--memory", "80GiB", "--host-memory", "256GiB"])
+    text = capsys.readouterr().out
+    assert "--host-cache-tokens 2097152" in text and "disk KV tier" not in text
+    assert tier_tokens(100, 4, 0, 0) == (0, 0)
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (["--memory", "lots"], "give a size such as 80GiB"),
+    (["--memory", "80GiB", "--host-memory", "much"], "give a size such as 80GiB"),
     (["--memory", "8GiB"], "the weights alone take 14.96 GiB"),
     (["--memory", "80GiB", "--prompt-tokens", "8000", "--max-output-tokens", "1024"],
      "exceed the context length 8192"),

@@ -42,10 +42,10 @@ def test_a_round_trip_through_every_tier_keeps_the_kv(tmp_path, dtype: torch.dty
              PageMove(DISK_TIER, DEVICE_TIER, [7, 3], [5, 6])])
     assert torch.equal(page_kv(kv, 5), before[0]) and torch.equal(page_kv(kv, 6), before[1])
     assert t.take_seconds() > 0 and t.take_seconds() == 0
+    t.close()  # the disk writer's pending writes are done
     records = scan_file(os.path.join(tmp_path, "kv", "rank0.kv"))
     assert sorted(records) == [3, 7] and records[7].tokens == (11, 12)
     assert records[3].parent == records[7].digest  # the second page chains from the first
-    t.close()
 
 
 def test_a_move_to_disk_needs_its_tokens(tmp_path) -> None:
