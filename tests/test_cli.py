@@ -178,6 +178,13 @@ def test_every_flag_has_help_and_every_field_a_flag_or_a_reason() -> None:
     (["--dp-size", "0"], ServerOptions, {"dp_size": 0}),
     (["--tenant-weights", "a:0"], EngineConfig, {"tenant_weights": "a:0"}),
     (["--fair-share-quantum", "0"], EngineConfig, {"fair_share_quantum": 0}),
+    (["--host-cache-tokens", "-1"], EngineConfig, {"host_cache_tokens": -1}),
+    (["--page-size", "16", "--host-cache-tokens", "8"], EngineConfig,
+     {"page_size": 16, "host_cache_tokens": 8}),
+    (["--disk-cache-tokens", "64"], EngineConfig, {"disk_cache_tokens": 64}),
+    (["--disk-cache-dir", "kv"], EngineConfig, {"disk_cache_dir": "kv"}),
+    (["--host-cache-tokens", "64", "--disable-radix-cache"], EngineConfig,
+     {"host_cache_tokens": 64, "disable_radix_cache": True}),
     (["--api-key", "k", "--api-key-file", "keys.txt"], ServerOptions,
      {"api_key": "k", "api_key_file": "keys.txt"}),
 ])

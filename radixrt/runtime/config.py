@@ -64,7 +64,6 @@ PARENT_POLL_MS = 500  # children check this often that the launcher is still ali
 CHILD_WATCH_S = 0.5  # the launcher checks this often that both children are alive
 STARTUP_TIMEOUT_S = 600.0  # model load + pool allocation
 DRAIN_TIMEOUT_S = 30.0  # SIGTERM/SIGINT: in-flight requests get this long to finish
-PERSIST_TIMEOUT_S = 120.0  # then the scheduler this long to move the cache to the disk KV tier
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 # --- KV tiers (host memory and disk under the radix tree) --------------------------------------
@@ -290,8 +289,15 @@ class EngineConfig:
             value = getattr(self, name)
             if not 0 <= value <= MAX_TIER_TOKENS:
                 raise bad(name, value, f"use 0..{MAX_TIER_TOKENS} (0: off)")
+        if 0 < self.host_cache_tokens < self.page_size:
+            raise bad("host_cache_tokens", self.host_cache_tokens,
+                      f"give at least a page ({self.page_size} tokens), or 0 for no host tier")
+        tiers = self.host_cache_tokens or self.disk_cache_dir or self.enable_hierarchical_cache
+        if tiers and self.disable_radix_cache:
+            raise bad("disable_radix_cache", True, "KV tiers hold the radix cache's pages: "
+                      "drop the tier options or the radix cache's disabling")
         if self.disk_cache_dir is not None:
-            if not 0 < len(self.disk_cache_dir) <= MAX_PATH_CHARS:
+            if not 0 < len(self.disk_cache_dir) <= MAX_PATH_CHARS or "\0" in self.disk_cache_dir:
                 raise bad("disk_cache_dir", self.disk_cache_dir,
                           f"give a directory path of 1..{MAX_PATH_CHARS} characters")
             if self.disk_cache_tokens < self.page_size:

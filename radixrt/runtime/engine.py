@@ -253,16 +253,20 @@ class Engine:
         if self._closed:
             return
         self._closed = True
-        self.loop.persist_cache()
-        self._executor.close()
-        self.worker.close()
-        if self._ranks is not None:
-            self._ranks.close()
-            self._ranks = None
-        if self._grammars is not None:
-            self._grammars.close()
-            self._grammars = None
-        self._grammar_dir.cleanup()
+        try:
+            self.loop.persist_cache()
+        finally:
+            self._executor.close()
+            try:
+                self.worker.close()
+            finally:
+                if self._ranks is not None:
+                    self._ranks.close()
+                    self._ranks = None
+                if self._grammars is not None:
+                    self._grammars.close()
+                    self._grammars = None
+                self._grammar_dir.cleanup()
 
     # --- introspection -------------------------------------------------------------------
     def check_integrity(self) -> None:

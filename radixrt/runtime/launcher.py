@@ -22,7 +22,6 @@ from radixrt.runtime.config import (
     DEFAULT_MODEL,
     DRAIN_TIMEOUT_S,
     LOG_FORMAT,
-    PERSIST_TIMEOUT_S,
     STARTUP_TIMEOUT_S,
     EngineConfig,
 )
@@ -31,6 +30,9 @@ from radixrt.runtime.server_options import ServerOptions
 
 if TYPE_CHECKING:
     from radixrt.runtime.server.tenants import ApiKeys
+
+# At a stop with a disk KV tier, the scheduler gets this long to move the cache to disk.
+PERSIST_TIMEOUT_S = 120.0
 
 log = logging.getLogger("radixrt.serve")
 
@@ -92,7 +94,7 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
                             procs, options, keys, dsl, owner)
             )
         finally:
-            _stop(procs)
+            _stop(procs, persist=config.disk_cache_dir is not None)
     finally:
         shutil.rmtree(ipc_dir, ignore_errors=True)
 
@@ -230,16 +232,17 @@ def _dead(procs: dict[str, BaseProcess]) -> str:
     return ""
 
 
-def _stop(procs: dict[str, BaseProcess]) -> None:
-    """The scheduler first (it may move the cache to the disk KV tier through the worker,
-    within PERSIST_TIMEOUT_S), then the rest."""
-    order = sorted(procs, key=lambda name: name != "scheduler")
-    for i, name in enumerate(order):
-        proc = procs[name]
+def _stop(procs: dict[str, BaseProcess], persist: bool = False) -> None:
+    """persist (a disk KV tier): the scheduler first, given PERSIST_TIMEOUT_S to move the cache
+    to disk through the worker (while the worker lives); then the rest."""
+    scheduler, worker = procs.get("scheduler"), procs.get("worker")
+    if persist and scheduler is not None and worker is not None and worker.is_alive():
+        if scheduler.is_alive():
+            scheduler.terminate()
+        scheduler.join(timeout=PERSIST_TIMEOUT_S)
+    for proc in procs.values():
         if proc.is_alive():
             proc.terminate()
-        if i == 0:
-            proc.join(timeout=PERSIST_TIMEOUT_S)
     for proc in procs.values():
         proc.join(timeout=5)
         if proc.is_alive():

@@ -75,7 +75,6 @@ WITHOUT_TEST_FILE = (
     "radixrt/runtime/models/tensor_source.py",
     "radixrt/runtime/outputs.py",
     "radixrt/runtime/replicas/deployment.py",
-    "radixrt/runtime/replicas/plan.py",
     "radixrt/runtime/replicas/router.py",
     "radixrt/runtime/scheduler/fair_share.py",
     "radixrt/runtime/scheduler/folding.py",

@@ -63,6 +63,10 @@ def plan_replicas(config: EngineConfig, options: ServerOptions) -> list[ReplicaS
     else:
         shares, threads = [None] * n, [None] * n
         configs = gpu_configs(config, n)
+    if config.disk_cache_dir is not None:  # one disk tier per replica, each its own folder
+        configs = [replace(c, disk_cache_dir=os.path.join(config.disk_cache_dir,
+                                                          REPLICA_NAME_FORMAT.format(index=i)))
+                   for i, c in enumerate(configs)]
     specs = []
     for i in range(n):
         name = REPLICA_NAME_FORMAT.format(index=i)

@@ -100,6 +100,14 @@ class KVManager:
             node = node.parent
         return value
 
+    def prefetch(self, req: Request) -> int:
+        """KV tiers: a waiting request's cached prefix on disk comes up to the host tier ahead of
+        its admission (TierMover.prefetch). Returns the tokens moved."""
+        if self.tiers is None or self.tiers.pools[HOST_TIER] is None:
+            return 0
+        match = self.tree.match_prefix(self.match_key(req), req.extra_key)
+        return self.tiers.prefetch(match) if match.length > match.device_length else 0
+
     def cached_prefix(self, req: Request) -> tuple[int, int]:
         """A waiting request's cached prefix, in one tree match: (its length, the pages of it
         that nothing locks now: they count as available, but admitting the request locks

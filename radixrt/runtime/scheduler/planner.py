@@ -43,6 +43,9 @@ IN_BATCH_PREFIX_MIN = 32
 # saved) decode 17% faster; 8 behind 420 (2,940) 3%; groups of up to 7 behind 400 (<= 2,400) a
 # little slower than without.
 CASCADE_MIN_PREFIX = 32
+# KV tiers: the waiting requests (most urgent, oldest first) whose prefixes on disk each step
+# brings up to the host tier ahead of their admission
+PREFETCH_REQUESTS = 4
 
 POOL_TOO_SMALL = "the KV pool is too small for this request"
 
@@ -100,6 +103,7 @@ class Planner:
         self._plan_prefills(ahead, draft)
         self._admit(draft)  # more urgent waiting requests go before less urgent prefills
         self._plan_prefills(prefills[len(ahead):], draft)
+        self._prefetch()
         free = table.take_pending_free()  # ends during planning are in it too
         self._move_onto_tree_pages(draft, free)
         if draft.sync_reason is not None:
@@ -169,6 +173,15 @@ class Planner:
             req = self.table.requests.get(rid)
             if req is not None and req.phase is Phase.RUNNING and rid not in gone:
                 self.kv.dedupe(req, num_pages, draft.copies)
+
+    def _prefetch(self) -> None:
+        """KV tiers: the next few waiting requests' prefixes on disk come up to the host tier
+        while they wait (their admission then loads them from host memory)."""
+        if self.kv.tiers is None:
+            return
+        waiting = [r for r in self.table.admittable() if r.phase is Phase.WAITING]
+        for req in sorted(waiting, key=lambda r: (r.priority, r.arrival))[:PREFETCH_REQUESTS]:
+            self.stats.prefetched_tokens += self.kv.prefetch(req)
 
     # --- admission ---------------------------------------------------------------------------
     def _admit(self, draft: StepDraft) -> None:

@@ -258,15 +258,17 @@ class RadixCache:
             raise ValueError(f"demote: {len(pages)} pages for a node of {len(node.pages)}")
         return self._retier(node, tier, pages)
 
-    def promote(self, node: RadixNode, pages: list[int]) -> list[int]:
-        """Bring a lower-tier node whose parent is on the device back to the device, in
-        ``pages`` (the caller copies the KV); returns the lower tier's pages it leaves."""
+    def promote(self, node: RadixNode, pages: list[int], tier: int = DEVICE_TIER) -> list[int]:
+        """Bring a lower-tier node up to ``tier`` (the device by default; the host for a
+        prefetch from disk), in ``pages`` (the caller copies the KV); its parent must be in
+        ``tier`` or higher. Returns the pages it leaves."""
         parent = node.parent
-        if node.tier == DEVICE_TIER or parent is None or parent.tier != DEVICE_TIER:
-            raise RuntimeError(f"promote of {node!r}: not a lower-tier node under the device")
+        if (parent is None or not tier < node.tier or parent.tier > tier
+                or node.lock_count):
+            raise RuntimeError(f"promote of {node!r} to tier {tier}: its parent is lower")
         if len(pages) != len(node.pages):
             raise ValueError(f"promote: {len(pages)} pages for a node of {len(node.pages)}")
-        return self._retier(node, DEVICE_TIER, pages)
+        return self._retier(node, tier, pages)
 
     def drop(self, node: RadixNode) -> list[tuple[int, list[int]]]:
         """Remove an unlocked node and everything below it; returns (tier, pages) of each

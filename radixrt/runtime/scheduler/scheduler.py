@@ -339,5 +339,6 @@ class Scheduler:
         info["moved_tokens"] = {f"{TIER_NAMES[a]}->{TIER_NAMES[b]}": n * ps
                                 for (a, b), n in sorted(tiers.stats.moved_pages.items())}
         info["move_seconds"] = self.stats.tier_move_seconds
+        info["prefetched_tokens"] = self.stats.prefetched_tokens
         info["restored_tokens"] = self.restored_tokens
         return info

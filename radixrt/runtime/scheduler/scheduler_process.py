@@ -111,10 +111,11 @@ class SchedulerService:
     # --- the loop ------------------------------------------------------------------------
     def run(self) -> None:
         """The step loop with overlap; between turns, the tokenizer's messages (waiting for
-        them only while there is nothing to do). SIGTERM: the cache goes to the disk KV tier
-        (if there is one), then exit 0."""
+        them only while there is nothing to do). With a disk KV tier, SIGTERM moves the cache to
+        it first, then exits 0."""
         stopping: list[int] = []
-        signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
+        if self.scheduler.config.disk_cache_dir is not None:  # else SIGTERM ends it at once
+            signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
         while True:
             self.drain_inbox(PARENT_POLL_MS if self.loop.idle else 0)
             if stopping:

@@ -51,5 +51,7 @@ class SchedulerStats:
     spec_drafted_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_accepted_lengths: dict[int, int] = field(default_factory=dict)
-    # KV tiers: seconds the worker spent moving pages between tiers (PageMoves)
+    # KV tiers: seconds the worker spent moving pages between tiers (PageMoves); tokens of
+    # waiting requests' prefixes brought from disk to host memory ahead of their admission
     tier_move_seconds: float = 0.0
+    prefetched_tokens: int = 0

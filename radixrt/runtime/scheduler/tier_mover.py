@@ -17,6 +17,7 @@ Ownership: a lower tier's page has one owner, the tree (refcount 1 in its pool),
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,10 @@ from radixrt.runtime.worker.disk_format import (
     namespace_digest,
     prefix_digest,
 )
+
+# A warm restart's orphans wait this long for a request to compute their head again; then their
+# disk pages are given back (attaching costs a hash per page of every prefix cached meanwhile).
+ORPHAN_TTL_S = 600.0
 
 
 @dataclass
@@ -55,6 +60,7 @@ class TierMover:
         # pages they hold, and how many of them hold each
         self.orphans: dict[bytes, list[RestoredPrefix]] = {}
         self._orphan_pages: Counter[int] = Counter()
+        self._orphans_until = 0.0  # monotonic time past which waiting orphans are dropped
 
     def pool(self, tier: int) -> PagePool:
         pool = self.pools[tier]
@@ -75,8 +81,9 @@ class TierMover:
 
     # --- down -----------------------------------------------------------------------------
     def make_room(self, num_pages: int) -> bool:
-        """At least `num_pages` free device pages, moving unlocked device leaves down; changes
-        nothing when the device's unlocked pages cannot make it."""
+        """At least `num_pages` free device pages, moving unlocked device leaves down. Refused
+        up front (nothing changed) when the device's unlocked pages cannot make it; it can
+        still fall short after moving some, where a request shares an unlocked page."""
         device = self.pool(DEVICE_TIER)
         if num_pages - device.num_free > self.tree.evictable_pages:
             return False
@@ -87,11 +94,24 @@ class TierMover:
             self.move_down(leaf)
         return device.num_free >= num_pages
 
+    def _target(self, node: RadixNode) -> int | None:
+        """The tier a tier leaf goes down to: the next one below that can hold it and that
+        its children are in or below (a node too big for the host tier goes to disk)."""
+        lowest_child = min((c.tier for c in node.children.values()), default=None)
+        tier = self._below(node.tier)
+        while tier is not None:
+            if lowest_child is not None and lowest_child < tier:
+                return None
+            if len(node.pages) <= self.pool(tier).num_pages:
+                return tier
+            tier = self._below(tier)
+        return None
+
     def move_down(self, node: RadixNode) -> None:
-        """A tier leaf goes one tier down where it fits there, else it is dropped with what is
-        below it."""
-        target = self._below(node.tier)
-        if target is not None and len(node.pages) <= self.pool(target).num_pages:
+        """A tier leaf goes down to the next tier that can hold it, else it is dropped with
+        what is below it."""
+        target = self._target(node)
+        if target is not None:
             pool = self.pool(target)
             while pool.num_free < len(node.pages):
                 other = next((n for n in self.tree.lru_leaves(target)
@@ -160,6 +180,43 @@ class TierMover:
             if anchor is not None:
                 self.tree.unlock(anchor)
 
+    def prefetch(self, match: MatchResult) -> int:
+        """A waiting request's prefix on disk comes up to the host tier before the request is
+        admitted (the host tier's own LRU making room, never at the expense of this path), so
+        its load-back then reads host memory. Returns the tokens moved."""
+        host = self.pools[HOST_TIER]
+        if host is None:
+            return 0
+        lower: list[RadixNode] = []
+        node: RadixNode | None = match.node
+        while node is not None and node.tier != DEVICE_TIER:
+            lower.append(node)
+            node = node.parent
+        self._loading = {id(n) for n in lower}
+        moved = 0
+        try:
+            for node in reversed(lower):
+                if node.tier != DISK_TIER:
+                    continue
+                while host.num_free < len(node.pages):
+                    other = next((n for n in self.tree.lru_leaves(HOST_TIER)
+                                  if id(n) not in self._loading), None)
+                    if other is None:
+                        return moved
+                    self.move_down(other)
+                if node.removed:
+                    return moved
+                pages = host.alloc(len(node.pages))
+                assert pages is not None
+                self.moves.append(PageMove(src_tier=DISK_TIER, dst_tier=HOST_TIER,
+                                           src=list(node.pages), dst=pages))
+                self.stats.moved_pages[(DISK_TIER, HOST_TIER)] += len(pages)
+                self.free([(DISK_TIER, self.tree.promote(node, pages, HOST_TIER))])
+                moved += len(node.key)
+        finally:
+            self._loading = set()
+        return moved
+
     # --- everything -----------------------------------------------------------------------
     def flush(self) -> int:
         """Drop every unlocked node of every tier; returns the device tokens freed."""
@@ -185,22 +242,29 @@ class TierMover:
         the tokens restored (orphans' included)."""
         disk = self.pool(DISK_TIER)
         orphans: list[RestoredPrefix] = []
+        taken: list[int] = []
         for prefix in prefixes:
             if prefix.parent:
                 orphans.append(prefix)
                 continue
-            result = self.tree.insert(prefix.tokens, prefix.pages, prefix.extra_key, DISK_TIER)
-            disk.claim(result.new_pages)
+            taken += self.tree.insert(prefix.tokens, prefix.pages, prefix.extra_key,
+                                      DISK_TIER).new_pages
         for prefix in orphans:
-            disk.claim([p for p in prefix.pages if p not in self._orphan_pages])
+            taken += [p for p in prefix.pages if p not in self._orphan_pages]
             self._orphan_pages.update(prefix.pages)
             self.orphans.setdefault(prefix.parent, []).append(prefix)
+        disk.claim(taken)  # once: the free list is rebuilt once
+        self._orphans_until = time.monotonic() + ORPHAN_TTL_S
         return (self.tree.tier_pages(DISK_TIER) + len(self._orphan_pages)) * self.page_size
 
     def attach(self, key: Sequence[int], extra_key: str | None) -> None:
         """`key` (whole pages) was just cached: orphans waiting under any page boundary of it
         go into the tree below it, as disk nodes. Hashes `key` page by page: only while
         orphans wait."""
+        if time.monotonic() > self._orphans_until:  # their heads never came back: let go
+            while self.orphans:
+                self._drop_orphan()
+            return
         ps = self.page_size
         digest = namespace_digest(extra_key)
         for end in range(ps, len(key) + 1, ps):

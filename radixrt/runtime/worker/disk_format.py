@@ -14,9 +14,10 @@ A record names its page's tokens by a digest chain: ``digest = H(parent digest, 
 tokens)``, the first page's parent being its namespace's digest (``namespace_digest``), so one
 record is enough to place a page in the tree once its parent is placed. It also holds the CRC32 of
 its page's data and of itself. A page is written data first, record second; a write torn by a
-kill (or a record left by the page's previous occupant) fails a CRC and is skipped on restart, as
-is everything below it. Namespaces (``cache_salt``) are kept in ``namespaces.msgpack`` next to
-the files (written then renamed).
+kill (or a record left by the page's previous occupant) fails a CRC and is skipped on restart;
+the pages below it wait as orphans until their head is computed again (scheduler/tier_mover.py).
+Namespaces (``cache_salt``) are kept in ``namespaces.msgpack`` next to the files (written then
+renamed).
 """
 
 from __future__ import annotations

@@ -16,7 +16,9 @@ import fcntl
 import hashlib
 import os
 import stat
+import threading
 import time
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -35,6 +37,9 @@ from radixrt.runtime.worker.disk_format import (
     read_namespaces,
     write_namespaces,
 )
+
+# namespaces (cache_salt values) a disk tier restores at most: clients choose them
+MAX_DISK_NAMESPACES = 4096
 
 
 def model_fingerprint(model_path: str, gguf_file: str | None, dummy: bool) -> bytes:
@@ -55,7 +60,11 @@ def model_fingerprint(model_path: str, gguf_file: str | None, dummy: bool) -> by
 def prepare_directory(directory: str) -> None:
     """Create the disk tier's directory 0700 (an existing one of ours is set to 0700; one that is
     not ours is refused)."""
-    os.makedirs(directory, mode=0o700, exist_ok=True)
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise OSError(f"disk_cache_dir={directory!r}: {exc.strerror or exc}: give a directory "
+                      "this server can create and write") from None
     info = os.stat(directory)
     if info.st_uid != os.getuid():
         raise PermissionError(f"disk_cache_dir={directory!r} belongs to another user: "
@@ -115,13 +124,15 @@ class DiskFile:
         geo = self.geometry
         if len(data) != geo.page_bytes:
             raise ValueError(f"disk page of {len(data)} bytes, the file's are {geo.page_bytes}")
-        if self.write_names and namespace not in self.names:
+        if (self.write_names and namespace not in self.names
+                and len(self.names) < MAX_DISK_NAMESPACES):  # past it: written, not restored
             self.names.add(namespace)
             write_namespaces(self.directory, sorted(self.names, key=lambda n: (n is not None,
                                                                               n or "")))
         record = pack_record(namespace_digest(namespace), parent, tokens, data)
-        os.pwrite(self.fd, data, geo.data_offset_of(page))
-        os.pwrite(self.fd, record, geo.record_offset(page))
+        for blob, offset in ((data, geo.data_offset_of(page)), (record, geo.record_offset(page))):
+            if os.pwrite(self.fd, blob, offset) != len(blob):
+                raise OSError(f"a short write to the disk KV tier ({self.directory})")
         return chain_digest(parent, tokens)
 
     def read(self, page: int) -> bytes:
@@ -143,19 +154,41 @@ class DiskWriter:
     def __init__(self, disk: DiskFile) -> None:
         self.disk = disk
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="radixrt-disk")
+        self._lock = threading.Lock()  # _pending is changed by both threads
         self._pending: dict[int, Future[None]] = {}  # page -> its latest write
+        self._error: BaseException | None = None  # the first failed write
 
     def write(self, move: PageMove, data: Tensor, page_size: int) -> None:
         """Queue the pages of a move to the disk tier; `data` is the move's own copy."""
+        self._raise()
         future = self._pool.submit(self._write, move, data, page_size)
-        for page in move.dst:
-            self._pending[page] = future
-        future.add_done_callback(lambda done: self._forget(move.dst, done))
+        with self._lock:
+            for page in move.dst:
+                self._pending[page] = future
+        future.add_done_callback(lambda done: self._done(move.dst, done))
 
-    def _forget(self, pages: list[int], done: Future[None]) -> None:
-        for page in pages:
-            if self._pending.get(page) is done:
-                self._pending.pop(page, None)
+    def _done(self, pages: list[int], done: Future[None]) -> None:
+        error = done.exception()
+        with self._lock:
+            if error is not None:
+                self._error = self._error or error
+                return  # kept pending: a read of these pages raises
+            for page in pages:
+                if self._pending.get(page) is done:
+                    del self._pending[page]
+
+    def _settle(self, futures: Iterable[Future[None]]) -> None:
+        """Wait for these writes; a failed one (or any earlier) raises."""
+        for future in futures:
+            error = future.exception()
+            if error is not None:
+                self._error = self._error or error
+        self._raise()
+
+    def _raise(self) -> None:
+        if self._error is not None:
+            raise RuntimeError(f"a write to the disk KV tier failed: {self._error}") \
+                from self._error
 
     def _write(self, move: PageMove, data: Tensor, page_size: int) -> None:
         parent = move.prefix
@@ -166,19 +199,21 @@ class DiskWriter:
                                      move.tokens[i * page_size : (i + 1) * page_size])
 
     def wait(self, pages: list[int]) -> None:
-        for page in pages:
-            future = self._pending.get(page)
-            if future is not None:
-                future.result()
+        with self._lock:
+            futures = {id(f): f for p in pages if (f := self._pending.get(p)) is not None}
+        self._settle(futures.values())
 
     def drain(self) -> None:
-        for future in list(self._pending.values()):
-            future.result()
+        with self._lock:
+            futures = {id(f): f for f in self._pending.values()}
+        self._settle(futures.values())
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
-        self.drain()  # re-raises a failed write
-        self.disk.close()
+        try:
+            self.drain()  # re-raises a failed write
+        finally:
+            self.disk.close()
 
 
 class KVTiers:

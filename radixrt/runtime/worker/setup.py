@@ -8,7 +8,7 @@ from __future__ import annotations
 import psutil
 import torch
 
-from radixrt.runtime.config import HICACHE_HOST_RATIO, EngineConfig
+from radixrt.runtime.config import HICACHE_HOST_RATIO, MAX_TIER_TOKENS, EngineConfig
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.forward.attention import resolve_attention_backend
@@ -24,6 +24,8 @@ from radixrt.runtime.worker.worker import Worker
 # Without an explicit max_total_tokens the pool takes mem_fraction of free memory, capped here on
 # the CPU (host RAM is shared with everything else on the machine).
 CPU_MAX_POOL_TOKENS = 1 << 15
+# A host KV tier may take at most this share of the host memory available when it is made.
+HOST_TIER_MAX_FRACTION = 0.8
 
 
 def resolve_device(name: str) -> torch.device:
@@ -106,7 +108,7 @@ def tier_pages(config: EngineConfig, num_pages: int) -> tuple[int, int]:
     tier from the pool where --host-cache-tokens does not."""
     host = config.host_cache_tokens // config.page_size
     if not host and config.enable_hierarchical_cache:
-        host = int(num_pages * HICACHE_HOST_RATIO)
+        host = min(int(num_pages * HICACHE_HOST_RATIO), MAX_TIER_TOKENS // config.page_size)
     disk = config.disk_cache_tokens // config.page_size if config.disk_cache_dir else 0
     if config.disable_radix_cache:
         return 0, 0  # nothing is cached, so nothing is tiered
@@ -115,7 +117,15 @@ def tier_pages(config: EngineConfig, num_pages: int) -> tuple[int, int]:
 
 def build_tiers(config: EngineConfig, loaded: LoadedModel, worker: Worker, tp: TPGroup,
                 host_pages: int, disk_pages: int, per_token: int) -> KVTiers:
-    """The worker's host buffer and disk file (this rank's) beside its pool."""
+    """The worker's host buffer and disk file (this rank's) beside its pool; a host tier the
+    host's available memory cannot hold is refused."""
+    host_bytes = host_pages * config.page_size * per_token
+    available = psutil.virtual_memory().available
+    if host_bytes > HOST_TIER_MAX_FRACTION * available:
+        raise ValueError(f"the host KV tier ({host_pages * config.page_size} tokens) needs "
+                         f"{host_bytes / (1 << 30):.2f} GiB of host memory on this rank; "
+                         f"{available / (1 << 30):.2f} GiB are available: lower "
+                         "host_cache_tokens")
     disk = None
     if disk_pages:
         assert config.disk_cache_dir is not None

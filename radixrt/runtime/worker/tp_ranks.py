@@ -79,7 +79,10 @@ class TPLeader:
             try:
                 self.group.broadcast_bytes(payload)
                 self._last_sent = time.monotonic()
-                return self.worker.execute(plan)
+                result = self.worker.execute(plan)
+                if plan.flush_disk:  # every rank's disk writes are done before it answers
+                    self.group.barrier()
+                return result
             except BaseException as exc:
                 # the ranks may now stand at different collectives of this step: the group is
                 # unusable (no heartbeat, no STOP: either would pair with a step's collective)
@@ -126,7 +129,10 @@ def follow(worker: Worker, group: TPGroup) -> None:
             return
         if length == HEARTBEAT:
             continue
-        worker.execute(decoder.decode(data))
+        plan = decoder.decode(data)
+        worker.execute(plan)
+        if plan.flush_disk:
+            group.barrier()
 
 
 def join_group(config: EngineConfig, rank: int, listen: Any = None) -> TPGroup:

@@ -71,7 +71,7 @@ def request_sets(draw: st.DrawFn, max_requests: int = 10, min_requests: int = 2)
 
 @st.composite
 def configs(draw: st.DrawFn) -> dict:
-    return dict(
+    config = dict(
         page_size=draw(st.sampled_from([1, 4, 16])),
         schedule_policy=draw(st.sampled_from(["fcfs", "lpm", "dfs-weight"])),
         preemption=draw(st.sampled_from(["recompute", "swap"])),
@@ -96,6 +96,9 @@ def configs(draw: st.DrawFn) -> dict:
         host_cache_tokens=draw(st.sampled_from([0, 0, 32, 256])),
         disk_tier_tokens=draw(st.sampled_from([0, 0, 64, 512])),
     )
+    if config["disable_radix_cache"]:  # tiers hold the radix cache's pages: none without it
+        config.update(host_cache_tokens=0, disk_tier_tokens=0)
+    return config
 
 
 SIM_SETTINGS = settings(

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from hypothesis import event, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize
+from hypothesis.stateful import initialize, precondition, rule
 from test_kv_manager import KVManagerMachine, make_req
 
 from radixrt.runtime.messages import DEVICE_TIER, DISK_TIER, HOST_TIER, TIER_NAMES, PageMove
@@ -70,13 +70,17 @@ def test_the_host_tier_demotes_to_disk_and_the_disk_drops_its_lru() -> None:
             assert move.prefix == prefix_digest(None, [], 1)
 
 
-def test_a_node_bigger_than_the_tier_below_is_dropped() -> None:
-    kv = KVManager(10, 1, host_pages=3)
-    cached(kv, list(range(1, 9)))  # one node of 8 pages
-    cached(kv, list(range(20, 28)))
-    assert kv.match_len(make_req(1, list(range(1, 9)) + [0])) == 0
-    assert not [m for m in kv.take_moves() if m.dst_tier == HOST_TIER]
-    kv.check_integrity([])
+def test_a_node_bigger_than_the_host_tier_goes_to_disk_or_is_dropped() -> None:
+    for disk, kept in ((0, 0), (16, 8)):
+        kv = KVManager(10, 1, host_pages=3, disk_pages=disk)
+        cached(kv, list(range(1, 9)))  # one node of 9 pages
+        cached(kv, list(range(20, 28)))
+        assert kv.match_len(make_req(1, list(range(1, 9)) + [0])) == kept
+        moves = kv.take_moves()
+        assert not [m for m in moves if m.dst_tier == HOST_TIER]
+        assert [(m.src_tier, m.dst_tier) for m in moves] == ([(DEVICE_TIER, DISK_TIER)]
+                                                             if disk else [])
+        kv.check_integrity([])
 
 
 def test_flush_drops_every_tier_and_persist_moves_everything_to_disk() -> None:
@@ -168,6 +172,29 @@ def test_lpm_counts_a_lower_tier_hit_between_a_device_hit_and_a_miss() -> None:
     kv.check_integrity([])
 
 
+def test_a_waiting_requests_prefix_is_prefetched_from_disk_to_host() -> None:
+    kv = KVManager(16, 1, host_pages=8, disk_pages=16)
+    assert kv.tiers is not None
+    tokens = [10, 11, 12, 13]
+    cached(kv, tokens)
+    node = kv.tree.match_prefix(tokens + [0]).node
+    kv.tiers.move_down(node)
+    kv.tiers.move_down(node)
+    assert node.tier == DISK_TIER
+    kv.take_moves()
+    req = make_req(1, tokens + [0])
+    assert kv.prefetch(req) == 4  # the match split the node: its first 4 tokens came up
+    assert [(m.src_tier, m.dst_tier) for m in kv.take_moves()] == [(DISK_TIER, HOST_TIER)]
+    assert tiers_of(kv, tokens) == [HOST_TIER]
+    kv.check_integrity([])
+    assert kv.prefetch(req) == 0  # nothing left on disk on its path
+    assert kv.admit(req) == 4
+    assert [(m.src_tier, m.dst_tier) for m in kv.take_moves()] == [(HOST_TIER, DEVICE_TIER)]
+    kv.release(req)
+    kv.check_integrity([])
+    assert KVManager(8, 1, disk_pages=8).prefetch(req) == 0  # no host tier: nothing to do
+
+
 class TieredMachine(KVManagerMachine):
     """The KV manager's machine with host and disk tiers: the worker is simulated by applying
     each PageMove to a model of every tier's slots before anything is written or checked."""
@@ -185,6 +212,14 @@ class TieredMachine(KVManagerMachine):
         self.lower: dict[tuple[int, int], tuple] = {}  # (tier, slot) -> what it holds
         self.seen_prompts = []
         self.next_rid = 0
+
+    @precondition(lambda self: self.seen_prompts)
+    @rule(data=st.data())
+    def prefetch(self, data: st.DataObject) -> None:
+        """A waiting request's prefix comes up from disk to host ahead of its admission."""
+        tokens = data.draw(st.sampled_from(self.seen_prompts))
+        req = make_req(self._new_rid(), tokens, data.draw(st.sampled_from([None, "x"])))
+        self.kv.prefetch(req)
 
     def _slot_value(self, tier: int, slot: int) -> tuple | None:
         return self.content.get(slot) if tier == DEVICE_TIER else self.lower.get((tier, slot))

@@ -48,6 +48,21 @@ def test_a_round_trip_through_every_tier_keeps_the_kv(tmp_path, dtype: torch.dty
     assert records[3].parent == records[7].digest  # the second page chains from the first
 
 
+def test_a_failed_disk_write_fails_the_next_read_and_the_close(tmp_path, monkeypatch) -> None:
+    t, _ = tiers(tmp_path)
+
+    def broken(*_args: object) -> bytes:
+        raise OSError("no space left on device")
+
+    monkeypatch.setattr(t.disk, "write", broken)
+    t.apply([PageMove(DEVICE_TIER, DISK_TIER, [1], [4], prefix=prefix_digest(None, [], PS),
+                      tokens=[1, 2])])
+    with pytest.raises(RuntimeError, match="no space left"):
+        t.apply([PageMove(DISK_TIER, DEVICE_TIER, [4], [2])])
+    with pytest.raises(RuntimeError, match="no space left"):
+        t.close()
+
+
 def test_a_move_to_disk_needs_its_tokens(tmp_path) -> None:
     t, _ = tiers(tmp_path)
     with pytest.raises(ValueError, match="tokens"):
