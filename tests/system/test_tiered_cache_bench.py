@@ -16,7 +16,13 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def rows(out: str, header: str) -> dict[str, list[str]]:
-    table = [line for line in out[out.index(header):].splitlines() if line.startswith("|")]
+    """The rows of the table that starts at `header` (its lines up to the first that is not
+    a table line), by their first cell."""
+    table = []
+    for line in out[out.index(header):].splitlines():
+        if not line.startswith("|"):
+            break
+        table.append(line)
     parsed = {}
     for line in table[2:]:
         cells = [c.strip() for c in line.strip("|").split("|")]
