@@ -103,7 +103,8 @@ class KVManager:
     def prefetch(self, req: Request) -> int:
         """KV tiers: a waiting request's cached prefix on disk comes up to the host tier ahead of
         its admission (TierMover.prefetch). Returns the tokens moved."""
-        if self.tiers is None or self.tiers.pools[HOST_TIER] is None:
+        if (self.tiers is None or self.tiers.pools[HOST_TIER] is None
+                or not self.tree.tier_pages(DISK_TIER)):
             return 0
         match = self.tree.match_prefix(self.match_key(req), req.extra_key)
         return self.tiers.prefetch(match) if match.length > match.device_length else 0
@@ -142,10 +143,8 @@ class KVManager:
         if self.tiers is not None:
             self.tiers.stats.hit_tokens[DEVICE_TIER] += match.device_length
             if match.length > match.device_length:  # load back what there is room for
-                self.tiers.load_back(match)
-                match = self.tree.match_prefix(key, req.extra_key)
-                if match.length > match.device_length:
-                    match = self.tree.match_prefix(key[: match.device_length], req.extra_key)
+                on_device = self.tiers.load_back(match)
+                match = self.tree.match_prefix(key[:on_device], req.extra_key)
         if match.length:
             self.tree.lock(match.node)
             req.tree_node = match.node

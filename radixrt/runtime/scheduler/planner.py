@@ -179,8 +179,8 @@ class Planner:
         while they wait (their admission then loads them from host memory)."""
         if self.kv.tiers is None:
             return
-        waiting = [r for r in self.table.admittable() if r.phase is Phase.WAITING]
-        for req in sorted(waiting, key=lambda r: (r.priority, r.arrival))[:PREFETCH_REQUESTS]:
+        waiting = sorted(self.table.admittable(), key=lambda r: (r.priority, r.arrival))
+        for req in waiting[:PREFETCH_REQUESTS]:
             self.stats.prefetched_tokens += self.kv.prefetch(req)
 
     # --- admission ---------------------------------------------------------------------------

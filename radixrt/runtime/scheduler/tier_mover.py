@@ -111,66 +111,81 @@ class TierMover:
         """A tier leaf goes down to the next tier that can hold it, else it is dropped with
         what is below it."""
         target = self._target(node)
-        if target is not None:
-            pool = self.pool(target)
-            while pool.num_free < len(node.pages):
-                other = next((n for n in self.tree.lru_leaves(target)
-                              if id(n) not in self._loading), None)
-                if other is None:  # nothing but what is being loaded back (or orphans)
-                    if target == DISK_TIER and self.orphans:
-                        self._drop_orphan()
-                        continue
-                    break
-                self.move_down(other)
-            pages = pool.alloc(len(node.pages))
-            if pages is not None:
-                self._record(node, target, pages)
-                self.free([(node.tier, self.tree.demote(node, target, pages))])
-                return
+        if target is not None and self._room_in(target, len(node.pages)):
+            pages = self.pool(target).alloc(len(node.pages))
+            assert pages is not None
+            self._move(node, target, pages)
+            return
         self.free(self.tree.drop(node))
 
-    def _record(self, node: RadixNode, target: int, pages: list[int]) -> None:
+    def _room_in(self, tier: int, num_pages: int) -> bool:
+        """At least `num_pages` free pages in lower `tier`, its LRU leaves moving down (never a
+        node being loaded up; on the disk, orphans go first when nothing else can)."""
+        pool = self.pool(tier)
+        while pool.num_free < num_pages:
+            other = next((n for n in self.tree.lru_leaves(tier) if id(n) not in self._loading),
+                         None)
+            if other is not None:
+                self.move_down(other)
+            elif tier == DISK_TIER and self.orphans:
+                self._drop_orphan()
+            else:
+                return False
+        return True
+
+    def _move(self, node: RadixNode, tier: int, pages: list[int]) -> None:
+        """`node`'s KV goes to `pages` of `tier`, up or down: the PageMove (one to the disk says
+        what its records need: the namespace, the digest of the tokens before the node, its
+        tokens), the tree's bookkeeping, and its old pages freed."""
         src = node.tier
-        if target == DISK_TIER:
-            parent = node.parent
+        if tier == DISK_TIER:
             head: list[int] = []
+            parent = node.parent
             while parent is not None and parent.parent is not None:
                 head[:0] = parent.key
                 parent = parent.parent
-            move = PageMove(src_tier=src, dst_tier=target, src=list(node.pages), dst=pages,
+            move = PageMove(src_tier=src, dst_tier=tier, src=list(node.pages), dst=pages,
                             namespace=node.extra_key,
                             prefix=prefix_digest(node.extra_key, head, self.page_size),
                             tokens=list(node.key))
         else:
-            move = PageMove(src_tier=src, dst_tier=target, src=list(node.pages), dst=pages)
+            move = PageMove(src_tier=src, dst_tier=tier, src=list(node.pages), dst=pages)
         self.moves.append(move)
-        self.stats.moved_pages[(src, target)] += len(pages)
+        self.stats.moved_pages[(src, tier)] += len(pages)
+        old = (self.tree.demote(node, tier, pages) if tier > src
+               else self.tree.promote(node, pages, tier))
+        self.free([(src, old)])
 
     # --- up -------------------------------------------------------------------------------
-    def load_back(self, match: MatchResult) -> None:
-        """Bring the matched path's lower-tier part to the device, top-down, as far as device
-        pages can be made for it."""
+    @staticmethod
+    def _lower_path(match: MatchResult) -> tuple[list[RadixNode], RadixNode | None]:
+        """The matched path's nodes below the device, top-down, and the deepest device node
+        above them (None: the root)."""
         lower: list[RadixNode] = []
         node: RadixNode | None = match.node
         while node is not None and node.tier != DEVICE_TIER:
             lower.append(node)
             node = node.parent
-        anchor = node if node is not None and node.parent is not None else None
+        lower.reverse()
+        return lower, node if node is not None and node.parent is not None else None
+
+    def load_back(self, match: MatchResult) -> int:
+        """Bring the matched path's lower-tier part to the device, top-down, as far as device
+        pages can be made for it. Returns the matched length now on the device."""
+        lower, anchor = self._lower_path(match)
+        length = match.device_length
         if anchor is not None:
             self.tree.lock(anchor)
         self._loading = {id(n) for n in lower}
         try:
-            for node in reversed(lower):
+            for node in lower:
                 if not self.make_room(len(node.pages)) or node.removed:
                     break  # no room, or making it dropped the rest of the path
                 pages = self.pool(DEVICE_TIER).alloc(len(node.pages))
                 assert pages is not None
-                tier = node.tier
-                self.moves.append(PageMove(src_tier=tier, dst_tier=DEVICE_TIER,
-                                           src=list(node.pages), dst=pages))
-                self.stats.moved_pages[(tier, DEVICE_TIER)] += len(pages)
-                self.stats.hit_tokens[tier] += len(node.key)
-                self.free([(tier, self.tree.promote(node, pages))])
+                self.stats.hit_tokens[node.tier] += len(node.key)
+                self._move(node, DEVICE_TIER, pages)
+                length += len(node.key)
                 self.tree.lock(node)
                 if anchor is not None:
                     self.tree.unlock(anchor)
@@ -179,39 +194,26 @@ class TierMover:
             self._loading = set()
             if anchor is not None:
                 self.tree.unlock(anchor)
+        return length
 
     def prefetch(self, match: MatchResult) -> int:
         """A waiting request's prefix on disk comes up to the host tier before the request is
         admitted (the host tier's own LRU making room, never at the expense of this path), so
         its load-back then reads host memory. Returns the tokens moved."""
-        host = self.pools[HOST_TIER]
-        if host is None:
+        if self.pools[HOST_TIER] is None:
             return 0
-        lower: list[RadixNode] = []
-        node: RadixNode | None = match.node
-        while node is not None and node.tier != DEVICE_TIER:
-            lower.append(node)
-            node = node.parent
+        lower, _ = self._lower_path(match)
         self._loading = {id(n) for n in lower}
         moved = 0
         try:
-            for node in reversed(lower):
+            for node in lower:
                 if node.tier != DISK_TIER:
                     continue
-                while host.num_free < len(node.pages):
-                    other = next((n for n in self.tree.lru_leaves(HOST_TIER)
-                                  if id(n) not in self._loading), None)
-                    if other is None:
-                        return moved
-                    self.move_down(other)
-                if node.removed:
-                    return moved
-                pages = host.alloc(len(node.pages))
+                if not self._room_in(HOST_TIER, len(node.pages)) or node.removed:
+                    break
+                pages = self.pool(HOST_TIER).alloc(len(node.pages))
                 assert pages is not None
-                self.moves.append(PageMove(src_tier=DISK_TIER, dst_tier=HOST_TIER,
-                                           src=list(node.pages), dst=pages))
-                self.stats.moved_pages[(DISK_TIER, HOST_TIER)] += len(pages)
-                self.free([(DISK_TIER, self.tree.promote(node, pages, HOST_TIER))])
+                self._move(node, HOST_TIER, pages)
                 moved += len(node.key)
         finally:
             self._loading = set()

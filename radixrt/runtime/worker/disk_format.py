@@ -57,8 +57,12 @@ def namespace_digest(extra_key: str | None) -> bytes:
 
 def chain_digest(parent: bytes, tokens: Sequence[int]) -> bytes:
     """The digest of a page holding `tokens` after the tokens `parent` names."""
-    data = parent + b"".join(t.to_bytes(4, "little") for t in tokens)
-    return blake2b(data, digest_size=DIGEST_BYTES).digest()
+    return blake2b(parent + token_bytes(tokens), digest_size=DIGEST_BYTES).digest()
+
+
+def token_bytes(tokens: Sequence[int]) -> bytes:
+    """Token ids as the records store them: little-endian uint32s."""
+    return struct.pack(f"<{len(tokens)}I", *tokens)
 
 
 def prefix_digest(extra_key: str | None, tokens: Sequence[int], page_size: int) -> bytes:
@@ -107,7 +111,7 @@ class Geometry:
 
 def pack_record(namespace: bytes, parent: bytes, tokens: Sequence[int], data: bytes) -> bytes:
     digest = chain_digest(parent, tokens)
-    tail = b"".join(t.to_bytes(4, "little") for t in tokens)
+    tail = token_bytes(tokens)
     body = struct.pack("<I", zlib.crc32(data)) + namespace + parent + digest + tail
     return RECORD_MAGIC + struct.pack("<I", zlib.crc32(body)) + body
 
@@ -143,8 +147,7 @@ def unpack_record(raw: bytes, page_size: int) -> tuple[bytes, bytes, bytes, int,
     magic, crc, data_crc, namespace, parent, digest = RECORD_HEAD.unpack_from(raw)
     if magic != RECORD_MAGIC or zlib.crc32(raw[8:]) != crc:
         raise ValueError("torn or empty record")
-    tail = raw[RECORD_HEAD.size :]
-    tokens = tuple(int.from_bytes(tail[i : i + 4], "little") for i in range(0, 4 * page_size, 4))
+    tokens = struct.unpack_from(f"<{page_size}I", raw, RECORD_HEAD.size)
     if chain_digest(parent, tokens) != digest:
         raise ValueError("record digest does not match its tokens")
     return namespace, parent, digest, data_crc, tokens
