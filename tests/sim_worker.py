@@ -179,6 +179,8 @@ class SimWorker:
         self.shared_reads_saved = 0  # prefix positions cascade attention reads once, not twice
         self.drafted = 0  # speculative decoding: tokens drafted, and accepted
         self.accepted = 0
+        self.trees = 0  # drafts with branches, and tokens accepted off their main line
+        self.branch_accepted = 0
 
     def _check_table(self, rid: int, upto: int | None = None) -> None:
         state = self.states[rid]
@@ -327,9 +329,12 @@ class SimWorker:
         for run in plan.runs:
             state = self.states[run.rid]
             state.slots.extend(run.new_slots)
-            hashes = prefix_hashes(state.token_ids + run.draft, list(state.expected(run.start)))
-            for i, slot in enumerate(run.new_slots):
+            known = run.known_end - run.start
+            hashes = prefix_hashes(state.token_ids, list(state.expected(run.start)))
+            for i, slot in enumerate(run.new_slots[:known]):
                 self.kv[slot] = hashes[run.start + i]
+            for i, slot in enumerate(run.new_slots[known:]):  # a draft node: its path's KV
+                self.kv[slot] = prefix_hashes(state.token_ids + _path(run, i), list(hashes))[-1]
             self.tokens_computed += run.num_new
             results += self._results(run, state)
         return StepResult(plan.step_id, results, sum(r.num_new for r in plan.runs))
@@ -369,24 +374,36 @@ class SimWorker:
         """Speculative decoding, as the worker verifies (worker/draft_verifier.py), written anew:
         sample after the last known token and after each drafted one while the samples match the
         draft; end at a mismatch, a stop token, or a token the simulated grammar forces after."""
-        stops = {EOS, *state.params.stop_token_ids}
+        stops = {*state.params.stop_token_ids, *(() if state.params.ignore_eos else (EOS,))}
         ids = list(state.token_ids)
         hashes = list(state.hashes[: len(ids)])
         drawn: list[int] = []
-        for i in range(len(run.draft) + 1):
+        nodes: list[int] = []  # the accepted path through the draft tree
+        parents = run.draft_parents or list(range(-1, len(run.draft) - 1))
+        while True:
             token = sample_token(prefix_hashes(ids, hashes)[-1], len(ids) - state.prompt_len,
                                  state.seed_offset, state.params)
             ids.append(token)
             drawn.append(token)
-            if i == len(run.draft) or token != run.draft[i] or token in stops:
+            at = nodes[-1] if nodes else -1
+            child = next((i for i, (p, t) in enumerate(zip(parents, run.draft, strict=True))
+                          if p == at and t == token), None)
+            if child is None or token in stops:
                 break
             after = forced_chain(prefix_hashes(ids, hashes)[-1], len(ids) - state.prompt_len,
                                  state.seed_offset, state.params)
             if after:
                 break
+            nodes.append(child)
         self.drafted += len(run.draft)
-        self.accepted += len(drawn) - 1
-        del state.slots[run.start + run.num_new - len(run.draft) + len(drawn) - 1 :]
+        self.accepted += len(nodes)
+        self.trees += bool(run.draft_parents)
+        if nodes != list(range(len(nodes))):  # not the first nodes: a branch was taken
+            self.branch_accepted += len(nodes)
+        end = run.known_end
+        for depth, node in enumerate(nodes):  # the accepted branch's KV moves to the chain's
+            self.kv[state.slots[end + depth]] = self.kv[state.slots[end + node]]
+        del state.slots[end + len(nodes) :]
         state.token_ids += drawn
         tokens = [TokenLogprob(t, SAMPLED) for t in drawn]
         self.produced.setdefault(run.rid, []).extend(tokens)
@@ -674,3 +691,13 @@ def check_outputs(sim: Sim, arrivals: Sequence[Arrival], top: list[Request]) -> 
             assert got_lps == list(a.prompt[max(start, 1) :]), f"request {req.rid}: prompt lps"
         outputs.append([(s.output_ids, s.finish_reason) for s in samples] + [reason])
     return outputs
+
+
+def _path(run: Run, node: int) -> list[int]:
+    """The drafted tokens from the root's child down to `node` of the run's draft tree."""
+    parents = run.draft_parents or list(range(-1, len(run.draft) - 1))
+    tokens: list[int] = []
+    while node >= 0:
+        tokens.append(run.draft[node])
+        node = parents[node]
+    return tokens[::-1]

@@ -55,15 +55,28 @@ class Run(msgspec.Struct, frozen=True):
     prompt_logprob_from: int = -1  # >= 0: return prompt logprobs for prompt tokens from here
     fork_into: list[int] = []  # n > 1: sample once per child from the last row; children inherit KV
     # speculative decoding: tokens drafted after the run's last known token (a decode, or a
-    # prompt's last chunk; num_new counts them, their slots are reserved too); the worker samples
-    # at every position and keeps the drafts up to the first whose sample differs
-    # (RunResult.accepted)
+    # prompt's last chunk; num_new counts them, their slots are reserved too), a small tree: node
+    # i hangs under draft_parents[i] (-1: the last known token; parents come first; empty: a
+    # chain). The worker samples at every node and keeps the path the samples follow
+    # (RunResult.accepted; worker/draft_verifier.py)
     draft: list[int] = []
+    draft_parents: list[int] = []
 
     @property
     def known_end(self) -> int:
         """The position after the run's last known token (its drafts come after it)."""
         return self.start + self.num_new - len(self.draft)
+
+    @property
+    def draft_chain(self) -> int:
+        """How long the draft's main line is: its first nodes, each under the one before."""
+        parents = self.draft_parents
+        if not parents:
+            return len(self.draft)
+        n = 1 if self.draft else 0
+        while n < len(parents) and parents[n] == n - 1:
+            n += 1
+        return n
 
 
 class SlotCopy(msgspec.Struct, frozen=True):

@@ -179,3 +179,26 @@ def _normalised(top) -> dict[int, float]:
     weights = {token: math.exp(lp) for token, lp in top}
     total = sum(weights.values())
     return {token: w / total for token, w in weights.items()}
+
+
+SHARED_TAIL = ("\nWrite the name above again, exactly as it is written, on a line of its own, with "
+               "nothing before it and nothing after it: no greeting, no explanation, no quotes, "
+               "no full stop. The name, written again:")
+
+
+@pytest.mark.parametrize("overlap", [False, True], ids=["inline", "overlap"])
+def test_a_draft_tree_takes_the_branch_of_an_earlier_answer(make_engine, overlap: bool):
+    """Two prompts end in the same long tail, so the answers after it are two continuations of
+    one n-gram whose matches tie; the newer is the draft's main line. The first prompt asked
+    again drafts a tree whose branch is its own earlier answer: verification takes the branch,
+    and the outputs are those without speculation."""
+    first, other = "Name: Ada Lovelace" + SHARED_TAIL, "Name: Grace Hopper" + SHARED_TAIL
+    params = SamplingParams(max_tokens=8, temperature=0)
+    outs = {}
+    for algorithm in (None, "radix"):
+        engine = make_engine(speculative_algorithm=algorithm, overlap=overlap)
+        outs[algorithm] = [engine.generate([p], params)[0].text for p in (first, other, first)]
+    assert outs["radix"] == outs[None]
+    assert outs[None][0] != outs[None][1]  # two answers: the tree has a branch to take
+    stats = engine.stats()
+    assert stats["spec_tree_verifications"] > 0 and stats["spec_branch_accepted_tokens"] > 0

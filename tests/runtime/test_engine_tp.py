@@ -174,9 +174,16 @@ def test_speculative_decoding_on_two_ranks(loaded_model):
                  speculative_algorithm=None)
     tp = Engine(tp_size=2, check_integrity=True, max_total_tokens=512,
                 speculative_algorithm="radix")
+    tail = ("\nWrite the name above again, exactly as it is written, on a line of its own, with "
+            "nothing before it and nothing after it: no greeting, no explanation, no quotes, no "
+            "full stop. The name, written again:")  # answers after it: a draft tree's branches
+    again = ["Name: Ada Lovelace" + tail, "Name: Grace Hopper" + tail, "Name: Ada Lovelace" + tail]
     try:
         assert_same_outputs(ref.generate(prompts, LONG), tp.generate(prompts, LONG))
         assert tp.stats()["spec_accepted_tokens"] > 0
+        for text in again:  # one after another: the answers go into the tree in turn
+            assert_same_outputs(ref.generate([text], LONG), tp.generate([text], LONG))
+        assert tp.stats()["spec_branch_accepted_tokens"] > 0
     finally:
         ref.close()
         tp.close()

@@ -24,10 +24,12 @@ it:
 Lookup hashes the request's last NGRAM tokens, checks each candidate's tokens (hashes collide),
 prefers the candidate whose match reaches furthest back (ties: the newest), and reads up to k
 tokens after it: the rest of its run, then down the tree from the run's tail, each time through
-the child used most recently. Each filed n-gram keeps its newest MAX_CANDIDATES places, so the
-index holds about one entry per cached token, and finding the match costs
-O(MAX_CANDIDATES * MAX_BACK_MATCH) whatever the tree's size (a continuation that runs on below its
-run also scans the children of each node it passes).
+the child used most recently. A draft tree asks for several continuations (`lookup_paths`): where
+that reading passes a node with other children (inside the candidate's run, where a later
+sequence split it, or below it), down those too; then the other candidates'. Each filed n-gram
+keeps its newest MAX_CANDIDATES places, so the index holds about one entry per cached token, and
+finding the match costs O(MAX_CANDIDATES * MAX_BACK_MATCH) whatever the tree's size (a
+continuation also walks the nodes of its run and scans the children of each node it passes).
 """
 
 from __future__ import annotations
@@ -117,27 +119,73 @@ class DraftIndex:
                k: int) -> tuple[int, list[int]]:
         """Up to k tokens that followed the context's last n-gram in the tree (its namespace
         `extra_key` only), and the length of the match they follow ((0, []): none)."""
+        length, paths = self.lookup_paths(extra_key, context, k, 1)
+        return length, paths[0] if paths else []
+
+    def lookup_paths(self, extra_key: str | None, context: Sequence[int], k: int,
+                     width: int) -> tuple[int, list[list[int]]]:
+        """Up to `width` different continuations (each up to k tokens) of the context's last
+        n-gram in the tree, best first, and the length of the match the first one follows
+        ((0, []): none). Best: the candidate place whose match reaches furthest back (ties: the
+        newest), read on down the most recently used child; then where that reading passes a
+        node with other children, the continuations down those (most recent first); then the
+        other places' continuations."""
         n = self.ngram
         if k <= 0 or len(context) < n:
             return 0, []
         last = tuple(context[-n:])
-        best: tuple[TokenRun, int] | None = None
-        best_len = 0
-        for run, p in reversed(self._filed.get(hash((extra_key, *last)), ())):
+        found: list[tuple[int, int, TokenRun, int]] = []  # (match length, newness, run, p)
+        for age, (run, p) in enumerate(self._filed.get(hash((extra_key, *last)), ())):
             if run.tokens[p - n : p] != last or run.extra_key != extra_key:
                 continue  # another n-gram (or namespace) with the same hash
-            length = _match_len(run.tokens, p, context, n)
-            if length > best_len:
-                best, best_len = (run, p), length
-        if best is None:
-            return 0, []
-        run, p = best
-        draft = list(run.tokens[p : min(p + k, run.alive)])
-        node = run.tail if p + len(draft) == run.alive else None
-        while len(draft) < k and node is not None and node.children:
-            node = max(node.children.values(), key=lambda c: (c.last_access, c.tick))
-            draft.extend(node.key[: k - len(draft)])
-        return best_len, draft
+            found.append((_match_len(run.tokens, p, context, n), age, run, p))
+        found.sort(key=lambda f: (f[0], f[1]), reverse=True)
+        paths: list[list[int]] = []
+        best = 0  # the match length of the candidate the first path follows
+        for length, _, run, p in found:
+            for path in self._continuations(run, p, k, width):
+                if len(paths) < width and path and path not in paths:
+                    best = best or length
+                    paths.append(path)
+        return best, paths
+
+    def _continuations(self, run: TokenRun, p: int, k: int, width: int) -> list[list[int]]:
+        """What follows position p of `run`, up to k tokens: the rest of the run, then down the
+        most recently used child below its tail; and (up to width in all) where that reading
+        passes a node with other children (a later sequence that parted from this one inside
+        the run, or below it), down each of those, most recent first."""
+        head = list(run.tokens[p : min(p + k, run.alive)])
+        paths = [head]
+        nodes = self._run_nodes(run, p)
+        for (node, end), (after, _) in zip(nodes, nodes[1:]):  # forks inside the run
+            cut = end - p
+            if cut >= k or len(paths) >= width:
+                break
+            others = [c for c in _by_recency(node) if c is not after]
+            paths += [_down(head[:cut] + list(c.key[: k - cut]), c, k)
+                      for c in others[: width - len(paths)]]
+        node = run.tail if p + len(head) == run.alive else None
+        while len(head) < k and node is not None and node.children:
+            ranked = _by_recency(node)
+            paths += [_down(head + list(c.key[: k - len(head)]), c, k)
+                      for c in ranked[1 : 1 + max(width - len(paths), 0)]]
+            node = ranked[0]
+            head.extend(node.key[: k - len(head)])
+        return paths
+
+    def _run_nodes(self, run: TokenRun, p: int) -> list[tuple[RadixNode, int]]:
+        """The nodes of `run` still in the tree that hold its positions from p - 1 on (where a
+        continuation at p may part), top down, each with the end of its span (a run's nodes are
+        a path up from its tail)."""
+        nodes: list[tuple[RadixNode, int]] = []
+        node = run.tail
+        while node is not None:
+            span = self._spans.get(id(node))
+            if span is None or span[0] is not run or span[2] < p:
+                break
+            nodes.append((node, span[2]))
+            node = node.parent
+        return nodes[::-1]
 
     # --- internals -----------------------------------------------------------------------------
     @staticmethod
@@ -175,6 +223,19 @@ class DraftIndex:
                 break
         if not places:
             del self._filed[key]
+
+
+def _by_recency(node: RadixNode) -> list[RadixNode]:
+    """A node's children, the most recently used first."""
+    return sorted(node.children.values(), key=lambda c: (c.last_access, c.tick), reverse=True)
+
+
+def _down(path: list[int], node: RadixNode, k: int) -> list[int]:
+    """`path`, which ends in `node`'s tokens, read on down the most recently used children."""
+    while len(path) < k and node.children:
+        node = max(node.children.values(), key=lambda c: (c.last_access, c.tick))
+        path.extend(node.key[: k - len(path)])
+    return path
 
 
 class ContextIndex:

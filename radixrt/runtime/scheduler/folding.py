@@ -117,7 +117,10 @@ class ResultFolder:
         the request finished (at an accepted token)."""
         self.kv.truncate(req, run.known_end + len(accepted))
         if self.speculator is not None:
-            self.speculator.verified(req, len(run.draft), len(accepted))
+            taken = [t.token_id for t in accepted]
+            chain = run.draft_chain
+            self.speculator.verified(req, len(run.draft), chain, len(taken),
+                                     taken != run.draft[: min(chain, len(taken))])
         for token in accepted:
             index = len(req.output_ids) - req.pending  # where the placeholder is
             req.output_ids.insert(index, token.token_id)

@@ -29,7 +29,7 @@ from radixrt.runtime.scheduler.prefix_groups import prefix_groups
 from radixrt.runtime.scheduler.queue_order import admission_order, most_urgent
 from radixrt.runtime.scheduler.request import Phase, Request
 from radixrt.runtime.scheduler.request_table import RequestTable
-from radixrt.runtime.scheduler.speculator import Speculator
+from radixrt.runtime.scheduler.speculator import Draft, Speculator
 from radixrt.runtime.scheduler.stats import MEMORY, SchedulerStats
 from radixrt.runtime.scheduler.step_draft import StepDraft
 
@@ -92,7 +92,7 @@ class Planner:
         for i, req in enumerate(decodes):
             if req.phase is Phase.RUNNING and req.rid not in draft.planned:
                 others = len(decodes) - i - 1  # decodes still to plan: a token each first
-                draft_ids = self._draft(req, 1, draft, others) if drafting else []
+                draft_ids = self._draft(req, 1, draft, others) if drafting else Draft()
                 self._plan_chunk(req, 1, draft, draft_ids)
                 if draft_ids or (drafting and spec.drafts_next(req)):  # type: ignore[union-attr]
                     # where it goes on, or the token it drafts after, is in this step's result
@@ -262,7 +262,7 @@ class Planner:
         )
 
     # --- running requests --------------------------------------------------------------------
-    def _draft(self, req: Request, chunk: int, draft: StepDraft, others: int) -> list[int]:
+    def _draft(self, req: Request, chunk: int, draft: StepDraft, others: int) -> Draft:
         """Speculative decoding: what the request drafts after the `chunk` tokens it computes
         this step (a decode's last token, or a prompt's last chunk), within its max_tokens and
         the context (the token sampled after the draft counts), the step's token budget and the
@@ -274,7 +274,7 @@ class Planner:
                    self.context_length - req.num_tokens - 1, draft.budget - others - chunk, free)
         return self.speculator.draft(req, room)
 
-    def _prompt_draft(self, req: Request, chunk: int, draft: StepDraft) -> list[int]:
+    def _prompt_draft(self, req: Request, chunk: int, draft: StepDraft) -> Draft:
         """Speculative decoding on a prompt's last chunk: the tokens that followed the prompt's
         end elsewhere are verified in the prefill's own forward pass, after its first sample,
         so an answer copied from the tree is drafted from its first token on. Not on a prompt
@@ -283,24 +283,24 @@ class Planner:
         spec = self.speculator
         if (spec is None or chunk != req.remaining or req.max_tokens <= 0
                 or req.fork_count > 1 or req.prompt_logprob_from() >= 0):
-            return []
+            return Draft()
         draft.decoders += 1
         if not spec.drafts_in(draft.decoders):
-            return []
+            return Draft()
         draft_ids = self._draft(req, chunk, draft, 0)
         if draft_ids:  # where it goes on is in this step's result
             draft.sync_reason = draft.sync_reason or SYNC_SPECULATE
         return draft_ids
 
     def _plan_chunk(self, req: Request, chunk: int, draft: StepDraft,
-                    draft_ids: list[int] | None = None) -> None:
+                    draft_ids: Draft | None = None) -> None:
         """Plan `chunk` more tokens of a running request, then its draft_ids (speculative)."""
-        draft_ids = draft_ids or []
+        draft_ids = draft_ids or Draft()
         known = chunk
         chunk += len(draft_ids)
         room = self.kv.room(req)
         if 0 < room < chunk:
-            del draft_ids[max(room - known, 0):]
+            draft_ids.cut(max(room - known, 0))
             chunk = min(room, known + len(draft_ids))
         while True:
             slots = self.kv.reserve(req, chunk, draft.copies)
@@ -309,7 +309,7 @@ class Planner:
                 return
             if draft_ids:  # a draft never preempts anyone
                 chunk -= len(draft_ids)
-                draft_ids = []
+                draft_ids = Draft()
                 continue
             victim = self._pick_victim(req, draft)
             if victim is None:
@@ -322,8 +322,8 @@ class Planner:
             self.preemptor.preempt(victim, draft, MEMORY)
 
     def _add_run(self, req: Request, chunk: int, slots: list[int], draft: StepDraft,
-                 draft_ids: list[int] | None = None) -> None:
-        draft_ids = draft_ids or []
+                 draft_ids: Draft | None = None) -> None:
+        draft_ids = draft_ids or Draft()
         start = req.kv_len - chunk
         known_end = req.kv_len - len(draft_ids)  # the drafts' positions are reserved too
         sample = known_end == req.num_tokens and req.max_tokens > 0  # 0: prefill only
@@ -340,7 +340,8 @@ class Planner:
                 sample=sample,
                 prompt_logprob_from=req.prompt_logprob_from(),
                 fork_into=fork_into,
-                draft=draft_ids,
+                draft=draft_ids.tokens,
+                draft_parents=draft_ids.parents,
             )
         )
         if sample and not fork_into:  # plan the next step before this token is known

@@ -299,6 +299,8 @@ class Scheduler:
             "spec_drafted_tokens": s.spec_drafted_tokens,
             "spec_accepted_tokens": s.spec_accepted_tokens,
             "spec_accepted_lengths": dict(sorted(s.spec_accepted_lengths.items())),
+            "spec_tree_verifications": s.spec_tree_verifications,
+            "spec_branch_accepted_tokens": s.spec_branch_accepted_tokens,
             "draft_index_entries": (self.speculator.index.entries
                                     if self.speculator is not None else 0),
             "priority_preemptions": s.priority_preemptions,

@@ -15,9 +15,11 @@ When to draft:
   a draft never evicts the cache nor preempts anyone;
 - only in a step with at most `max_batch_size` decoding requests: in a bigger batch the forward
   pass is no longer bound by reading the weights and the extra positions cost real time;
-- each request's draft length adapts to its acceptance: all accepted doubles the rows verified
+- each request's main line adapts to its acceptance: all accepted doubles the rows verified
   (the draft and the token before it: 1, 3, 7 ... drafts, up to num_draft_tokens), otherwise
-  it becomes the accepted count plus one;
+  it becomes the accepted count plus one; the rest of num_draft_tokens goes to branches where
+  other continuations are known (a draft tree: the verifier follows whichever the samples take,
+  worker/draft_verifier.py), so a main line cut short by a miss still verifies as many rows;
 - a request whose draft was rejected whole, or whose lookup found nothing, backs off: it drafts
   nothing for the next 1, 2, 4 ... MAX_BACKOFF_STEPS steps (doubling while it keeps missing;
   any accepted token resets it). Free prose copies little, and its requests mostly decode as
@@ -33,6 +35,7 @@ to overlap as before.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 from radixrt.runtime.scheduler.draft_index import DraftIndex
 from radixrt.runtime.scheduler.request import DraftState, Request
@@ -40,6 +43,58 @@ from radixrt.runtime.scheduler.stats import SchedulerStats
 
 # A request whose drafts keep missing drafts again after at most this many steps.
 MAX_BACKOFF_STEPS = 16
+# A draft tree follows at most this many continuations (the main line and its branches).
+MAX_DRAFT_PATHS = 4
+
+
+@dataclass
+class Draft:
+    """What a request drafts in a step: tokens, each under its parent (-1: the token before the
+    draft; a parent comes first), as `Run.draft` / `Run.draft_parents` carry them (parents empty:
+    a chain)."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def cut(self, size: int) -> None:
+        """Keep the first `size` nodes (still a tree: parents come first)."""
+        del self.tokens[size:]
+        del self.parents[size:]
+
+    @classmethod
+    def grow(cls, paths: list[list[int]], chain: int, size: int) -> Draft:
+        """A tree of at most `size` nodes: the first path's first `chain` tokens; then each
+        other path's first token where it leaves the tree so far; then the rest of each other
+        path in turn, while nodes are left."""
+        main = paths[0][:chain] if paths else []
+        tokens, parents = list(main), list(range(-1, len(main) - 1))
+        child = {(p, t): i for i, (p, t) in enumerate(zip(parents, tokens, strict=True))}
+
+        def add(path: list[int], at: int, start: int, new: int) -> int:
+            """Walk `path` from its token `start` under node `at`, adding at most `new` nodes;
+            where the walk stopped (a node, -2 at the path's end)."""
+            for token in path[start:]:
+                node = child.get((at, token))
+                if node is None:
+                    if new <= 0 or len(tokens) >= size:
+                        return at
+                    new -= 1
+                    node = child[(at, token)] = len(tokens)
+                    tokens.append(token)
+                    parents.append(at)
+                at = node
+            return -2
+
+        parted = [add(path, -1, 0, 1) for path in paths[1:]]  # each keeps where it parts
+        for path, at in zip(paths[1:], parted, strict=True):
+            if at != -2:
+                add(path, -1, 0, size)
+        if parents == list(range(-1, len(tokens) - 1)):
+            parents = []  # a chain
+        return cls(tokens, parents)
 
 
 class Speculator:
@@ -54,24 +109,36 @@ class Speculator:
         """Whether a step with this many decoding requests drafts at all."""
         return 0 < num_decodes <= self.max_batch_size
 
-    def draft(self, req: Request, room: int) -> list[int]:
-        """The tokens `req` drafts this step (called once per step it decodes in, or computes
-        its prompt's last chunk in, a step that drafts): at most `room` (what its max_tokens, the
-        context length and the free KV pages leave after the token it samples anyway)."""
+    def draft(self, req: Request, room: int) -> Draft:
+        """What `req` drafts this step (called once per step it decodes in, or computes its
+        prompt's last chunk in, a step that drafts): at most `room` tokens (what its max_tokens,
+        the context length and the free KV pages leave after the token it samples anyway).
+
+        The main line is the continuation with the longer match (its own context on a tie), as
+        long as its acceptance has earned (DraftState.length) and leaving a node to each other
+        continuation found; the nodes left, up to num_draft_tokens, go to those as branches
+        (the other index's, then the tree's other paths), each from where it leaves the tree so
+        far."""
         state = req.draft_state
         if state is None:
             state = req.draft_state = DraftState(self.num_draft_tokens)
         if state.skip > 0:
             state.skip -= 1
-            return []
+            return Draft()
         if req.pending or room <= 0:
-            return []
-        k = min(state.length, room)
+            return Draft()
+        size = min(self.num_draft_tokens, room)
         start = time.perf_counter()
         tokens = req.all_ids
-        own_match, own = state.context.lookup(tokens, k)
-        tree_match, tree = self.index.lookup(req.extra_key, tokens, k)
-        draft = own if own_match >= tree_match else tree
+        own_match, own = state.context.lookup(tokens, size)
+        tree_match, tree = self.index.lookup_paths(req.extra_key, tokens, size, MAX_DRAFT_PATHS)
+        mine = [own] if own else []
+        paths = (mine + tree if own_match >= tree_match else tree[:1] + mine + tree[1:])
+        paths = paths[:MAX_DRAFT_PATHS]
+        # the main line never takes every node while other continuations are known: each keeps
+        # at least the token where it parts from it
+        chain = min(state.length, size - len(paths) + 1) if paths else 0
+        draft = Draft.grow(paths, chain, size)
         stats = self.stats
         stats.draft_lookups += 1
         stats.draft_lookup_seconds += time.perf_counter() - start
@@ -85,16 +152,20 @@ class Speculator:
         before that one is planned: its token must be known)."""
         return req.draft_state is None or req.draft_state.skip == 0
 
-    def verified(self, req: Request, drafted: int, accepted: int) -> None:
-        """The worker kept `accepted` of the `drafted` tokens: count them, adapt the length."""
+    def verified(self, req: Request, drafted: int, chain: int, accepted: int,
+                 branch: bool = False) -> None:
+        """The worker kept `accepted` of the `drafted` tokens (a tree whose main line is `chain`
+        long; `branch`: off the main line): count them, adapt the main line's length."""
         stats = self.stats
         stats.spec_verifications += 1
+        stats.spec_tree_verifications += chain < drafted
+        stats.spec_branch_accepted_tokens += accepted if branch else 0
         stats.spec_drafted_tokens += drafted
         stats.spec_accepted_tokens += accepted
         stats.spec_accepted_lengths[accepted] = stats.spec_accepted_lengths.get(accepted, 0) + 1
         state = req.draft_state
         if state is not None:
-            full = accepted == drafted
+            full = accepted >= chain
             state.length = (min(self.num_draft_tokens, 2 * state.length + 1) if full
                             else accepted + 1)
             if accepted:

@@ -51,6 +51,9 @@ class SchedulerStats:
     spec_drafted_tokens: int = 0
     spec_accepted_tokens: int = 0
     spec_accepted_lengths: dict[int, int] = field(default_factory=dict)
+    # draft trees: verified drafts with branches, and tokens accepted off their main line
+    spec_tree_verifications: int = 0
+    spec_branch_accepted_tokens: int = 0
     # KV tiers: seconds the worker spent moving pages between tiers (PageMoves); tokens of
     # waiting requests' prefixes brought from disk to host memory ahead of their admission
     tier_move_seconds: float = 0.0

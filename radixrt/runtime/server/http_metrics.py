@@ -132,6 +132,10 @@ class HTTPMetrics:
                 ("spec_verifications", "Speculative decoding: runs whose drafts were verified"),
                 ("spec_drafted_tokens", "Speculative decoding: tokens drafted so far"),
                 ("spec_accepted_tokens", "Speculative decoding: drafted tokens accepted so far"),
+                ("spec_tree_verifications", "Speculative decoding: verified drafts that were "
+                 "trees (branches where continuations part) so far"),
+                ("spec_branch_accepted_tokens", "Speculative decoding: drafted tokens accepted "
+                 "on a branch off a draft tree's main line so far"),
                 ("draft_lookups", "Speculative decoding: draft lookups (radix tree and the "
                  "request's own tokens) so far"),
                 ("draft_lookup_seconds", "Speculative decoding: seconds spent looking drafts "

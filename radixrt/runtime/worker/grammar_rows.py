@@ -4,11 +4,12 @@ applied by the sampler in one masked fill), and the grammar bookkeeping after a 
 (advance; jump-forward appends the forced tokens).
 
 Speculative decoding samples a request at several positions in one step: after its last token and
-after each drafted token. Each such row is a `MaskRow` that lies `ahead` drafted tokens past its
-grammar state; the state is advanced through the drafts while their masks are built and rolled
-back after, so it is where it was when sampling starts. A drafted token the grammar forbids ends
-the draft: the rows after it are left unconstrained (the sampler cannot pick the forbidden token
-at the row before it, so verification never reaches them)."""
+after each drafted token (a small tree of them: worker/draft_verifier.py). Each such row is a
+`MaskRow` that lies `ahead` drafted tokens (its path in the tree) past its grammar state; the
+state is walked along each row's path while the masks are built (back to where the paths part,
+then on) and rolled back after, so it is where it was when sampling starts. A drafted token the
+grammar forbids ends its branch: the rows under it are left unconstrained (the sampler cannot
+pick the forbidden token at the row before it, so verification never reaches them)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from radixrt.runtime.worker.sampler import AllowedTokens
 @dataclass(frozen=True)
 class MaskRow:
     """A sampled row's grammar: `state`, then the drafted tokens `ahead` of it (speculative
-    decoding; rows of one state come in order, each one drafted token further)."""
+    decoding; rows of one state come in draft order, each one's parent row before it)."""
 
     state: GrammarState
     ahead: tuple[int, ...] = ()
@@ -108,22 +109,20 @@ def allowed_tokens(grammars: Sequence[MaskRow | None],
     built: list[torch.Tensor] = []  # [words] int32 per row in `rows`
     extra_rows: list[int] = []  # (index into rows, EOS id) pairs also allowed
     extra_ids: list[int] = []
-    advanced: dict[int, tuple[GrammarState, int]] = {}  # id(state) -> (state, drafts advanced)
-    last: dict[int, tuple[torch.Tensor, bool]] = {}  # id(state) -> its latest row's mask
+    advanced: dict[int, tuple[GrammarState, tuple[int, ...]]] = {}  # id(state) -> its path
+    built_for: dict[tuple[int, tuple[int, ...]], tuple[torch.Tensor, bool]] = {}  # row masks
     try:
         for i, row in enumerate(grammars):
             if row is None:
                 continue
             state, key = row.state, id(row.state)
             if row.ahead:
-                done = advanced.get(key, (state, 0))[1]
-                previous = last.pop(key, None)  # None: the draft was refused, or ended
-                if previous is None or len(row.ahead) != done + 1:
+                # None: the row before it (its parent in the draft) was refused, or ended
+                previous = built_for.get((key, row.ahead[:-1]))
+                if previous is None or not _allows(previous, row.ahead[-1], state):
                     continue
-                if not _allows(previous, row.ahead[-1], state):
-                    continue
-                state.advance(row.ahead[-1])
-                advanced[key] = (state, done + 1)
+                at = advanced.get(key, (state, ()))[1]
+                advanced[key] = (state, _walk(state, at, row.ahead))
             if state.ended:
                 continue
             words = torch.zeros(mask_words(vocab_size), dtype=torch.int32)  # [words]
@@ -138,18 +137,32 @@ def allowed_tokens(grammars: Sequence[MaskRow | None],
                     eos = sorted(state.grammar.table.eos_token_ids)
                     extra_ids += eos
                     extra_rows += [len(rows)] * len(eos)
-            last[key] = (words, end)
+            built_for[(key, row.ahead)] = (words, end)
             rows.append(i)
             built.append(words)
     finally:
-        for state, n in advanced.values():
-            state.rollback(n)
+        for state, at in advanced.values():
+            state.rollback(len(at))
     if not rows:
         return None
     mask = expand_bitmask(torch.stack(built), vocab_size)  # [n, vocab] bool
     if extra_rows:
         mask[torch.tensor(extra_rows), torch.tensor(extra_ids)] = True
     return rows, mask
+
+
+def _walk(state: GrammarState, at: tuple[int, ...], to: tuple[int, ...]) -> tuple[int, ...]:
+    """Move a state that is `at` drafted tokens past where it was to `to` instead (back to
+    where the two paths part, then on): every token of `to` before its last was allowed where it
+    stands (its row was built), and its last was just checked."""
+    same = 0
+    while same < min(len(at), len(to)) and at[same] == to[same]:
+        same += 1
+    if len(at) > same:
+        state.rollback(len(at) - same)
+    for token in to[same:]:
+        state.advance(token)
+    return to
 
 
 def _allows(previous: tuple[torch.Tensor, bool], token: int, state: GrammarState) -> bool:

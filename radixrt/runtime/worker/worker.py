@@ -26,7 +26,13 @@ from radixrt.runtime.messages import (
 )
 from radixrt.runtime.models.loader import LoadedModel
 from radixrt.runtime.sampling_params import SamplingParams
-from radixrt.runtime.worker.draft_verifier import accepted_count
+from radixrt.runtime.worker.draft_verifier import (
+    accepted_path,
+    chain,
+    check_tree,
+    kept_slots,
+    segments,
+)
 from radixrt.runtime.worker.grammar_rows import MaskRow, MaskThread, after_sample
 from radixrt.runtime.worker.kv_tiers import KVTiers
 from radixrt.runtime.worker.sampler import (
@@ -182,7 +188,10 @@ class Worker:
         return self.grammars.load(self.grammars.key(constraint), constraint)
 
     def _forward(self, plan: StepPlan) -> StepResult:
-        tokens, prefix_lens, tables = [], [], []
+        tokens: list[list[int]] = []
+        prefix_lens: list[int] = []
+        tables: list[list[int]] = []
+        entry: dict[int, int] = {}  # rid -> its (first) batch entry
         for run in plan.runs:
             state = self.states[run.rid]
             if len(state.slots) != run.start:
@@ -191,11 +200,21 @@ class Worker:
                     f"the plan starts at {run.start}"
                 )
             state.slots.extend(run.new_slots)
-            tokens.append(state.token_ids[run.start : run.known_end] + run.draft)
+            entry[run.rid] = len(tokens)
+            end = run.known_end
+            parts = segments(_parents(run))  # the first hangs under the last known token
+            first = parts[0][1] if parts else []
+            tokens.append(state.token_ids[run.start : end] + [run.draft[i] for i in first])
             prefix_lens.append(run.start)
             tables.append(state.slots)
+            for above, nodes in parts[1:]:
+                # a branch of the draft tree: its prefix is the known tokens and its ancestors
+                prefix = state.slots[:end] + [state.slots[end + a] for a in above]
+                tokens.append([run.draft[i] for i in nodes])
+                prefix_lens.append(len(prefix))
+                tables.append(prefix + [state.slots[end + i] for i in nodes])
         batch = ForwardBatch.build(tokens, prefix_lens, tables, device=self.device,
-                                   prefix_groups=self._prefix_groups(plan))
+                                   prefix_groups=self._prefix_groups(plan, entry))
         wanted = self._logit_rows(plan.runs, batch)
         draws = self._draws(wanted)
         pending = self.masks.start(draws.grammars)  # built while the forward pass runs
@@ -219,10 +238,10 @@ class Worker:
         return StepResult(step_id=plan.step_id, results=results, num_tokens=batch.num_tokens,
                           masks=timing)
 
-    def _prefix_groups(self, plan: StepPlan) -> list[PrefixGroup]:
-        """The plan's prefix groups as batch indices, each checked against the slot tables (a
-        group whose members' tables differ would read another request's KV)."""
-        index = {run.rid: i for i, run in enumerate(plan.runs)}
+    def _prefix_groups(self, plan: StepPlan, index: dict[int, int]) -> list[PrefixGroup]:
+        """The plan's prefix groups as batch indices (`index`: rid -> batch entry), each checked
+        against the slot tables (a group whose members' tables differ would read another
+        request's KV)."""
         groups = []
         for group in plan.prefix_groups:
             tables = [self.states[rid].slots for rid in group.rids]
@@ -305,24 +324,27 @@ class Worker:
     @staticmethod
     def _draft_rows(draws: _Draws, idx: int, run: Run, state: _RequestState) -> None:
         """Speculative decoding: one row after the last known token and one after each drafted
-        token, each sampled as if the drafts before it were outputs (worker/draft_verifier.py)."""
+        node, each sampled as if the node's path were outputs (worker/draft_verifier.py)."""
         if run.fork_into:
             raise RuntimeError(f"request {run.rid}: a draft on a run that forks")
         draws.drafted[run.rid] = len(draws.rows)
-        tokens = state.token_ids + run.draft  # the penalties read the drafts before each row
         known = len(state.token_ids)
-        for j in range(len(run.draft) + 1):
+        rows: list[tuple[list[int], int]] = [(state.token_ids, known)]  # (tokens, their end)
+        for above, nodes in segments(_parents(run)):  # the penalties read the path before a row
+            tokens = state.token_ids + [run.draft[i] for i in above + nodes]
+            rows += [(tokens, known + len(above) + m + 1) for m in range(len(nodes))]
+        for j, (tokens, end) in enumerate(rows):
             draws.rows.append(SamplingRow(
                 params=state.params,
                 prompt_ids=TokenSpan(tokens, 0, state.prompt_len),
-                output_ids=TokenSpan(tokens, state.prompt_len, known + j),
+                output_ids=TokenSpan(tokens, state.prompt_len, end),
                 seed_offset=state.seed_offset,
             ))
             draws.row_index.append(idx + j)
             draws.owners.append(run.rid)
             grammar = state.grammar
             draws.grammars.append(None if grammar is None
-                                  else MaskRow(grammar, tuple(run.draft[:j])))
+                                  else MaskRow(grammar, tuple(tokens[known:end])))
 
     def _sample(self, logits: torch.Tensor, wanted: _LogitRows, prompt: dict, draws: _Draws,
                 allowed: AllowedTokens | None) -> list[RunResult]:
@@ -378,7 +400,9 @@ class Worker:
         """Keep the drafts verification accepts (worker/draft_verifier.py), then the token sampled
         after them; the rejected drafts' slots are dropped from the slot table."""
         state = self.states[run.rid]
-        stops = set(self.sampler.eos_token_ids) | set(state.params.stop_token_ids)
+        stops = set(state.params.stop_token_ids)  # what ends the output (ignore_eos: not EOS)
+        if not state.params.ignore_eos:
+            stops |= set(self.sampler.eos_token_ids)
         grammar = state.grammar
 
         def goes_on(token: int) -> bool:  # the grammar moves on; jump-forward takes over?
@@ -389,12 +413,18 @@ class Worker:
                 return False
             return True
 
-        n = accepted_count(run.draft, [t.token_id for t in drawn], stops,
-                           None if grammar is None else goes_on)
-        del state.slots[run.known_end + n :]
-        state.token_ids.extend(t.token_id for t in drawn[:n])
-        state.token_ids.append(drawn[n].token_id)
-        return RunResult(rid=run.rid, token=drawn[n], accepted=drawn[:n],
+        nodes = accepted_path(run.draft, _parents(run), [t.token_id for t in drawn], stops,
+                              None if grammar is None else goes_on)
+        end = run.known_end
+        moves = kept_slots(nodes)
+        if moves:  # the accepted branch's K/V goes where a chain's would be
+            slots = state.slots
+            self.kv_cache.copy_slots(torch.tensor([slots[end + a] for a, _ in moves]),
+                                     torch.tensor([slots[end + b] for _, b in moves]))
+        del state.slots[end + len(nodes) :]
+        emitted = [drawn[0]] + [drawn[i + 1] for i in nodes]  # the sample at each place reached
+        state.token_ids.extend(t.token_id for t in emitted)
+        return RunResult(rid=run.rid, token=emitted[-1], accepted=emitted[:-1],
                          forced=self._advance(run.rid))
 
     def _advance(self, rid: int) -> list[int]:
@@ -416,3 +446,11 @@ class Worker:
                 seed_offset=i,
                 grammar=grammars.get(child),
             )
+
+
+def _parents(run: Run) -> list[int]:
+    """The parents of a run's draft nodes (worker/draft_verifier.py), checked."""
+    if not run.draft_parents:
+        return chain(len(run.draft))
+    check_tree(run.draft_parents, len(run.draft))
+    return run.draft_parents

@@ -76,6 +76,12 @@ def test_drafts_are_paths_of_the_tree(page_size: int, steps: list, contexts: lis
                 if draft:
                     assert occurs(tuple(context[-matched:]) + tuple(draft), haystacks)
                     assert NGRAM <= matched <= len(context)
+                _, alts = index.lookup_paths(extra_key, context, k, 3)  # a draft tree's paths
+                assert (alts[0] if alts else []) == draft and len(alts) <= 3
+                assert len({tuple(a) for a in alts}) == len(alts)
+                for alt in alts:
+                    assert 0 < len(alt) <= k
+                    assert occurs(tuple(context[-NGRAM:]) + tuple(alt), haystacks)
     tree.evict(tree.evictable_pages)
     assert index.entries == 0 and not index._spans  # noqa: SLF001
 
@@ -93,6 +99,26 @@ def test_a_continuation_runs_on_down_the_most_recent_branch() -> None:
     tree.match_prefix(system + [1, 1], None)  # the first branch is used again: now the newest
     assert index.lookup(None, [9, 8, 7, 6], 6) == (4, [5, 1, 1, 1])
     assert index.lookup("other", [9, 8, 7, 6], 6) == (0, [])  # never across namespaces
+
+
+def test_other_continuations_are_where_later_sequences_parted() -> None:
+    """A draft tree's paths: the best continuation, then the others that followed the same
+    tokens: down the other children where the reading passes a fork, inside the candidate's run
+    (a later sequence split it) or below it, the most recent first; then other places."""
+    ticks = iter(range(1000))
+    index = DraftIndex()
+    tree = RadixCache(1, clock=lambda: float(next(ticks)), listener=index)
+    tree.insert([9, 8, 7, 6, 5, 4, 3], list(range(7)))
+    tree.insert([9, 8, 7, 6, 1, 1], list(range(7, 13)))  # parts inside the first run, after 6
+    tree.insert([9, 8, 7, 6, 5, 4, 3, 2], list(range(13, 21)))  # runs on below the first
+    tree.insert([9, 8, 7, 6, 5, 4, 3, 0, 0], list(range(21, 30)))  # and parts below it
+    assert index.lookup_paths(None, [8, 7, 6], 6, 4) == (3, [[5, 4, 3, 0, 0], [1, 1],
+                                                             [5, 4, 3, 2]])
+    assert index.lookup_paths(None, [8, 7, 6], 6, 2) == (3, [[5, 4, 3, 0, 0], [1, 1]])
+    assert index.lookup_paths(None, [8, 7, 6], 2, 4) == (3, [[5, 4], [1, 1]])  # within k
+    tree.insert([2, 7, 6, 5, 4, 3, 7], list(range(30, 37)))  # another place of (7, 6, 5)
+    assert index.lookup_paths(None, [8, 7, 6, 5], 6, 4) == (4, [[4, 3, 0, 0], [4, 3, 2],
+                                                                [4, 3, 7]])
 
 
 def test_the_longest_back_match_wins() -> None:

@@ -9,6 +9,7 @@ oracle's and what the worker produced.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Sequence
 
 import pytest
@@ -157,6 +158,8 @@ def record_coverage(sim: Sim) -> None:
           else "tiers: nothing moved")
     if sim.worker.drafted:
         event("drafts accepted" if sim.worker.accepted else "drafts all rejected")
+        event("draft tree, branch taken" if sim.worker.branch_accepted
+              else "draft tree" if sim.worker.trees else "chains only")
         some_rejected = sim.worker.accepted < sim.worker.drafted
         event("drafts rejected" if some_rejected else "every draft accepted")
     else:
@@ -200,6 +203,29 @@ def test_tight_pools_with_swapping_keep_every_invariant() -> None:
     example()
     # about 70% swap; a pool or scheduler change that takes the pressure away fails here
     assert sum(swapped) >= 0.4 * len(swapped), f"{sum(swapped)} of {len(swapped)} swapped"
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("page_size", [1, 16])
+def test_draft_trees_are_verified_down_the_branch_the_samples_take(overlap: bool,
+                                                                  page_size: int) -> None:
+    """Two prompts end in the same 40 tokens, so the draft index finds both answers after them
+    and prefers the newer (their matches tie at MAX_BACK_MATCH): the first prompt asked again
+    drafts a tree whose main line is the other's answer and a branch its own. Verification
+    follows the branch the samples take, the KV of the accepted branch is where a chain's would
+    be (the simulated worker checks every slot), and outputs are the oracle's."""
+    rng = random.Random(5)
+    shared = tuple(rng.randrange(1, VOCAB) for _ in range(40))
+    first, other = (3, 3) + shared, (4, 4) + shared
+    params = SamplingParams(max_tokens=12, ignore_eos=True)
+    arrivals = [Arrival(0, first, params), Arrival(40, other, params), Arrival(80, first, params)]
+    sim = make_sim(1024, page_size=page_size, overlap=overlap, speculative_algorithm="radix",
+                   speculative_num_draft_tokens=8, speculative_max_batch_size=256)
+    top = run(sim, arrivals)
+    check_idle(sim)
+    check_outputs(sim, arrivals, top)
+    assert sim.worker.trees and sim.worker.branch_accepted, (sim.worker.trees,
+                                                             sim.worker.branch_accepted)
 
 
 def test_fork_of_a_prompt_computed_again_fits() -> None:

@@ -141,6 +141,29 @@ def test_a_forbidden_drafted_token_ends_the_drafts_masks(compiler: GrammarCompil
     assert state.consumed == len(table.tokenizer.encode("red", add_special_tokens=False))
 
 
+def test_a_draft_trees_rows_get_the_masks_of_their_paths(compiler: GrammarCompiler) -> None:
+    """Rows of a draft tree (branches part and rejoin the walk): each row is masked as the state
+    walked along its own path would be; a branch under a forbidden token is left unconstrained,
+    and the state ends where it started."""
+    table = compiler.table
+    enc = table.tokenizer.encode
+    green, blue, bad = (enc(t, add_special_tokens=False) for t in (" green", " blue", "7"))
+    state = walked(compiler, "regex", REGEX, "red")
+    before = state.consumed
+    paths: list[tuple[int, ...]] = [()]  # every prefix of these, in draft order: parents first
+    for seq in (green + blue, green + green, bad + green, blue + green):
+        paths += [tuple(seq[:n]) for n in range(1, len(seq) + 1) if tuple(seq[:n]) not in paths]
+    got = allowed_tokens([MaskRow(state, p) for p in paths], table.vocab_size)
+    assert state.consumed == before and not state.ended
+    under_bad = [j for j, p in enumerate(paths) if p[: len(bad)] == tuple(bad)]
+    assert got is not None and under_bad and got[0] == [j for j in range(len(paths))
+                                                        if j not in under_bad]
+    for row, j in enumerate(got[0]):
+        alone = allowed_tokens([MaskRow(_walk(compiler, "regex", REGEX, "red", list(paths[j])))],
+                               table.vocab_size)
+        assert alone is not None and torch.equal(got[1][row], alone[1][0]), f"row {j}"
+
+
 def _walk(compiler: GrammarCompiler, kind: str, pattern: str, text: str,
           more: list[int]) -> GrammarState:
     state = walked(compiler, kind, pattern, text)

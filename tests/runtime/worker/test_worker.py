@@ -451,6 +451,47 @@ def test_a_run_ending_before_the_known_tokens_scores_the_next_one(
     assert_token(by_rid(rest)[1].token, ref[16])  # after all known tokens: sampled (greedy)
 
 
+# --- speculative decoding: a draft tree -------------------------------------------------------
+@pytest.mark.parametrize("prompt_draft", [False, True])
+def test_a_draft_tree_follows_the_branch_its_samples_take(
+        worker: Worker, loaded: LoadedModel, prompt_draft: bool) -> None:
+    """A tree of drafted tokens: every node is computed after exactly its own path (the branches
+    are batch entries whose prefix is their ancestors' slots), the walk accepts the branch the
+    greedy samples take, the logprobs are the reference's, and the accepted branch's KV ends up
+    where a chain's would be: the next decode reads it and matches the reference. On a prompt's
+    last chunk too (the chunk, then the tree, in one extend)."""
+    prompt = tokens(30, seed=31)
+    slots = Slots(seed=31)
+    greedy = prompt[:]
+    for _ in range(6):
+        greedy.append(int(reference(loaded, greedy)[-1].argmax()))
+    if prompt_draft:  # the samples after the prompt's last token: s0 s1 s2 s3
+        known, s = len(prompt), greedy[30:34]
+    else:  # after the prefill's own sample g0
+        known, s = len(prompt) + 1, greedy[31:35]
+    #   root -> 0: not s0 -> 1: s1              (the main line, rejected at once)
+    #        -> 2: s0 -> 3: s1 -> 4: not s2
+    #                          -> 5: s2          (a branch off a branch: accepted, then s3)
+    draft = [(s[0] + 1) % VOCAB, s[1], s[0], s[1], (s[2] + 1) % VOCAB, s[2]]
+    parents = [-1, 0, -1, 2, 3, 3]
+    if prompt_draft:
+        run = Run(rid=4, start=0, num_new=known + 6, new_slots=slots.take(known + 6),
+                  sample=True, draft=draft, draft_parents=parents)
+        result = by_rid(execute(worker, new_requests=[request(4, prompt)], runs=[run]))[4]
+    else:
+        prefill(worker, slots, 4, prompt)
+        run = Run(rid=4, start=known - 1, num_new=1 + 6, new_slots=slots.take(7), sample=True,
+                  draft=draft, draft_parents=parents)
+        result = by_rid(execute(worker, runs=[run]))[4]
+    assert result.token is not None
+    assert [t.token_id for t in result.accepted] + [result.token.token_id] == s
+    ref = reference(loaded, greedy)
+    for i, tok in enumerate([*result.accepted, result.token]):
+        assert_token(tok, ref[known - 1 + i])
+    nxt = decode(worker, slots, {4: known + 3})[4]  # reads the accepted branch's moved KV
+    assert_token(nxt.token, ref[known + 3])
+
+
 # --- n > 1 and seeded sampling -----------------------------------------------------------------
 def test_fork_children_sample_with_their_seed_offsets(worker: Worker, loaded: LoadedModel) -> None:
     prompt = tokens(20, seed=12)

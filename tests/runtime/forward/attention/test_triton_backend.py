@@ -124,6 +124,47 @@ def test_cascade_backend_matches_torch_backend(layer: LayerAttention) -> None:
     torch.testing.assert_close(outs[2], outs[0], atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("layer", LAYERS, ids=layer_id)
+def test_a_draft_tree_attends_each_node_to_its_path(layer: LayerAttention) -> None:
+    """Speculative decoding's draft tree as the worker lays it out (worker/draft_verifier.py):
+    the run's own extend (its last known token and the main line), then each branch as an
+    entry whose prefix is the known tokens and its ancestors' slots, some written in this very
+    pass. Both backends give each node the attention over exactly its path (the tree mask): a
+    dense masked reference for the plain layer, the torch backend for the others."""
+    gen = torch.Generator().manual_seed(5)
+    num_slots, kv_heads, heads, head_dim, prefix = 64, 3, 9, 64, 11
+    perm = torch.randperm(num_slots, generator=gen).tolist()
+    known, nodes = perm[:prefix + 1], perm[prefix + 1 : prefix + 8]  # slots; 7 nodes
+    parents = [-1, 0, 1, -1, 3, 1, 5]  # chain 0-1-2; branch 3-4 at the root; 5-6 under 1
+    tables = [known + nodes[:3], known + nodes[3:5], known + nodes[:2] + nodes[5:7]]
+    tokens = [[0] * 4, [0] * 2, [0] * 2]
+    batch = ForwardBatch.build(tokens, [prefix, prefix + 1, prefix + 3], tables, device=DEVICE)
+    kv = torch.randn(2, 2, num_slots, kv_heads, head_dim, generator=gen).to(DEVICE)
+    qkv = [3 * torch.randn(8, h, head_dim, generator=gen).to(DEVICE)
+           for h in (heads, kv_heads, kv_heads)]  # rows: the known token, nodes 0..6
+    outs = []
+    for backend in (TorchAttentionBackend(), TritonAttentionBackend()):
+        kv_cache = KVCache(2, num_slots, kv_heads, head_dim, torch.float32, DEVICE)
+        kv_cache.buffer[:, :, :num_slots] = kv
+        outs.append(run_backend(backend, batch, kv_cache, qkv, layer))
+    torch.testing.assert_close(outs[1], outs[0], atol=1e-4, rtol=1e-4)
+    if layer is not FULL:
+        return
+    q, k, v = qkv
+    keys, values = kv[0, 1, known[:-1]], kv[1, 1, known[:-1]]  # the cached prefix (layer 1)
+    for row in range(8):  # the known token's row sees the prefix and itself; a node its path
+        path, at = [], row - 1
+        while at >= 0:
+            path.insert(0, at + 1)
+            at = parents[at]
+        rows = [0, *path]
+        k_all = torch.cat([keys, k[rows]]).repeat_interleave(heads // kv_heads, dim=1)
+        v_all = torch.cat([values, v[rows]]).repeat_interleave(heads // kv_heads, dim=1)
+        scores = torch.einsum("hd,khd->hk", q[row], k_all) / head_dim**0.5
+        want = torch.einsum("hk,khd->hd", scores.softmax(-1), v_all)
+        torch.testing.assert_close(outs[0][row], want, atol=1e-4, rtol=1e-4)
+
+
 @contextmanager
 def attention_backend(model: Any, backend: AttentionBackend) -> Iterator[None]:
     """Run the model's attention layers on another backend, restoring the old one after."""
