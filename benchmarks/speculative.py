@@ -25,9 +25,11 @@ lookup (12-token n-grams, 48-token drafts) and, as a second row, a 3-token looku
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
+import statistics
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +52,7 @@ RT_OFF, RT_ON = "radixrt", "radixrt-spec"
 LLAMA_OFF, LLAMA_NGRAM, LLAMA_NGRAM3 = "llama-server", "llama-ngram", "llama-ngram3"
 WORKLOADS = ("json", "code", "agent", "few-shot", "prose")
 COPYING = WORKLOADS[:-1]
+PAIRED = ("prose", "json")  # the workload that copies nothing, and one that copies
 REQUEST_TIMEOUT_S = 600.0
 
 NAMES = ["Ada Lovelace", "Grace Hopper", "Alan Turing", "Edsger Dijkstra", "Barbara Liskov",
@@ -114,6 +117,8 @@ class Run:
     accepted: int = 0
     verified: int = 0
     steps: int = 0
+    trees: int = 0  # verified drafts that were trees, and tokens accepted on their branches
+    branch: int = 0
 
     @property
     def tokens_per_s(self) -> float:
@@ -162,7 +167,9 @@ def run_workload(http: httpx.Client, system: str, workload: str, batch: int, req
     info1 = server_info(http, system)
     if info0 and info1:
         for field, key in (("drafted", "spec_drafted_tokens"), ("accepted", "spec_accepted_tokens"),
-                           ("verified", "spec_verifications"), ("steps", "steps")):
+                           ("verified", "spec_verifications"), ("steps", "steps"),
+                           ("trees", "spec_tree_verifications"),
+                           ("branch", "spec_branch_accepted_tokens")):
             setattr(run, field, info1.get(key, 0) - info0.get(key, 0))
     for body in bodies:  # llama-server's own counters, where it reports them
         timings = body.get("timings") or {}
@@ -197,6 +204,34 @@ def serve_part(args: argparse.Namespace) -> list[Run]:
     return runs
 
 
+def paired_part(args: argparse.Namespace) -> dict[str, list[float]]:
+    """Batch 8, radixrt on and off in turn (both servers up, one working at a time; the order
+    flips every round), the same fresh prompts for both in a round: the on/off ratio of each
+    round, so a verdict on the default does not rest on one run of a noisy machine."""
+    rt = [s for s in systems(argparse.Namespace(**{**vars(args), "skip_llama_server": True}))
+          if s.name in (RT_OFF, RT_ON)]
+    ratios: dict[str, list[float]] = {w: [] for w in PAIRED}
+    with contextlib.ExitStack() as stack:
+        http = {}
+        for system in rt:
+            url = stack.enter_context(running(system))
+            http[system.name] = stack.enter_context(httpx.Client(base_url=url,
+                                                                 timeout=REQUEST_TIMEOUT_S))
+            complete(http[system.name], "Hello", 4)  # warm-up
+        base = 5000
+        for round_ in range(args.pairs):
+            for workload in PAIRED:
+                base += 100
+                order = (RT_OFF, RT_ON) if round_ % 2 == 0 else (RT_ON, RT_OFF)
+                rate = {name: run_workload(http[name], name, workload, 8, 8, args.max_tokens,
+                                           base).tokens_per_s for name in order}
+                ratios[workload].append(rate[RT_ON] / rate[RT_OFF])
+                print(f"pair {round_ + 1} {workload:6s} batch 8: off {rate[RT_OFF]:6.1f} tok/s, "
+                      f"on {rate[RT_ON]:6.1f} tok/s, on/off {ratios[workload][-1]:.2f}x",
+                      flush=True)
+    return ratios
+
+
 def curve_part(args: argparse.Namespace) -> dict[str, dict[int, float]]:
     """tokens/s ratio on/off of the in-process Engine at each batch size, drafting always."""
     import radixrt
@@ -226,6 +261,14 @@ def curve_part(args: argparse.Namespace) -> dict[str, dict[int, float]]:
     return ratios
 
 
+def report_pairs(pairs: dict[str, list[float]]) -> None:
+    print("\n| batch 8, paired rounds | on/off each round | median | min |")
+    print("|---|---|---:|---:|")
+    for workload, ratios in pairs.items():
+        print(f"| {workload} | " + ", ".join(f"{r:.2f}" for r in ratios)
+              + f" | {statistics.median(ratios):.2f}x | {min(ratios):.2f}x |")
+
+
 def report(runs: list[Run], curve: dict[str, dict[int, float]], args: argparse.Namespace,
            argv: list[str] | None) -> None:
     by = {(r.system, r.workload, r.batch): r for r in runs}
@@ -236,8 +279,8 @@ def report(runs: list[Run], curve: dict[str, dict[int, float]], args: argparse.N
     for batch in (1, 8) if runs else ():
         print(f"\n| batch {batch} | " + " | ".join(f"{s} tok/s" for s in present)
               + f" | {RT_ON} / {RT_OFF} | {RT_ON} / best llama | accepted / drafted "
-              f"({RT_ON}) | tokens / step ({RT_ON}) |")
-        print("|---" * (len(present) + 5) + "|")
+              f"({RT_ON}) | tokens / step ({RT_ON}) | trees: verified, accepted on a branch |")
+        print("|---" * (len(present) + 6) + "|")
         for w in WORKLOADS:
             rates = {s: by[(s, w, batch)].tokens_per_s for s in present if (s, w, batch) in by}
             on = by.get((RT_ON, w, batch))
@@ -247,8 +290,9 @@ def report(runs: list[Run], curve: dict[str, dict[int, float]], args: argparse.N
             vs = f"{rates.get(RT_ON, 0) / best:.2f}x" if best else "-"
             acc = f"{on.accepted}/{on.drafted}" if on and on.drafted else "-"
             per_step = f"{on.tokens / on.steps:.2f}" if on and on.steps else "-"
+            trees = f"{on.trees}, {on.branch}" if on and on.drafted else "-"
             print(f"| {w} | " + " | ".join(f"{rates.get(s, 0):.1f}" for s in present)
-                  + f" | {ratio:.2f}x | {vs} | {acc} | {per_step} |")
+                  + f" | {ratio:.2f}x | {vs} | {acc} | {per_step} | {trees} |")
     groups = [f"{w}\nbatch {b}" for b in (1, 8) for w in WORKLOADS]
     series = {s: [by[(s, w, b)].tokens_per_s if (s, w, b) in by else 0.0
                   for b in (1, 8) for w in WORKLOADS] for s in present}
@@ -285,18 +329,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-serving", action="store_true", help="part 2 only")
     p.add_argument("--skip-curve", action="store_true", help="part 1 only")
     p.add_argument("--curve-batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
+    p.add_argument("--pairs", type=int, default=None, help="paired batch-8 rounds, on and off "
+                   "in turn (default 6; --quick: 0)")
     add_plot_dir(p)
     args = p.parse_args(argv)
     args.requests = args.requests or (2 if args.quick else 4)
     args.max_tokens = args.max_tokens or (48 if args.quick else 96)
+    args.pairs = args.pairs if args.pairs is not None else (0 if args.quick else 6)
     return args
 
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     runs = [] if args.skip_serving else serve_part(args)
+    pairs = {} if args.skip_serving or not args.pairs else paired_part(args)
     curve = {} if args.skip_curve else curve_part(args)
     report(runs, curve, args, argv)
+    if pairs:
+        report_pairs(pairs)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""benchmarks/speculative.py --quick (radixrt only, small) runs end to end: both tables, both
-plots, and drafts accepted where the output copies the prompt."""
+"""benchmarks/speculative.py --quick (radixrt only, small) runs end to end: the tables (one paired
+batch-8 round of on and off too), both plots, and drafts accepted where the output copies the
+prompt."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_speculative_bench_quick(tmp_path) -> None:
     proc = subprocess.run(
         [sys.executable, "benchmarks/speculative.py", "--quick", "--skip-llama-server",
-         "--requests", "1", "--max-tokens", "24", "--curve-batches", "1", "2",
+         "--requests", "1", "--max-tokens", "24", "--curve-batches", "1", "2", "--pairs", "1",
          "--plot-dir", str(tmp_path)],
         cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True,
         timeout=600,
@@ -34,3 +35,5 @@ def test_speculative_bench_quick(tmp_path) -> None:
     accepted, drafted = rows["json"][header.index("accepted / drafted (radixrt-spec)")].split("/")
     assert 0 < int(accepted) <= int(drafted), table
     assert "| 2 |" in out[out.index("| batch | json on/off"):], out[-2000:]
+    paired = out[out.index("| batch 8, paired rounds |"):].splitlines()
+    assert [r.split("|")[1].strip() for r in paired[2:4]] == ["prose", "json"], paired
