@@ -119,20 +119,20 @@ class DraftIndex:
                k: int) -> tuple[int, list[int]]:
         """Up to k tokens that followed the context's last n-gram in the tree (its namespace
         `extra_key` only), and the length of the match they follow ((0, []): none)."""
-        length, paths = self.lookup_paths(extra_key, context, k, 1)
-        return length, paths[0] if paths else []
+        paths = self.lookup_paths(extra_key, context, k, 1)
+        return paths[0] if paths else (0, [])
 
     def lookup_paths(self, extra_key: str | None, context: Sequence[int], k: int,
-                     width: int) -> tuple[int, list[list[int]]]:
+                     width: int) -> list[tuple[int, list[int]]]:
         """Up to `width` different continuations (each up to k tokens) of the context's last
-        n-gram in the tree, best first, and the length of the match the first one follows
-        ((0, []): none). Best: the candidate place whose match reaches furthest back (ties: the
-        newest), read on down the most recently used child; then where that reading passes a
-        node with other children, the continuations down those (most recent first); then the
+        n-gram in the tree, best first, each with the length of the match it follows. Best:
+        the candidate place whose match reaches furthest back (ties: the newest), read on down
+        the most recently used child; then where that reading passes a node with other
+        children, the continuations down those (most recent first; the same match); then the
         other places' continuations."""
         n = self.ngram
         if k <= 0 or len(context) < n:
-            return 0, []
+            return []
         last = tuple(context[-n:])
         found: list[tuple[int, int, TokenRun, int]] = []  # (match length, newness, run, p)
         for age, (run, p) in enumerate(self._filed.get(hash((extra_key, *last)), ())):
@@ -140,14 +140,12 @@ class DraftIndex:
                 continue  # another n-gram (or namespace) with the same hash
             found.append((_match_len(run.tokens, p, context, n), age, run, p))
         found.sort(key=lambda f: (f[0], f[1]), reverse=True)
-        paths: list[list[int]] = []
-        best = 0  # the match length of the candidate the first path follows
+        paths: list[tuple[int, list[int]]] = []
         for length, _, run, p in found:
             for path in self._continuations(run, p, k, width):
-                if len(paths) < width and path and path not in paths:
-                    best = best or length
-                    paths.append(path)
-        return best, paths
+                if len(paths) < width and path and all(path != q for _, q in paths):
+                    paths.append((length, path))
+        return paths
 
     def _continuations(self, run: TokenRun, p: int, k: int, width: int) -> list[list[int]]:
         """What follows position p of `run`, up to k tokens: the rest of the run, then down the

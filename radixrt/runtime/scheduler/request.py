@@ -29,6 +29,7 @@ class DraftState:
     length: int
     context: ContextIndex = field(default_factory=ContextIndex)
     skip: int = 0  # steps it plans without drafting (back-off)
+    whole: bool = False  # its last verified main line was accepted whole
     backoff: int = 0  # the back-off after its next miss is twice this (at least 1)
 
 

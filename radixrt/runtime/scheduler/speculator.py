@@ -43,8 +43,11 @@ from radixrt.runtime.scheduler.stats import SchedulerStats
 
 # A request whose drafts keep missing drafts again after at most this many steps.
 MAX_BACKOFF_STEPS = 16
-# A draft tree follows at most this many continuations (the main line and its branches).
-MAX_DRAFT_PATHS = 4
+# A draft tree follows at most this many continuations (the main line and its branches): on the
+# CPU every further branch is one more attention call per layer, and a second branch lost more
+# than it caught (trees against chains, few-shot / code: 1.07x / 0.91x with 4, 1.11x / 1.02x
+# with 2; docs/benchmarks.md#speculative-decoding).
+MAX_DRAFT_PATHS = 2
 
 
 @dataclass
@@ -115,10 +118,10 @@ class Speculator:
         the context length and the free KV pages leave after the token it samples anyway).
 
         The main line is the continuation with the longer match (its own context on a tie), as
-        long as its acceptance has earned (DraftState.length) and leaving a node to each other
-        continuation found; the nodes left, up to num_draft_tokens, go to those as branches
-        (the other index's, then the tree's other paths), each from where it leaves the tree so
-        far."""
+        long as its acceptance has earned (DraftState.length), leaving a node to each other
+        continuation found unless the last main line was accepted whole; the nodes left go to
+        those as branches (in order of their matches' lengths), each from where it leaves the
+        tree so far, up to num_draft_tokens nodes and twice the main line's rows."""
         state = req.draft_state
         if state is None:
             state = req.draft_state = DraftState(self.num_draft_tokens)
@@ -130,15 +133,17 @@ class Speculator:
         size = min(self.num_draft_tokens, room)
         start = time.perf_counter()
         tokens = req.all_ids
-        own_match, own = state.context.lookup(tokens, size)
-        tree_match, tree = self.index.lookup_paths(req.extra_key, tokens, size, MAX_DRAFT_PATHS)
-        mine = [own] if own else []
-        paths = (mine + tree if own_match >= tree_match else tree[:1] + mine + tree[1:])
-        paths = paths[:MAX_DRAFT_PATHS]
-        # the main line never takes every node while other continuations are known: each keeps
-        # at least the token where it parts from it
-        chain = min(state.length, size - len(paths) + 1) if paths else 0
-        draft = Draft.grow(paths, chain, size)
+        own = state.context.lookup(tokens, size)
+        found = self.index.lookup_paths(req.extra_key, tokens, size, MAX_DRAFT_PATHS)
+        if own[1]:  # the longer match first, its own on a tie (a stable sort)
+            found.insert(0, own)
+        found.sort(key=lambda f: f[0], reverse=True)
+        paths = [path for _, path in found[:MAX_DRAFT_PATHS]]
+        # unless its last main line was accepted whole, the main line leaves each other
+        # continuation known at least the token where it parts from it; a tree verifies at most
+        # the rows the main line would have verified had it been accepted whole (rows doubled)
+        chain = min(state.length, size if state.whole else size - len(paths) + 1)
+        draft = Draft.grow(paths, chain, min(size, 2 * chain + 1))
         stats = self.stats
         stats.draft_lookups += 1
         stats.draft_lookup_seconds += time.perf_counter() - start
@@ -165,7 +170,7 @@ class Speculator:
         stats.spec_accepted_lengths[accepted] = stats.spec_accepted_lengths.get(accepted, 0) + 1
         state = req.draft_state
         if state is not None:
-            full = accepted >= chain
+            full = state.whole = accepted >= chain
             state.length = (min(self.num_draft_tokens, 2 * state.length + 1) if full
                             else accepted + 1)
             if accepted:

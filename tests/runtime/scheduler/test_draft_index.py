@@ -76,8 +76,10 @@ def test_drafts_are_paths_of_the_tree(page_size: int, steps: list, contexts: lis
                 if draft:
                     assert occurs(tuple(context[-matched:]) + tuple(draft), haystacks)
                     assert NGRAM <= matched <= len(context)
-                _, alts = index.lookup_paths(extra_key, context, k, 3)  # a draft tree's paths
-                assert (alts[0] if alts else []) == draft and len(alts) <= 3
+                found = index.lookup_paths(extra_key, context, k, 3)  # a draft tree's paths
+                alts = [path for _, path in found]
+                assert (found[0] if found else (0, [])) == (matched, draft) and len(alts) <= 3
+                assert [n for n, _ in found] == sorted((n for n, _ in found), reverse=True)
                 assert len({tuple(a) for a in alts}) == len(alts)
                 for alt in alts:
                     assert 0 < len(alt) <= k
@@ -112,13 +114,13 @@ def test_other_continuations_are_where_later_sequences_parted() -> None:
     tree.insert([9, 8, 7, 6, 1, 1], list(range(7, 13)))  # parts inside the first run, after 6
     tree.insert([9, 8, 7, 6, 5, 4, 3, 2], list(range(13, 21)))  # runs on below the first
     tree.insert([9, 8, 7, 6, 5, 4, 3, 0, 0], list(range(21, 30)))  # and parts below it
-    assert index.lookup_paths(None, [8, 7, 6], 6, 4) == (3, [[5, 4, 3, 0, 0], [1, 1],
-                                                             [5, 4, 3, 2]])
-    assert index.lookup_paths(None, [8, 7, 6], 6, 2) == (3, [[5, 4, 3, 0, 0], [1, 1]])
-    assert index.lookup_paths(None, [8, 7, 6], 2, 4) == (3, [[5, 4], [1, 1]])  # within k
+    assert index.lookup_paths(None, [8, 7, 6], 6, 4) == [(3, [5, 4, 3, 0, 0]), (3, [1, 1]),
+                                                         (3, [5, 4, 3, 2])]
+    assert index.lookup_paths(None, [8, 7, 6], 6, 2) == [(3, [5, 4, 3, 0, 0]), (3, [1, 1])]
+    assert index.lookup_paths(None, [8, 7, 6], 2, 4) == [(3, [5, 4]), (3, [1, 1])]  # within k
     tree.insert([2, 7, 6, 5, 4, 3, 7], list(range(30, 37)))  # another place of (7, 6, 5)
-    assert index.lookup_paths(None, [8, 7, 6, 5], 6, 4) == (4, [[4, 3, 0, 0], [4, 3, 2],
-                                                                [4, 3, 7]])
+    assert index.lookup_paths(None, [8, 7, 6, 5], 6, 4) == [(4, [4, 3, 0, 0]), (4, [4, 3, 2]),
+                                                            (3, [4, 3, 7])]
 
 
 def test_the_longest_back_match_wins() -> None:

@@ -56,8 +56,8 @@ def test_the_longer_match_wins_and_the_own_context_on_a_tie() -> None:
     longer = request([7, 2, 3, 4, 60, 61, 9, 7, 2, 3], [4])
     assert spec.draft(longer, room=3) == Draft([60, 61, 50], [-1, 0, -1])  # as far: its own
     tree.insert([9, 7, 2, 3, 4, 70], list(range(7, 13)))
-    # the tree's now reaches further back: its main line, then its own, then the tree's other
-    assert spec.draft(longer, room=3) == Draft([70, 60, 50], [-1, -1, -1])
+    # the tree's now reaches further back: its main line (one token), then its own as a branch
+    assert spec.draft(longer, room=3) == Draft([70, 60, 61], [-1, -1, 1])
 
 
 def test_the_draft_length_follows_acceptance() -> None:
