@@ -141,11 +141,13 @@ class EngineConfig:
     grammar_compile_timeout: float = field(default=DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S, metadata={
         "help": "seconds a grammar may take to compile (outlines-core's compile is stopped "
         "there); past it the request is refused (400) naming this flag"})
-    speculative_algorithm: str | None = field(default=None, metadata={
+    # on by default: 2-4x tokens/s at batch 1 where outputs copy; at batch 8 on/off within the
+    # machine's noise in paired rounds (benchmarks/speculative.py, docs/benchmarks.md)
+    speculative_algorithm: str | None = field(default="radix", metadata={
         "choices": SPECULATIVE_ALGORITHMS,
-        "help": "speculative decoding: radix = each decoding request drafts the tokens that "
-        "followed its last tokens in the radix tree or its own context, verified in the same "
-        "forward pass (exactly: outputs are the model's); none (the default) = off"})
+        "help": "speculative decoding: radix (the default) = each decoding request drafts the "
+        "tokens that followed its last tokens in the radix tree or its own context, verified "
+        "in the same forward pass (exactly: outputs are the model's); none = off"})
     speculative_num_draft_tokens: int = field(default=DEFAULT_SPECULATIVE_NUM_DRAFT_TOKENS,
                                               metadata={
         "help": "most tokens a request drafts in one step (its draft length adapts below this "
