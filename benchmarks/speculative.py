@@ -14,6 +14,10 @@ nothing. Reported: output tokens/s of each system and on/off ratios; for radixrt
 accepted tokens per verified run (from /server_info) and tokens per model step; for llama-server
 its own draft counters where its responses carry them.
 
+Paired rounds, the verdict on the default: radixrt off and on, both servers up, take turns on
+the same fresh prompts (prose at batch 1 and 8, json at 8), the order flipped every round; the
+on/off ratio of every round and their median (--pairs rounds, default 6).
+
 Part 2, the batch-size curve that sets the default of --speculative-max-batch-size: the Engine in
 one process, drafting at every batch size vs off, on one copying workload and on prose, at batch
 sizes 1..16: where drafting stops paying, a step should not draft.
@@ -52,7 +56,8 @@ RT_OFF, RT_ON = "radixrt", "radixrt-spec"
 LLAMA_OFF, LLAMA_NGRAM, LLAMA_NGRAM3 = "llama-server", "llama-ngram", "llama-ngram3"
 WORKLOADS = ("json", "code", "agent", "few-shot", "prose")
 COPYING = WORKLOADS[:-1]
-PAIRED = ("prose", "json")  # the workload that copies nothing, and one that copies
+# paired rounds: the workload that copies nothing (alone and in a batch), and one that copies
+PAIRED = (("prose", 1), ("prose", 8), ("json", 8))
 REQUEST_TIMEOUT_S = 600.0
 
 NAMES = ["Ada Lovelace", "Grace Hopper", "Alan Turing", "Edsger Dijkstra", "Barbara Liskov",
@@ -204,13 +209,13 @@ def serve_part(args: argparse.Namespace) -> list[Run]:
     return runs
 
 
-def paired_part(args: argparse.Namespace) -> dict[str, list[float]]:
-    """Batch 8, radixrt on and off in turn (both servers up, one working at a time; the order
-    flips every round), the same fresh prompts for both in a round: the on/off ratio of each
-    round, so a verdict on the default does not rest on one run of a noisy machine."""
+def paired_part(args: argparse.Namespace) -> dict[tuple[str, int], list[float]]:
+    """Radixrt on and off in turn (both servers up, one working at a time; the order flips
+    every round), the same fresh prompts for both in a round: the on/off ratio of each round,
+    so a verdict on the default does not rest on one run of a noisy machine."""
     rt = [s for s in systems(argparse.Namespace(**{**vars(args), "skip_llama_server": True}))
           if s.name in (RT_OFF, RT_ON)]
-    ratios: dict[str, list[float]] = {w: [] for w in PAIRED}
+    ratios: dict[tuple[str, int], list[float]] = {pair: [] for pair in PAIRED}
     with contextlib.ExitStack() as stack:
         http = {}
         for system in rt:
@@ -220,15 +225,17 @@ def paired_part(args: argparse.Namespace) -> dict[str, list[float]]:
             complete(http[system.name], "Hello", 4)  # warm-up
         base = 5000
         for round_ in range(args.pairs):
-            for workload in PAIRED:
+            for workload, batch in PAIRED:
                 base += 100
                 order = (RT_OFF, RT_ON) if round_ % 2 == 0 else (RT_ON, RT_OFF)
-                rate = {name: run_workload(http[name], name, workload, 8, 8, args.max_tokens,
-                                           base).tokens_per_s for name in order}
-                ratios[workload].append(rate[RT_ON] / rate[RT_OFF])
-                print(f"pair {round_ + 1} {workload:6s} batch 8: off {rate[RT_OFF]:6.1f} tok/s, "
-                      f"on {rate[RT_ON]:6.1f} tok/s, on/off {ratios[workload][-1]:.2f}x",
-                      flush=True)
+                requests = 8 if batch == 8 else args.requests
+                rate = {name: run_workload(http[name], name, workload, batch, requests,
+                                           args.max_tokens, base).tokens_per_s
+                        for name in order}
+                ratio = rate[RT_ON] / rate[RT_OFF]
+                ratios[(workload, batch)].append(ratio)
+                print(f"pair {round_ + 1} {workload:6s} batch {batch}: off {rate[RT_OFF]:6.1f} "
+                      f"tok/s, on {rate[RT_ON]:6.1f} tok/s, on/off {ratio:.2f}x", flush=True)
     return ratios
 
 
@@ -261,11 +268,11 @@ def curve_part(args: argparse.Namespace) -> dict[str, dict[int, float]]:
     return ratios
 
 
-def report_pairs(pairs: dict[str, list[float]]) -> None:
-    print("\n| batch 8, paired rounds | on/off each round | median | min |")
-    print("|---|---|---:|---:|")
-    for workload, ratios in pairs.items():
-        print(f"| {workload} | " + ", ".join(f"{r:.2f}" for r in ratios)
+def report_pairs(pairs: dict[tuple[str, int], list[float]]) -> None:
+    print("\n| paired rounds | batch | on/off each round | median | min |")
+    print("|---|---:|---|---:|---:|")
+    for (workload, batch), ratios in pairs.items():
+        print(f"| {workload} | {batch} | " + ", ".join(f"{r:.2f}" for r in ratios)
               + f" | {statistics.median(ratios):.2f}x | {min(ratios):.2f}x |")
 
 
@@ -329,8 +336,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--skip-serving", action="store_true", help="part 2 only")
     p.add_argument("--skip-curve", action="store_true", help="part 1 only")
     p.add_argument("--curve-batches", type=int, nargs="+", default=[1, 2, 4, 8, 16])
-    p.add_argument("--pairs", type=int, default=None, help="paired batch-8 rounds, on and off "
-                   "in turn (default 6; --quick: 0)")
+    p.add_argument("--pairs", type=int, default=None, help="paired rounds (prose at batch 1 "
+                   "and 8, json at 8), on and off in turn (default 6; --quick: 0)")
     add_plot_dir(p)
     args = p.parse_args(argv)
     args.requests = args.requests or (2 if args.quick else 4)

@@ -506,7 +506,10 @@ class Sim:
 def make_sim(pool_tokens: int, overlap: bool = False, disk_tier_tokens: int = 0,
              **options: object) -> Sim:
     """disk_tier_tokens: a disk KV tier of this size (its pages are bookkeeping and the
-    simulated worker's dict, no directory; the host tier is config.host_cache_tokens)."""
+    simulated worker's dict, no directory; the host tier is config.host_cache_tokens).
+    Speculative decoding is off unless asked for (EngineConfig's default is on): tests that
+    assert plans run for run check other mechanisms; the simulation's properties draw it."""
+    options.setdefault("speculative_algorithm", None)
     config = EngineConfig(max_total_tokens=pool_tokens, **options)  # type: ignore[arg-type]
     num_pages = max(pool_tokens // config.page_size, 2)
     tiers = (config.host_cache_tokens // config.page_size, disk_tier_tokens // config.page_size)

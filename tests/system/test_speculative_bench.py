@@ -1,6 +1,5 @@
 """benchmarks/speculative.py --quick (radixrt only, small) runs end to end: the tables (one paired
-batch-8 round of on and off too), both plots, and drafts accepted where the output copies the
-prompt."""
+round of on and off too), both plots, and drafts accepted where the output copies the prompt."""
 
 from __future__ import annotations
 
@@ -35,5 +34,6 @@ def test_speculative_bench_quick(tmp_path) -> None:
     accepted, drafted = rows["json"][header.index("accepted / drafted (radixrt-spec)")].split("/")
     assert 0 < int(accepted) <= int(drafted), table
     assert "| 2 |" in out[out.index("| batch | json on/off"):], out[-2000:]
-    paired = out[out.index("| batch 8, paired rounds |"):].splitlines()
-    assert [r.split("|")[1].strip() for r in paired[2:4]] == ["prose", "json"], paired
+    paired = out[out.index("| paired rounds |"):].splitlines()
+    assert [tuple(c.strip() for c in r.split("|")[1:3]) for r in paired[2:5]] == [
+        ("prose", "1"), ("prose", "8"), ("json", "8")], paired

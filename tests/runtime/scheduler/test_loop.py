@@ -34,6 +34,7 @@ class Recording:
 
 def make_loop(overlap: bool, pool_tokens: int = 256,
               **options: object) -> tuple[StepLoop, Recording]:
+    options.setdefault("speculative_algorithm", None)  # the loop's own turns, step for step
     config = EngineConfig(max_total_tokens=pool_tokens, page_size=1,
                           **options)  # type: ignore[arg-type]
     sched = Scheduler(config, pool_tokens, CONTEXT, [EOS])

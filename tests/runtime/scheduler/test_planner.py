@@ -655,7 +655,7 @@ def test_an_abort_while_a_step_is_in_flight_caches_known_tokens_only(
 def scripted(outputs: Sequence[int], params: SamplingParams) -> Request:
     """One request through the scheduler with a worker that samples `outputs` in order (no
     masking: this checks the scheduler's own stopping rule)."""
-    config = EngineConfig(max_total_tokens=256, page_size=1)
+    config = EngineConfig(max_total_tokens=256, page_size=1, speculative_algorithm=None)
     sched = Scheduler(config, 256, CONTEXT, [EOS])
     in_flight = InFlightLedger()  # each plan is folded in before the next is made
     req = sched.add_request([1, 2, 3], params)
