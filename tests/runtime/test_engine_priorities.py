@@ -6,6 +6,7 @@ the KV invariants hold after every step (make_engine's engines check them)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import pytest
@@ -15,6 +16,13 @@ from radixrt import SamplingParams
 PROMPTS = [f"Write a list of {k} fruits:" for k in ("three", "four", "five", "six")]
 BACKGROUND = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
 URGENT = SamplingParams(max_tokens=6, temperature=0)
+
+
+@pytest.fixture
+def make_engine(make_engine: Any) -> Any:
+    """Speculative decoding off: these bounds count steps, and preemptions that follow from each
+    request writing a token a step (speculation with preemption: test_engine_speculative.py)."""
+    return functools.partial(make_engine, speculative_algorithm=None)
 
 
 def steps_to_first_token(engine: Any, rid: int, limit: int = 200) -> int:

@@ -45,8 +45,11 @@ def tenancy(loaded_model: Any, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
     key_file = tmp_path_factory.mktemp("keys") / "keys.txt"
     key_file.write_text("# name:key\n" + "".join(f"{n}:{k}\n" for n, k in KEYS.items()))
+    # speculation off: hold_the_slot's request must hold the one slot for as long as its
+    # tokens take one step each (drafts would end it early, and the waits here are timed)
     engine = Engine(model=loaded_model, max_total_tokens=4096, check_integrity=True,
-                    max_running_requests=1, max_queued_requests=QUEUE_CAP)
+                    max_running_requests=1, max_queued_requests=QUEUE_CAP,
+                    speculative_algorithm=None)
     manager = engine.tokenizer_manager("smollm2")
     ports, stop = serve_in_thread([create_app(manager, keys=ApiKeys.from_file(key_file))])
     yield Tenancy(engine, ports[0])
