@@ -86,7 +86,7 @@ CODE = '''def moving_average(values, window):
 
 
 def prompt(workload: str, i: int) -> str:
-    """Request i of a workload (requests differ, the shared parts recur)."""
+    """Request i of a workload (every i its own prompt: the shared parts recur)."""
     name, city = NAMES[i % len(NAMES)], CITIES[(3 * i) % len(CITIES)]
     if workload == "json":
         record = json.dumps({"name": name, "born": 1900 + 7 * i, "city": city,
@@ -106,9 +106,9 @@ def prompt(workload: str, i: int) -> str:
         shots = "".join(shot(n, c, 1900 + j) + " " + json.dumps({"name": n, "born": 1900 + j,
                                                              "city": c}) + "\n\n"
                         for j, (n, c) in enumerate(zip(NAMES[:4], CITIES[:4], strict=True)))
-        return shots + shot(name, city, 1950 + i % 50)
-    return (f"Once upon a time, a lighthouse keeper named {name} lived on a rocky island near "
-            f"{city}. Every evening, before the storms came,")
+        return shots + shot(name, city, 1000 + i)
+    return (f"Once upon a time, a lighthouse keeper named {name} lived on rocky island number "
+            f"{i} near {city}. Every evening, before the storms came,")
 
 
 @dataclass
