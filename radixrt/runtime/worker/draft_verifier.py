@@ -41,6 +41,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Sequence
 
+from radixrt.runtime.messages import Run
+
 
 def chain(length: int) -> list[int]:
     """The parents of a chain of `length` nodes."""
@@ -54,6 +56,31 @@ def check_tree(parents: Sequence[int], size: int) -> None:
     for i, p in enumerate(parents):
         if not -1 <= p < i:
             raise ValueError(f"draft node {i}: parent {p} does not come before it")
+
+
+def run_parents(run: Run) -> list[int]:
+    """The parents of a run's draft nodes, checked (a chain's when the run gives none)."""
+    if not run.draft_parents:
+        return chain(len(run.draft))
+    check_tree(run.draft_parents, len(run.draft))
+    return run.draft_parents
+
+
+def batch_entries(run: Run, token_ids: list[int],
+                  slots: list[int]) -> list[tuple[list[int], int, list[int]]]:
+    """The forward pass's entries for a run, as (tokens, prefix length, slot table): its own
+    extend (its known tokens, then the main line), then each further branch of its draft, whose
+    prefix is the known tokens and its ancestors' slots. `slots`: the request's table with the
+    run's new slots appended (node i at known_end + i)."""
+    end = run.known_end
+    parts = segments(run_parents(run))  # the first hangs under the last known token
+    first = parts[0][1] if parts else []
+    entries = [(token_ids[run.start : end] + [run.draft[i] for i in first], run.start, slots)]
+    for above, nodes in parts[1:]:
+        prefix = slots[:end] + [slots[end + a] for a in above]
+        entries.append(([run.draft[i] for i in nodes], len(prefix),
+                        prefix + [slots[end + i] for i in nodes]))
+    return entries
 
 
 def segments(parents: Sequence[int]) -> list[tuple[list[int], list[int]]]:

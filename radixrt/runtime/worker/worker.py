@@ -28,9 +28,9 @@ from radixrt.runtime.models.loader import LoadedModel
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.worker.draft_verifier import (
     accepted_path,
-    chain,
-    check_tree,
+    batch_entries,
     kept_slots,
+    run_parents,
     segments,
 )
 from radixrt.runtime.worker.grammar_rows import MaskRow, MaskThread, after_sample
@@ -201,18 +201,10 @@ class Worker:
                 )
             state.slots.extend(run.new_slots)
             entry[run.rid] = len(tokens)
-            end = run.known_end
-            parts = segments(_parents(run))  # the first hangs under the last known token
-            first = parts[0][1] if parts else []
-            tokens.append(state.token_ids[run.start : end] + [run.draft[i] for i in first])
-            prefix_lens.append(run.start)
-            tables.append(state.slots)
-            for above, nodes in parts[1:]:
-                # a branch of the draft tree: its prefix is the known tokens and its ancestors
-                prefix = state.slots[:end] + [state.slots[end + a] for a in above]
-                tokens.append([run.draft[i] for i in nodes])
-                prefix_lens.append(len(prefix))
-                tables.append(prefix + [state.slots[end + i] for i in nodes])
+            for ids, prefix_len, table in batch_entries(run, state.token_ids, state.slots):
+                tokens.append(ids)
+                prefix_lens.append(prefix_len)
+                tables.append(table)
         batch = ForwardBatch.build(tokens, prefix_lens, tables, device=self.device,
                                    prefix_groups=self._prefix_groups(plan, entry))
         wanted = self._logit_rows(plan.runs, batch)
@@ -330,7 +322,7 @@ class Worker:
         draws.drafted[run.rid] = len(draws.rows)
         known = len(state.token_ids)
         rows: list[tuple[list[int], int]] = [(state.token_ids, known)]  # (tokens, their end)
-        for above, nodes in segments(_parents(run)):  # the penalties read the path before a row
+        for above, nodes in segments(run_parents(run)):  # the penalties read the path before a row
             tokens = state.token_ids + [run.draft[i] for i in above + nodes]
             rows += [(tokens, known + len(above) + m + 1) for m in range(len(nodes))]
         for j, (tokens, end) in enumerate(rows):
@@ -413,7 +405,7 @@ class Worker:
                 return False
             return True
 
-        nodes = accepted_path(run.draft, _parents(run), [t.token_id for t in drawn], stops,
+        nodes = accepted_path(run.draft, run_parents(run), [t.token_id for t in drawn], stops,
                               None if grammar is None else goes_on)
         end = run.known_end
         moves = kept_slots(nodes)
@@ -446,11 +438,3 @@ class Worker:
                 seed_offset=i,
                 grammar=grammars.get(child),
             )
-
-
-def _parents(run: Run) -> list[int]:
-    """The parents of a run's draft nodes (worker/draft_verifier.py), checked."""
-    if not run.draft_parents:
-        return chain(len(run.draft))
-    check_tree(run.draft_parents, len(run.draft))
-    return run.draft_parents
