@@ -60,7 +60,7 @@ MAX_WEIGHTED_TENANTS = 1024
 PLACEHOLDER_TOKEN = -1
 
 # --- service -----------------------------------------------------------------------------------
-PARENT_POLL_MS = 500  # children check this often that the launcher is still alive
+STOP_POLL_MS = 500  # a helper process waiting for work checks this often whether to stop
 CHILD_WATCH_S = 0.5  # the launcher checks this often that both children are alive
 STARTUP_TIMEOUT_S = 600.0  # model load + pool allocation
 DRAIN_TIMEOUT_S = 30.0  # SIGTERM/SIGINT: in-flight requests get this long to finish
@@ -167,10 +167,11 @@ class EngineConfig:
     disk_cache_dir: str | None = field(default=None, metadata={
         "help": "directory of the disk KV tier (created 0700, one server at a time): prefixes "
         "evicted from the host tier (or the pool) move here, and a restarted server serves "
-        "what it holds (warm restart); with --disk-cache-tokens"})
+        "what it holds (warm restart)"})
     disk_cache_tokens: int = field(default=0, metadata={
         "help": "size of the disk KV tier in tokens: its file is preallocated to this bound "
-        "and never grows past it"})
+        "and never grows past it; 0 (the default) sizes it from the directory's free space "
+        "(10%%, at most 16 GiB per machine; said at start-up)"})
     enable_hierarchical_cache: bool = field(default=False, metadata={
         "help": f"SGLang's flag: a host KV tier {HICACHE_HOST_RATIO:g}x the pool's size "
         "(--host-cache-tokens, when given, sizes it instead)"})
@@ -302,10 +303,10 @@ class EngineConfig:
             if not 0 < len(self.disk_cache_dir) <= MAX_PATH_CHARS or "\0" in self.disk_cache_dir:
                 raise bad("disk_cache_dir", self.disk_cache_dir,
                           f"give a directory path of 1..{MAX_PATH_CHARS} characters")
-            if self.disk_cache_tokens < self.page_size:
+            if 0 < self.disk_cache_tokens < self.page_size:
                 raise bad("disk_cache_tokens", self.disk_cache_tokens,
-                          "give the disk tier's size in tokens (at least a page) with "
-                          "disk_cache_dir")
+                          f"give at least a page ({self.page_size} tokens), or 0 to size the "
+                          "disk tier from the directory's free space")
         elif self.disk_cache_tokens:
             raise bad("disk_cache_tokens", self.disk_cache_tokens,
                       "needs disk_cache_dir (the directory of the disk tier)")

@@ -1,5 +1,6 @@
-"""ZeroMQ plumbing shared by the three processes: addresses in a private 0700 directory, typed
-msgpack sockets (msgspec, never pickle), and the parent watch every child runs."""
+"""ZeroMQ plumbing shared by the three processes: addresses in a private 0700 directory, the
+scheduler's and worker's start argument, typed msgpack sockets (msgspec, never pickle), and the
+owner watch of `--exit-with-parent`."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 import msgspec
 import zmq
 
+from radixrt.runtime.config import EngineConfig
 from radixrt.runtime.messages import FromWorker, StepPlan, ToScheduler, ToTokenizer
 
 
@@ -35,6 +37,15 @@ class Addresses:
         grammars = os.path.join(folder, "grammars")
         addrs = cls(addr("scheduler"), addr("tokenizer"), addr("worker"), addr("results"), grammars)
         return addrs, folder
+
+
+class ServiceArgs(msgspec.Struct, frozen=True):
+    """What the launcher starts the scheduler and the worker process with (HelperProcess)."""
+
+    config: EngineConfig
+    addrs: Addresses
+    log_level: str
+    listen_fd: int = -1  # under tensor parallelism, the worker's: the ranks' store's socket
 
 
 class TypedSocket:
@@ -81,7 +92,8 @@ def push(ctx: zmq.Context, address: str) -> TypedSocket:
 
 
 def parent_alive(parent_pid: int) -> bool:
-    """Children poll this: when the parent is gone they exit instead of lingering as orphans."""
+    """Whether the process parent_pid is still this one's parent (`--exit-with-parent`; radixrt's
+    own helpers have a lifeline instead: helper_process.py)."""
     return os.getppid() == parent_pid
 
 

@@ -6,13 +6,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import multiprocessing
 import os
 import shutil
 import signal
 import time
 from collections.abc import Callable, Iterator
-from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 import uvicorn
@@ -25,7 +23,8 @@ from radixrt.runtime.config import (
     STARTUP_TIMEOUT_S,
     EngineConfig,
 )
-from radixrt.runtime.ipc import Addresses, parent_alive
+from radixrt.runtime.helper_process import HelperProcess
+from radixrt.runtime.ipc import Addresses, ServiceArgs, parent_alive
 from radixrt.runtime.server_options import ServerOptions
 
 if TYPE_CHECKING:
@@ -67,13 +66,14 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
     addrs, ipc_dir = Addresses.in_private_dir()
     try:
         tokenizer = load_tokenizer(config.model)
-        spawn = multiprocessing.get_context("spawn")
         config, listen = _with_rendezvous(config)
-        args = (config, addrs, os.getpid(), options.log_level)
+        args = ServiceArgs(config, addrs, options.log_level)
+        worker_args = args if listen is None else ServiceArgs(
+            config, addrs, options.log_level, listen_fd=listen.fileno())
         procs = {
-            "scheduler": spawn.Process(target=run_scheduler, args=args, name="radixrt-scheduler"),
-            "worker": spawn.Process(target=run_worker, args=(*args, listen),
-                                    name="radixrt-worker"),
+            "scheduler": HelperProcess(run_scheduler, args, name="radixrt-scheduler"),
+            "worker": HelperProcess(run_worker, worker_args, name="radixrt-worker",
+                                    pass_fds=() if listen is None else (listen.fileno(),)),
             **_follower_processes(config, options, addrs.grammar_dir),
         }
         if config.tp_size > 1:
@@ -111,17 +111,13 @@ def _with_rendezvous(config: EngineConfig) -> tuple[EngineConfig, Any]:
 
 
 def _follower_processes(config: EngineConfig, options: ServerOptions,
-                        grammar_dir: str | None) -> dict[str, BaseProcess]:
+                        grammar_dir: str | None) -> dict[str, HelperProcess]:
     """This node's tensor-parallel follower ranks (rank 0 is the worker process)."""
-    from radixrt.runtime.worker.tp_ranks import local_follower_ranks, run_follower
+    from radixrt.runtime.worker.tp_ranks import follower_process, local_follower_ranks
 
-    spawn = multiprocessing.get_context("spawn")
-    return {
-        f"tensor-parallel rank {rank}": spawn.Process(
-            target=run_follower, name=f"radixrt-tp{rank}",
-            args=(config, rank, os.getpid(), options.log_level, grammar_dir))
-        for rank in local_follower_ranks(config)
-    }
+    return {f"tensor-parallel rank {rank}": follower_process(config, rank, options.log_level,
+                                                             grammar_dir)
+            for rank in local_follower_ranks(config)}
 
 
 def serve_worker_node(config: EngineConfig, options: ServerOptions) -> int:
@@ -159,7 +155,7 @@ def serve_worker_node(config: EngineConfig, options: ServerOptions) -> int:
 
 async def _serve_http(
     make_manager: Callable[[], Any],
-    procs: dict[str, BaseProcess],
+    procs: dict[str, HelperProcess],
     options: ServerOptions,
     keys: ApiKeys | None,
     dsl_addresses: list[str],
@@ -225,14 +221,14 @@ async def _serve_http(
     return exit_code
 
 
-def _dead(procs: dict[str, BaseProcess]) -> str:
+def _dead(procs: dict[str, HelperProcess]) -> str:
     for name, proc in procs.items():
         if not proc.is_alive():
             return f"the {name} process died (exit code {proc.exitcode})"
     return ""
 
 
-def _stop(procs: dict[str, BaseProcess], persist: bool = False) -> None:
+def _stop(procs: dict[str, HelperProcess], persist: bool = False) -> None:
     """persist (a disk KV tier): the scheduler first, given PERSIST_TIMEOUT_S to move the cache
     to disk through the worker (while the worker lives); then the rest."""
     scheduler, worker = procs.get("scheduler"), procs.get("worker")

@@ -4,7 +4,8 @@ config.py holds only the constants two or more modules share.
 
 Layer order, top to bottom (README and docs/architecture.md): cli -> launcher -> server -> engine ->
 tokenizer -> scheduler -> worker -> constrained -> models -> forward -> kernels. The ground
-(config, server_options, messages, errors, sampling_params, outputs, ipc, distributed) stands
+(config, server_options, messages, errors, sampling_params, outputs, ipc, helper processes,
+distributed) stands
 beneath every layer and imports only itself. The DSL frontend has layers of its own: its public API
 (radixrt.frontend) -> backends (where programs run) -> lang (the DSL, which knows no backend);
 it stands on nothing of the runtime but its wire messages and constants (and never torch).
@@ -47,6 +48,8 @@ GROUND = [
     "radixrt.runtime.sampling_params",
     "radixrt.runtime.outputs",
     "radixrt.runtime.ipc",
+    "radixrt.runtime.helper_process",
+    "radixrt.runtime.helper_main",
     "radixrt.runtime.distributed",
 ]
 FRONTEND = "radixrt.frontend"

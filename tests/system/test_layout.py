@@ -45,6 +45,7 @@ WITHOUT_TEST_FILE = (
     "radixrt/runtime/forward/attention/torch_backend.py",
     "radixrt/runtime/forward/forward_batch.py",
     "radixrt/runtime/forward/kv_cache.py",
+    "radixrt/runtime/helper_main.py",
     "radixrt/runtime/ipc.py",
     "radixrt/runtime/launcher.py",
     "radixrt/runtime/messages.py",

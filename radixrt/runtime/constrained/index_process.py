@@ -3,17 +3,21 @@ automaton can take minutes (and a schema's regex check tens of seconds), holding
 can interrupt. The child checks the constraint and builds the index; past the time limit the
 parent kills it (a fresh child takes the next job) and the request is refused naming the limit.
 
-The child gets the vocabulary once, at start; jobs and replies are msgspec messages over the
-pipe (never pickles)."""
+The child is a HelperProcess (started by module path: never a re-import of the user's script).
+It gets the vocabulary once, as its argument; jobs and replies are msgspec messages, each a
+length-prefixed frame over a socket pair (never pickles)."""
 
 from __future__ import annotations
 
-import multiprocessing
+import os
+import socket
+from multiprocessing.connection import Connection
 from typing import Any
 
 import msgspec
 
 from radixrt.runtime.constrained.token_table import TokenTable
+from radixrt.runtime.helper_process import HelperProcess
 
 START_TIMEOUT_S = 120.0  # a child that is not ready by then is a broken install
 
@@ -24,6 +28,13 @@ class VocabularySpec(msgspec.Struct, frozen=True):
     eos_token_id: int
     entries: list[tuple[bytes, list[int]]]  # token bytes -> the ids with those bytes
     marker_token: int  # the end marker's single-byte token, -1 where there is none
+
+
+class IndexChildArgs(msgspec.Struct, frozen=True):
+    """The child's argument: its end of the socket pair, and the vocabulary."""
+
+    channel_fd: int
+    vocabulary: VocabularySpec
 
 
 class IndexJob(msgspec.Struct, frozen=True):
@@ -59,9 +70,9 @@ class IndexProcess:
     replaced after a timeout)."""
 
     def __init__(self, spec: VocabularySpec) -> None:
-        self._spec = msgspec.msgpack.encode(spec)
-        self._proc: Any = None
-        self._conn: Any = None
+        self._spec = spec
+        self._proc: HelperProcess | None = None
+        self._conn: Connection | None = None
         self._decode = msgspec.msgpack.Decoder(IndexReply)
 
     def build(self, kind: str, pattern: str | tuple[str, ...], timeout_s: float,
@@ -70,6 +81,7 @@ class IndexProcess:
         (the child is killed)."""
         if self._proc is None or not self._proc.is_alive():
             self._start()
+        assert self._conn is not None
         value = list(pattern) if isinstance(pattern, tuple) else pattern
         self._conn.send_bytes(msgspec.msgpack.encode(IndexJob(kind, value, check_only)))
         if not self._conn.poll(timeout_s):
@@ -85,13 +97,15 @@ class IndexProcess:
                              "exited") from None
 
     def _start(self) -> None:
-        ctx = multiprocessing.get_context("spawn")
-        self._conn, child = ctx.Pipe()
-        self._proc = ctx.Process(target=serve_index, args=(child,), daemon=True,
-                                 name="radixrt-grammar")
-        self._proc.start()
-        child.close()
-        self._conn.send_bytes(self._spec)
+        ours, theirs = socket.socketpair()
+        self._conn = Connection(os.dup(ours.fileno()))
+        ours.close()
+        self._proc = HelperProcess(serve_index, IndexChildArgs(theirs.fileno(), self._spec),
+                                   name="radixrt-grammar", pass_fds=(theirs.fileno(),))
+        try:
+            self._proc.start()
+        finally:
+            theirs.close()
         if not self._conn.poll(START_TIMEOUT_S):
             self.close()
             raise RuntimeError("the grammar compile process did not start")
@@ -101,6 +115,7 @@ class IndexProcess:
         if self._proc is not None:
             self._proc.kill()
             self._proc.join()
+        if self._conn is not None:
             self._conn.close()
         self._proc = self._conn = None
 
@@ -121,11 +136,12 @@ def build_index(constraint: tuple[str, Any], vocabulary: Any, has_marker: bool,
     return IndexReply(marked=marked, index=data)
 
 
-def serve_index(conn: Any) -> None:
-    """The child: build indexes until the parent closes the pipe."""
+def serve_index(args: IndexChildArgs) -> None:
+    """The child: build indexes until the parent closes its end."""
     from outlines_core import Vocabulary
 
-    spec = msgspec.msgpack.decode(conn.recv_bytes(), type=VocabularySpec)
+    conn = Connection(args.channel_fd)
+    spec = args.vocabulary
     vocabulary = Vocabulary(spec.eos_token_id, {data: ids for data, ids in spec.entries})
     decode = msgspec.msgpack.Decoder(IndexJob)
     conn.send_bytes(b"ready")

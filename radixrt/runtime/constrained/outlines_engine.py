@@ -9,7 +9,6 @@ was appended) for the worker process to load."""
 
 from __future__ import annotations
 
-import multiprocessing
 import queue
 import threading
 from pathlib import Path
@@ -26,7 +25,6 @@ from radixrt.runtime.constrained.grammar_engine import (
 from radixrt.runtime.constrained.index_process import (
     IndexProcess,
     IndexReply,
-    build_index,
     vocabulary_spec,
 )
 from radixrt.runtime.constrained.token_table import TokenTable
@@ -77,13 +75,7 @@ class OutlinesEngine(GrammarEngine):
             proc.close()
 
     def _build(self, constraint: Constraint, timeout_s: float, check_only: bool) -> IndexReply:
-        if multiprocessing.current_process().daemon:
-            # a daemonic process (an Engine's tensor-parallel rank) cannot start children: it
-            # builds here, unbounded; it only sees grammars its leader compiled within the limit
-            reply = build_index(constraint, self.table.vocabulary, self._spec.marker_token >= 0,
-                                check_only)
-        else:
-            reply = self._build_in_child(constraint, timeout_s, check_only)
+        reply = self._build_in_child(constraint, timeout_s, check_only)
         if reply.error:
             raise ValueError(reply.error)
         return reply

@@ -17,14 +17,12 @@ Order of events:
 from __future__ import annotations
 
 import logging
-import multiprocessing
 import os
 import signal
 import sys
 import threading
 import time
 from collections.abc import Callable
-from multiprocessing.process import BaseProcess
 from typing import Any
 
 import httpx
@@ -37,6 +35,7 @@ from radixrt.runtime.config import (
     STARTUP_TIMEOUT_S,
     EngineConfig,
 )
+from radixrt.runtime.helper_process import HelperProcess
 from radixrt.runtime.ipc import parent_alive
 from radixrt.runtime.launcher import served_name
 from radixrt.runtime.replicas.plan import (
@@ -104,9 +103,8 @@ class Deployment:
     def __init__(self, stopping: threading.Event, owner: int | None) -> None:
         self.stopping = stopping  # set by SIGTERM / SIGINT
         self.owner = owner  # --exit-with-parent: the pid whose exit stops us
-        self.procs: dict[str, BaseProcess] = {}
+        self.procs: dict[str, HelperProcess] = {}
         self.failed = False  # a process died, or start-up timed out
-        self.spawn = multiprocessing.get_context("spawn")
 
     def run(self, specs: list[ReplicaSpec], config: EngineConfig, options: ServerOptions) -> int:
         for spec in specs:
@@ -133,7 +131,7 @@ class Deployment:
         return self.exit_code()
 
     def start(self, name: str, target: Callable[[Any], None], arg: Any) -> None:
-        proc = self.spawn.Process(target=target, args=(arg,), name=f"radixrt-{name}")
+        proc = HelperProcess(target, arg, name=f"radixrt-{name}")
         proc.start()
         self.procs[name] = proc
 

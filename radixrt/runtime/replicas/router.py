@@ -1,10 +1,12 @@
 """The SGLang router (PyPI `sglang-router`, a Rust binary behind a Python launcher) in front of
 the replicas: whether it is installed, its arguments, its process, and when it is ready.
 
-The router runs in a spawned process of its own that builds `RouterArgs` and calls the
-package's own `launch_router`, which is what `python -m sglang_router.launch_router` does, but
-with no secret on a command line (`ps` would show an --api-key there). It dies with its parent
-(PR_SET_PDEATHSIG), so a launcher killed with SIGKILL leaves no router behind.
+The router runs in a helper process of its own (helper_process.py: its arguments cross on the
+child's stdin) that builds `RouterArgs` and calls the package's own `launch_router`, which is what
+`python -m sglang_router.launch_router` does, but with no secret on a command line (`ps` would
+show an --api-key there). Beside the lifeline every helper has, it dies with its parent by
+PR_SET_PDEATHSIG, which needs no Python thread: the router's native code may hold the
+interpreter's lock for as long as it runs.
 
 What it is given: every replica's URL, --host/--port, the policy, a free loopback port for its
 Prometheus metrics (its default, 29000, would clash between deployments), the drain time as its

@@ -16,13 +16,12 @@ from collections.abc import Callable
 
 import zmq
 
-from radixrt.runtime.config import LOG_FORMAT, PARENT_POLL_MS, EngineConfig
+from radixrt.runtime.config import LOG_FORMAT, STOP_POLL_MS
 from radixrt.runtime.ipc import (
     RESULTS_IN,
     SCHEDULER_IN,
-    Addresses,
+    ServiceArgs,
     TypedSocket,
-    parent_alive,
     pull,
     push,
 )
@@ -47,12 +46,11 @@ class WorkerLink:
     while a result is awaited, `on_wait` handles whatever the inbox holds."""
 
     def __init__(self, plans: TypedSocket, results: TypedSocket, inbox: TypedSocket,
-                 on_wait: Callable[[], None], parent_pid: int) -> None:
+                 on_wait: Callable[[], None]) -> None:
         self.plans = plans
         self.results = results
         self.inbox = inbox
         self.on_wait = on_wait
-        self.parent_pid = parent_pid
         self._poller = zmq.Poller()
         self._poller.register(inbox.sock, zmq.POLLIN)
         self._poller.register(results.sock, zmq.POLLIN)
@@ -62,15 +60,13 @@ class WorkerLink:
 
     def take(self) -> StepResult:
         while True:
-            ready = dict(self._poller.poll(PARENT_POLL_MS))
+            ready = dict(self._poller.poll())
             if self.inbox.sock in ready:
                 self.on_wait()
             if self.results.sock in ready:
                 result = self.results.recv()
                 assert isinstance(result, StepResult), result
                 return result
-            if not parent_alive(self.parent_pid):
-                sys.exit(0)
 
 
 class SchedulerService:
@@ -82,14 +78,12 @@ class SchedulerService:
         outbox: TypedSocket,
         plans: TypedSocket,
         results: TypedSocket,
-        parent_pid: int,
     ) -> None:
         self.scheduler = scheduler
         self.intake = SchedulerIntake(scheduler, ready)
         self.inbox = inbox
         self.outbox = outbox
-        self.parent_pid = parent_pid
-        link = WorkerLink(plans, results, inbox, lambda: self.drain_inbox(0), parent_pid)
+        link = WorkerLink(plans, results, inbox, lambda: self.drain_inbox(0))
         self.loop = StepLoop(scheduler, link, overlap=True,
                              check_integrity=scheduler.config.check_integrity)
         self._last_log = time.monotonic()
@@ -117,11 +111,9 @@ class SchedulerService:
         if self.scheduler.config.disk_cache_dir is not None:  # else SIGTERM ends it at once
             signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
         while True:
-            self.drain_inbox(PARENT_POLL_MS if self.loop.idle else 0)
+            self.drain_inbox(STOP_POLL_MS if self.loop.idle else 0)
             if stopping:
                 self.loop.persist_cache()
-                sys.exit(0)
-            if not parent_alive(self.parent_pid):
                 sys.exit(0)
             self._send(self.intake.deltas(self.loop.step()))
             self._maybe_log()
@@ -150,25 +142,23 @@ class SchedulerService:
                 self._last_fallbacks = s["swap_fallbacks"]
 
 
-def run_scheduler(config: EngineConfig, addrs: Addresses, parent_pid: int, log_level: str) -> None:
-    """Entry point of the scheduler process (spawned by the launcher)."""
+def run_scheduler(args: ServiceArgs) -> None:
+    """Entry point of the scheduler process (a HelperProcess of the launcher; SIGTERM stops
+    it, after moving the cache to disk where there is a disk tier)."""
     import setproctitle
 
+    config, addrs = args.config, args.addrs
     setproctitle.setproctitle("radixrt::scheduler")
-    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     ctx = zmq.Context()
     inbox = pull(ctx, addrs.to_scheduler, SCHEDULER_IN)
     results = pull(ctx, addrs.from_worker, RESULTS_IN)
     outbox = push(ctx, addrs.to_tokenizer)
     plans = push(ctx, addrs.to_worker)
-    ready = None
-    while ready is None:
-        ready = results.recv(timeout_ms=PARENT_POLL_MS)
-        if not parent_alive(parent_pid):
-            sys.exit(0)
+    ready = results.recv()
     assert isinstance(ready, WorkerReady), ready
     scheduler = Scheduler.for_worker(config, ready)
-    service = SchedulerService(scheduler, ready, inbox, outbox, plans, results, parent_pid)
+    service = SchedulerService(scheduler, ready, inbox, outbox, plans, results)
     outbox.send(SchedulerReady(info=service.intake.info()))
     log.info("scheduler ready: %s policy, %s preemption", config.schedule_policy,
              config.preemption)

@@ -40,6 +40,11 @@ from radixrt.runtime.worker.disk_format import (
 
 # namespaces (cache_salt values) a disk tier restores at most: clients choose them
 MAX_DISK_NAMESPACES = 4096
+# disk_cache_dir without disk_cache_tokens: the disk tier takes this share of its folder's free
+# space (its own file from an earlier run counted as free, so a warm restart keeps its size), at
+# most DISK_TIER_AUTO_MAX_BYTES on one machine, shared by the machine's ranks
+DISK_TIER_FREE_FRACTION = 0.1
+DISK_TIER_AUTO_MAX_BYTES = 16 << 30
 
 
 def model_fingerprint(model_path: str, gguf_file: str | None, dummy: bool) -> bytes:
@@ -71,6 +76,33 @@ def prepare_directory(directory: str) -> None:
                               "use a directory of your own")
     if stat.S_IMODE(info.st_mode) != 0o700:
         os.chmod(directory, 0o700)
+
+
+def auto_disk_pages(directory: str, rank: int, local_ranks: int, page_size: int,
+                    page_bytes: int) -> int:
+    """The disk tier's pages in this rank's file when only its directory was given: a share
+    of the free space (DISK_TIER_FREE_FRACTION, at most DISK_TIER_AUTO_MAX_BYTES, split between
+    the machine's local_ranks) where the directory is or will be. ValueError when that share
+    holds no page."""
+    existing = directory
+    while not os.path.exists(existing):  # the folder may not be there yet: its nearest parent
+        parent = os.path.dirname(existing) or "."
+        if parent == existing:
+            break
+        existing = parent
+    info = os.statvfs(existing)
+    own = rank_file(directory, rank)
+    free = info.f_bavail * info.f_frsize / local_ranks + (
+        os.path.getsize(own) if os.path.exists(own) else 0)
+    budget = min(DISK_TIER_FREE_FRACTION * free, DISK_TIER_AUTO_MAX_BYTES / local_ranks)
+    pages = int(budget // (page_bytes + Geometry(page_size, page_bytes, 1).record_bytes))
+    while pages and Geometry(page_size, page_bytes, pages).file_bytes > budget:
+        pages -= 1  # the records' block rounding
+    if not pages:
+        raise ValueError(f"disk_cache_dir={directory!r}: {DISK_TIER_FREE_FRACTION:.0%} of its "
+                         f"free space ({free / (1 << 20):.1f} MiB) holds no KV page of "
+                         f"{page_bytes} bytes: free some space, or give disk_cache_tokens")
+    return pages
 
 
 class DiskFile:

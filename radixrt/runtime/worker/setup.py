@@ -5,6 +5,8 @@ shard) on the same pool."""
 
 from __future__ import annotations
 
+import logging
+
 import psutil
 import torch
 
@@ -18,8 +20,18 @@ from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.shard_plan import check_tp_size
 from radixrt.runtime.worker.capacity import kv_bytes_per_token, pool_tokens
 from radixrt.runtime.worker.disk_format import Geometry
-from radixrt.runtime.worker.kv_tiers import DiskFile, KVTiers, fingerprint, model_fingerprint
+from radixrt.runtime.worker.kv_tiers import (
+    DISK_TIER_AUTO_MAX_BYTES,
+    DISK_TIER_FREE_FRACTION,
+    DiskFile,
+    KVTiers,
+    auto_disk_pages,
+    fingerprint,
+    model_fingerprint,
+)
 from radixrt.runtime.worker.worker import Worker
+
+log = logging.getLogger("radixrt.worker")
 
 # Without an explicit max_total_tokens the pool takes mem_fraction of free memory, capped here on
 # the CPU (host RAM is shared with everything else on the machine).
@@ -103,15 +115,28 @@ def pool_pages(config: EngineConfig, bytes_per_token: int, device: torch.device)
     return max(tokens // config.page_size, 2)
 
 
-def tier_pages(config: EngineConfig, num_pages: int) -> tuple[int, int]:
+def tier_pages(config: EngineConfig, num_pages: int, per_token: int, tp: TPGroup
+               ) -> tuple[int, int]:
     """The host and disk KV tiers' pages (0: off); --enable-hierarchical-cache sizes the host
-    tier from the pool where --host-cache-tokens does not."""
-    host = config.host_cache_tokens // config.page_size
-    if not host and config.enable_hierarchical_cache:
-        host = min(int(num_pages * HICACHE_HOST_RATIO), MAX_TIER_TOKENS // config.page_size)
-    disk = config.disk_cache_tokens // config.page_size if config.disk_cache_dir else 0
+    tier from the pool where --host-cache-tokens does not, and a disk directory without
+    --disk-cache-tokens is sized from its free space (auto_disk_pages; the ranks take the
+    smallest of their sizes). Every rank calls this together."""
     if config.disable_radix_cache:
         return 0, 0  # nothing is cached, so nothing is tiered
+    ps = config.page_size
+    host = config.host_cache_tokens // ps
+    if not host and config.enable_hierarchical_cache:
+        host = min(int(num_pages * HICACHE_HOST_RATIO), MAX_TIER_TOKENS // ps)
+    disk = config.disk_cache_tokens // ps
+    if config.disk_cache_dir and not disk:
+        local_ranks = config.tp_size // config.nnodes
+        disk = tp.min_int(min(auto_disk_pages(config.disk_cache_dir, tp.rank, local_ranks, ps,
+                                              per_token * ps), MAX_TIER_TOKENS // ps))
+        log.info("disk KV tier: %d tokens (%.2f GiB on each of %d rank(s)) in %s, sized from "
+                 "its free space (%.0f%%, at most %.0f GiB per machine; --disk-cache-tokens "
+                 "sets it)", disk * ps, disk * ps * per_token / (1 << 30), tp.size,
+                 config.disk_cache_dir, 100 * DISK_TIER_FREE_FRACTION,
+                 DISK_TIER_AUTO_MAX_BYTES / (1 << 30))
     return host, disk
 
 
@@ -173,7 +198,7 @@ def build_worker(
     per_token = kv_bytes_per_token(shard.kv_shape(loaded.config),
                                    torch.empty((), dtype=dtype).element_size())
     num_pages = tp.min_int(pool_pages(config, per_token, device))
-    host_pages, disk_pages = tier_pages(config, num_pages)
+    host_pages, disk_pages = tier_pages(config, num_pages, per_token, tp)
     worker = Worker(
         loaded,
         num_pages * config.page_size,

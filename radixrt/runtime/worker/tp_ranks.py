@@ -29,9 +29,9 @@ from typing import Any
 import msgspec
 import torch
 
-from radixrt.runtime.config import LOG_FORMAT, PARENT_POLL_MS, EngineConfig
+from radixrt.runtime.config import LOG_FORMAT, EngineConfig
 from radixrt.runtime.distributed.group import TPGroup, bind_listener
-from radixrt.runtime.ipc import parent_alive
+from radixrt.runtime.helper_process import HelperProcess
 from radixrt.runtime.messages import StepPlan, StepResult
 from radixrt.runtime.worker.worker import Worker
 
@@ -166,20 +166,35 @@ def share_cpu_threads(config: EngineConfig) -> int:
     return previous
 
 
-def run_follower(config: EngineConfig, rank: int, parent_pid: int, log_level: str,
-                 grammar_dir: str | None = None) -> None:
-    """Entry point of a follower rank's process (spawned by the launcher or the Engine)."""
+class FollowerArgs(msgspec.Struct, frozen=True):
+    """A follower rank's start argument."""
+
+    config: EngineConfig
+    rank: int
+    log_level: str
+    grammar_dir: str | None = None  # where rank 0's compiled grammars are left
+
+
+def follower_process(config: EngineConfig, rank: int, log_level: str,
+                     grammar_dir: str | None) -> HelperProcess:
+    """A follower rank's process, not started yet (its lifeline ends it with its starter)."""
+    return HelperProcess(run_follower, FollowerArgs(config, rank, log_level, grammar_dir),
+                         name=f"radixrt-tp{rank}")
+
+
+def run_follower(args: FollowerArgs) -> None:
+    """Entry point of a follower rank's process (started by the launcher or the Engine)."""
     import setproctitle
 
     from radixrt.runtime.worker.setup import build_worker
 
+    config, rank = args.config, args.rank
     setproctitle.setproctitle(f"radixrt::tp{rank}")
-    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     share_cpu_threads(config)
     if config.disk_cache_dir:  # stop on rank 0's STOP only: its last plan may write the disk
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    threading.Thread(target=_exit_with_parent, args=(parent_pid, rank), daemon=True,
-                     name="radixrt-parent-watch").start()
+    grammar_dir = args.grammar_dir
     try:
         group = join_group(config, rank)
         worker, _ = build_worker(config, grammar_dir=grammar_dir, tp=group)
@@ -190,16 +205,6 @@ def run_follower(config: EngineConfig, rank: int, parent_pid: int, log_level: st
         log.error("tensor-parallel rank %d failed: %s", rank, exc)
         sys.exit(1)
     log.info("tensor-parallel rank %d stopped", rank)
-
-
-def _exit_with_parent(parent_pid: int, rank: int) -> None:
-    """A follower whose parent is gone exits, wherever its main thread is blocked (joining a
-    group whose rank 0 never came, or a collective)."""
-    while parent_alive(parent_pid):
-        time.sleep(PARENT_POLL_MS / 1000)
-    log.error("tensor-parallel rank %d: the process that started it is gone; exiting", rank)
-    logging.shutdown()
-    os._exit(1)
 
 
 def rendezvous(config: EngineConfig) -> tuple[EngineConfig, Any]:
@@ -216,7 +221,7 @@ def rendezvous(config: EngineConfig) -> tuple[EngineConfig, Any]:
 
 
 class EngineRanks:
-    """The Engine's tensor-parallel group: this process is rank 0, the followers are spawned
+    """The Engine's tensor-parallel group: this process is rank 0, the followers are helper
     processes. A follower that dies during start-up fails the Engine at once; close() stops
     them (STOP, then terminate whatever is left)."""
 
@@ -224,20 +229,13 @@ class EngineRanks:
                  grammar_dir: str | None = None) -> None:
         """grammar_dir: where the Engine's compiler leaves compiled grammars (the followers load
         them from there)."""
-        import multiprocessing
-
         self.config, listen = rendezvous(config)
         self.leader: TPLeader | None = None
         self.group: TPGroup | None = None
         self.previous_threads = share_cpu_threads(config)
         self.threads = torch.get_num_threads()
-        spawn = multiprocessing.get_context("spawn")
-        self.procs = [
-            spawn.Process(target=run_follower,
-                          args=(self.config, rank, os.getpid(), log_level, grammar_dir),
-                          name=f"radixrt-tp{rank}", daemon=True)
-            for rank in local_follower_ranks(self.config)
-        ]
+        self.procs = [follower_process(self.config, rank, log_level, grammar_dir)
+                      for rank in local_follower_ranks(self.config)]
         for proc in self.procs:
             proc.start()
         self.group = self._join_watching(listen)

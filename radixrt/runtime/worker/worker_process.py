@@ -7,20 +7,21 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
-from typing import Any
 
-from radixrt.runtime.config import LOG_FORMAT, PARENT_POLL_MS, EngineConfig
-from radixrt.runtime.ipc import WORKER_IN, Addresses, parent_alive, pull, push
+from radixrt.runtime.config import LOG_FORMAT, STOP_POLL_MS
+from radixrt.runtime.ipc import WORKER_IN, ServiceArgs, pull, push
 from radixrt.runtime.messages import StepPlan
 
 log = logging.getLogger("radixrt.worker")
 
 
-def run_worker(config: EngineConfig, addrs: Addresses, parent_pid: int, log_level: str,
-               listen: Any = None) -> None:
-    """Entry point of the worker process (spawned by the launcher). listen: under tensor
-    parallelism, the bound socket rank 0 serves the ranks' store from."""
+def run_worker(args: ServiceArgs) -> None:
+    """Entry point of the worker process (a HelperProcess of the launcher). Under tensor
+    parallelism, args.listen_fd is the bound socket rank 0 serves the ranks' store from.
+    SIGTERM (the launcher's stop, or its lifeline's end): finish the step, stop the other
+    ranks, exit 0."""
     import setproctitle
     import zmq
 
@@ -28,11 +29,13 @@ def run_worker(config: EngineConfig, addrs: Addresses, parent_pid: int, log_leve
     from radixrt.runtime.worker.setup import build_worker
     from radixrt.runtime.worker.tp_ranks import TPLeader, join_group, settle, share_cpu_threads
 
+    config, addrs = args.config, args.addrs
     setproctitle.setproctitle("radixrt::worker")
-    logging.basicConfig(level=log_level.upper(), format=LOG_FORMAT)
+    logging.basicConfig(level=args.log_level.upper(), format=LOG_FORMAT)
     group = leader = None
     if config.tp_size > 1:
         share_cpu_threads(config)
+        listen = socket.socket(fileno=args.listen_fd) if args.listen_fd >= 0 else None
         group = join_group(config, 0, listen)
     worker, ready = build_worker(config, grammar_dir=addrs.grammar_dir, tp=group)
     if group is not None:
@@ -51,10 +54,8 @@ def run_worker(config: EngineConfig, addrs: Addresses, parent_pid: int, log_leve
     stopping: list[int] = []  # SIGTERM: finish the step, tell the other ranks, exit 0
     signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
     while not stopping:
-        data = plans.recv_raw(timeout_ms=PARENT_POLL_MS)
+        data = plans.recv_raw(timeout_ms=STOP_POLL_MS)
         if data is None:
-            if not parent_alive(parent_pid):
-                break
             continue
         plan: StepPlan = plans.decode(data)
         results.send(worker.execute(plan) if leader is None else leader.execute(plan, data))

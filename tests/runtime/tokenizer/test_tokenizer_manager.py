@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -15,7 +14,7 @@ from typing import Any
 import pytest
 
 from radixrt.runtime.config import EngineConfig
-from radixrt.runtime.ipc import Addresses
+from radixrt.runtime.ipc import Addresses, ServiceArgs
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.tokenizer.pin_leases import PinService
 
@@ -37,8 +36,7 @@ class Trio:
 
 @pytest.fixture(scope="module")
 def trio(tokenizer: Any) -> Iterator[Trio]:
-    import multiprocessing
-
+    from radixrt.runtime.helper_process import HelperProcess
     from radixrt.runtime.scheduler.scheduler_process import run_scheduler
     from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
     from radixrt.runtime.tokenizer.zmq_link import ZmqSchedulerLink
@@ -46,10 +44,9 @@ def trio(tokenizer: Any) -> Iterator[Trio]:
 
     config = EngineConfig(max_total_tokens=2048, check_integrity=True)
     addrs, ipc_dir = Addresses.in_private_dir()
-    spawn = multiprocessing.get_context("spawn")
-    args = (config, addrs, os.getpid(), "warning")
-    procs = [spawn.Process(target=run_scheduler, args=args),
-             spawn.Process(target=run_worker, args=args)]
+    args = ServiceArgs(config, addrs, "warning")
+    procs = [HelperProcess(run_scheduler, args, name="radixrt-scheduler"),
+             HelperProcess(run_worker, args, name="radixrt-worker")]
     for proc in procs:
         proc.start()
     loop = asyncio.new_event_loop()

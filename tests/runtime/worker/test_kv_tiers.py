@@ -5,6 +5,7 @@ size is recreated empty; a bound the disk cannot hold is refused with a message.
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 
 import pytest
@@ -13,7 +14,14 @@ import torch
 from radixrt.runtime.forward.kv_cache import KVCache
 from radixrt.runtime.messages import DEVICE_TIER, DISK_TIER, HOST_TIER, PageMove
 from radixrt.runtime.worker.disk_format import Geometry, prefix_digest, scan_file, write_namespaces
-from radixrt.runtime.worker.kv_tiers import DiskFile, KVTiers, model_fingerprint
+from radixrt.runtime.worker.kv_tiers import (
+    DISK_TIER_AUTO_MAX_BYTES,
+    DISK_TIER_FREE_FRACTION,
+    DiskFile,
+    KVTiers,
+    auto_disk_pages,
+    model_fingerprint,
+)
 
 PS = 2
 
@@ -95,6 +103,34 @@ def test_a_bound_the_disk_cannot_hold_is_refused(tmp_path) -> None:
     huge = Geometry(PS, 1 << 30, (free.f_bavail * free.f_frsize >> 30) + 8)
     with pytest.raises(OSError, match="lower disk_cache_tokens"):
         DiskFile(str(tmp_path / "kv"), 0, huge, b"a" * 32, write_names=True)
+
+
+def test_a_directory_alone_sizes_the_tier_from_its_free_space_and_keeps_it(tmp_path) -> None:
+    """A share of the free space (split between the machine's ranks, capped), measured where
+    the folder will be; the file an earlier run left counts as free, so a warm restart finds a
+    file of its own size and keeps what it holds."""
+    d = str(tmp_path / "not" / "yet")
+    page_bytes = 1 << 20
+    info = os.statvfs(tmp_path)
+    free = info.f_bavail * info.f_frsize
+    pages = auto_disk_pages(d, 0, 1, PS, page_bytes)
+    budget = min(DISK_TIER_FREE_FRACTION * free, DISK_TIER_AUTO_MAX_BYTES)
+    assert 0 < Geometry(PS, page_bytes, pages).file_bytes <= budget
+    assert Geometry(PS, page_bytes, pages + 2).file_bytes > budget * 0.99
+    assert auto_disk_pages(d, 1, 2, PS, page_bytes) <= pages // 2 + 1  # two ranks share it
+    small = auto_disk_pages(d, 0, 1, PS, 4096)  # a small page: many more of them
+    try:
+        DiskFile(d, 0, Geometry(PS, 4096, small), b"a" * 32, write_names=True).close()
+        assert abs(auto_disk_pages(d, 0, 1, PS, 4096) - small) <= small // 1000 + 1
+    finally:
+        shutil.rmtree(d)  # gigabytes, preallocated
+
+
+def test_a_free_space_that_holds_no_page_is_refused(tmp_path) -> None:
+    free = os.statvfs(tmp_path)
+    huge = int(free.f_bavail * free.f_frsize * DISK_TIER_FREE_FRACTION) + (1 << 20)
+    with pytest.raises(ValueError, match="holds no KV page.*disk_cache_tokens"):
+        auto_disk_pages(str(tmp_path / "kv"), 0, 1, 1, huge)
 
 
 def test_the_model_fingerprint_follows_the_files(tmp_path) -> None:
