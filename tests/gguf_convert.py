@@ -200,9 +200,13 @@ def write_tokenizer(w: gguf.GGUFWriter, arch: str) -> None:
 def write_gguf(path: Path, model: Any, arch: str,
                edit: Callable[[gguf.GGUFWriter], None] | None = None,
                fuse_gate_up: bool = False, mxfp4_experts: bool = False,
-               squeeze: bool = False) -> None:
+               squeeze: bool = False,
+               quantize: gguf.GGMLQuantizationType | None = None) -> None:
     """squeeze: every tensor squeezed, as an earlier convert_hf_to_gguf.py wrote them (its
-    prepare_tensors keeps the call commented out now): Qwen2-MoE's shared-expert gate [hidden]."""
+    prepare_tensors keeps the call commented out now): Qwen2-MoE's shared-expert gate [hidden].
+    quantize: every 2-D weight whose rows are whole blocks written in that type by gguf-py's
+    quantizer, the token embedding in Q8_0 (as llama.cpp's quantize leaves it at low bit
+    widths); norms, 1-D tensors and rows of odd lengths stay float32."""
     w = gguf.GGUFWriter(str(path), arch)
     write_metadata(w, model.config, arch)
     if arch == "phi3":
@@ -218,6 +222,12 @@ def write_gguf(path: Path, model: Any, arch: str,
         data = (tensor.squeeze() if squeeze else tensor).numpy().astype(np.float32)
         if mxfp4_experts and name.endswith("_exps.weight"):
             w.add_tensor(name, gguf.quants.quantize(data, MXFP4), raw_dtype=MXFP4)
+        elif quantize is not None and data.ndim == 2 and "norm" not in name:
+            qtype = gguf.GGMLQuantizationType.Q8_0 if name == "token_embd.weight" else quantize
+            if data.shape[1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0:
+                w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
+            else:
+                w.add_tensor(name, data)
         else:
             w.add_tensor(name, data)
     w.write_header_to_file()

@@ -18,6 +18,9 @@ DEFAULT_GRAMMAR_COMPILE_TIMEOUT_S = 30.0  # a grammar compiling longer is refuse
 PREEMPTION_MODES = ("recompute", "swap")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 LOAD_FORMATS = ("auto", "dummy")
+# how a GGUF file's quantized weights are held: packed (the blocks themselves, multiplied by the
+# packed kernels), dequantized (float: the exact reference), auto (packed where it runs)
+WEIGHT_FORMATS = ("auto", "packed", "dequantized")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 SUPPORTED_PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 # The token budget of one forward pass: long prompts' TTFT against decoders' ITL p99, measured on
@@ -107,6 +110,12 @@ class EngineConfig:
     load_format: str = field(default="auto", metadata={
         "choices": LOAD_FORMATS,
         "help": "dummy = random weights from config.json (benchmarks of big shapes)"})
+    weight_format: str = field(default="auto", metadata={
+        "choices": WEIGHT_FORMATS,
+        "help": "GGUF weights: packed = the quantized blocks kept as they are (Q4_0, Q4_1, Q8_0, "
+        "Q4_K, Q5_K, Q6_K) and multiplied directly, other types dequantized; dequantized = "
+        "every weight as float (the exact reference); auto = packed on the CPU where the "
+        "kernels build"})
     attention_backend: str = field(default="auto", metadata={
         "choices": ATTENTION_BACKENDS, "help": "auto = triton on CUDA, torch elsewhere"})
     page_size: int = field(default=1, metadata={
@@ -240,6 +249,8 @@ class EngineConfig:
             raise bad("dtype", self.dtype, f"use one of {DTYPES}")
         if self.load_format not in LOAD_FORMATS:
             raise bad("load_format", self.load_format, f"use one of {LOAD_FORMATS}")
+        if self.weight_format not in WEIGHT_FORMATS:
+            raise bad("weight_format", self.weight_format, f"use one of {WEIGHT_FORMATS}")
         if self.attention_backend not in ATTENTION_BACKENDS:
             allowed = f"use one of {ATTENTION_BACKENDS}"
             raise bad("attention_backend", self.attention_backend, allowed)

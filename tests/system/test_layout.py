@@ -30,6 +30,7 @@ WITHOUT_TEST_FILE = (
     "radixrt/frontend/lang/tracer.py",
     "radixrt/frontend/lang/transcript.py",
     "radixrt/kernels/moe_reference.py",
+    "radixrt/kernels/packed_reference.py",
     "radixrt/kernels/reference_lse.py",
     "radixrt/kernels/store_kv.py",
     "radixrt/kernels/triton_utils.py",

@@ -13,9 +13,12 @@ from typing import TYPE_CHECKING
 import torch
 from torch import Tensor, nn
 
+from radixrt.kernels.cpu_attention import rotate_qk_cpu
 from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.forward.attention.base import LayerAttention
+from radixrt.runtime.models.fused_decode import FusedDecode
 from radixrt.runtime.models.layers import GatedMLP, RMSNorm, soft_cap
+from radixrt.runtime.models.linear import LinearWeight
 from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.moe import MoEBlock, expert_target
 from radixrt.runtime.models.parallel import (
@@ -64,7 +67,7 @@ class Attention(nn.Module):
     """Attention over this rank's query and KV heads (all of them at tp_size 1)."""
 
     def __init__(self, config: ModelConfig, layer_id: int, backend: AttentionBackend,
-                 shard: ShardPlan, tp: TPGroup) -> None:
+                 shard: ShardPlan, tp: TPGroup, packed: bool = False) -> None:
         super().__init__()
         self.backend = backend
         self.spec = LayerAttention(layer_id, config.attention_scale, config.windows[layer_id],
@@ -76,9 +79,9 @@ class Attention(nn.Module):
         kv_rows = head_rows(shard.kv_heads, self.head_dim)
         self.shard_sizes = (len(q_rows), len(kv_rows), len(kv_rows))
         self.qkv_proj = ColumnParallelLinear(config.hidden_size, [q_rows, kv_rows, kv_rows],
-                                             config.attention_bias)
+                                             config.attention_bias, packed=packed)
         self.o_proj = RowParallelLinear(q_rows, config.hidden_size, tp,
-                                        bias=config.o_proj_bias)
+                                        bias=config.o_proj_bias, packed=packed)
         self.q_heads = list(shard.q_heads)
         self.sinks: nn.Parameter | None = None
         if config.attention_sinks:  # [num_heads] of this rank, a logit per head (gpt-oss)
@@ -92,6 +95,7 @@ class Attention(nn.Module):
             self.q_norm = norm_of(config, self.head_dim)
             self.k_norm = norm_of(config, self.head_dim)
         self.all_heads_norm = config.qk_norm_all_heads
+        self.native = False  # rotary in place through kernels/cpu/attention.cpp
 
     def forward(self, x: Tensor, rope: tuple[Tensor, Tensor] | None, kv_cache: KVCache,
                 batch: ForwardBatch) -> Tensor:
@@ -105,7 +109,7 @@ class Attention(nn.Module):
         v = v.view(n, self.num_kv_heads, self.head_dim)  # [num_tokens, num_kv_heads, head_dim]
         if not self.all_heads_norm and self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        if rope is not None:
+        if rope is not None and not (self.native and rotate_qk_cpu(q, k, *rope)):
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         spec = self.spec if self.sinks is None else replace(self.spec, sinks=self.sinks)
         o = self.backend.forward(q, k, v, spec, kv_cache, batch)
@@ -128,9 +132,9 @@ class DecoderLayer(nn.Module):
     them, each branch scaled by residual_scale (Granite) before it is added."""
 
     def __init__(self, config: ModelConfig, layer_id: int, backend: AttentionBackend,
-                 shard: ShardPlan, tp: TPGroup) -> None:
+                 shard: ShardPlan, tp: TPGroup, packed: bool = False) -> None:
         super().__init__()
-        self.self_attn = Attention(config, layer_id, backend, shard, tp)
+        self.self_attn = Attention(config, layer_id, backend, shard, tp, packed)
         self.mlp: GatedMLP | MoEBlock
         if config.moe_kinds[layer_id]:
             self.mlp = MoEBlock(config, shard.rows_of(config.moe_intermediate_size).indices(),
@@ -138,7 +142,7 @@ class DecoderLayer(nn.Module):
                                 tp)
         else:
             self.mlp = GatedMLP(config.hidden_size, shard.intermediate.indices(), tp,
-                                config.hidden_act, config.mlp_bias)
+                                config.hidden_act, config.mlp_bias, packed)
         self.norm_names = LAYER_NORMS[config.norm_layout]
         for name in self.norm_names:
             if name is not None:
@@ -161,18 +165,24 @@ class DecoderLayer(nn.Module):
 class CausalLM(nn.Module):
     """forward() returns final hidden states of all new tokens; compute_logits() projects the rows
     the caller picks (usually each request's last token). Under tensor parallelism (shard, tp)
-    it is one rank's shard, and both return the same full tensors on every rank."""
+    it is one rank's shard, and both return the same full tensors on every rank.
+
+    packed: the projections, the embedding and the LM head keep the checkpoint's packed weights
+    where it has them (models/linear.py, LinearWeight); the rest (norms, routers, experts)
+    load as floats either way."""
 
     def __init__(self, config: ModelConfig, attn_backend: AttentionBackend,
-                 shard: ShardPlan | None = None, tp: TPGroup | None = None) -> None:
+                 shard: ShardPlan | None = None, tp: TPGroup | None = None,
+                 packed: bool = False) -> None:
         super().__init__()
         self.config = config
         self.attn_backend = attn_backend
         self.shard = shard or ShardPlan.single(config)
         self.tp = tp or TPGroup.single()
-        self.embed_tokens = VocabParallelEmbedding(self.shard.vocab, config.hidden_size, self.tp)
+        self.embed_tokens = VocabParallelEmbedding(self.shard.vocab, config.hidden_size, self.tp,
+                                                   packed)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, i, attn_backend, self.shard, self.tp)
+            DecoderLayer(config, i, attn_backend, self.shard, self.tp, packed)
             for i in range(config.num_layers)
         )
         self.norm = norm_of(config, config.hidden_size)
@@ -183,17 +193,18 @@ class CausalLM(nn.Module):
             self.local_rotary = RotaryEmbedding(
                 config.rotary_dim, config.local_rope_theta or config.rope_theta,
                 config.local_rope_scaling, config.max_position_embeddings, config.served_context)
+        self.fused: FusedDecode | None = None  # use_cpu_kernels builds it
         self.lm_head: VocabRows | None = None
         if not config.tie_word_embeddings:
-            self.lm_head = VocabRows(self.shard.vocab, config.hidden_size)
+            self.lm_head = VocabRows(self.shard.vocab, config.hidden_size, packed)
 
     def rotaries(self) -> list[RotaryEmbedding]:
         return [r for r in (self.rotary, self.local_rotary) if r is not None]
 
     @torch.no_grad()
     def forward(self, batch: ForwardBatch, kv_cache: KVCache) -> Tensor:
-        """Runs attn_backend.init_forward(batch) itself. Returns [num_tokens, hidden]."""
-        self.attn_backend.init_forward(batch)
+        """Runs attn_backend.init_forward(batch) itself (the fused decode step needs none).
+        Returns [num_tokens, hidden]."""
         h = self.embed_tokens(batch.input_ids)  # [num_tokens, hidden]
         scale = self.config.embedding_scale
         if scale != 1.0:  # Gemma's rounded to the model's dtype first, as transformers does
@@ -203,16 +214,20 @@ class CausalLM(nn.Module):
         ropes["global"] = self.rotary.cos_sin(batch.positions, h.dtype)
         if self.local_rotary is not None:
             ropes["local"] = self.local_rotary.cos_sin(batch.positions, h.dtype)
-        for layer, kind in zip(self.layers, self.config.rope_kinds):
-            h = layer(h, ropes[kind], kv_cache, batch)
+        fused = self.fused is not None and self.fused.applies(batch)
+        if not fused or self.fused.run(h, ropes, kv_cache, batch) is None:  # type: ignore[union-attr]
+            self.attn_backend.init_forward(batch)
+            for layer, kind in zip(self.layers, self.config.rope_kinds):
+                h = layer(h, ropes[kind], kv_cache, batch)
         return self.norm(h)
 
     @torch.no_grad()
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden [n, hidden] -> logits [n, vocab] float32 (divided by logits_divisor, then
         soft-capped, where the config says so)."""
-        weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        logits = parallel_logits(hidden, weight, self.shard.vocab, self.tp, LM_HEAD_BLOCK_ROWS)
+        head = self.embed_tokens if self.lm_head is None else self.lm_head
+        logits = parallel_logits(hidden, head.matrix, self.shard.vocab, self.tp,
+                                 LM_HEAD_BLOCK_ROWS)
         if self.config.logits_divisor != 1.0:
             logits = logits / self.config.logits_divisor
         return soft_cap(logits, self.config.final_logit_softcap)
@@ -225,13 +240,14 @@ class CausalLM(nn.Module):
         Unknown names raise, except rotary buffers and a tied head."""
         params = dict(self.named_parameters())
         modules = dict(self.named_modules())
+        packed = self.packed_weights()  # packed layers' weights: loaded like parameters
         loaded: dict[str, set[object]] = {}
         for hf_name, tensor in weights:
             target = self._target(hf_name)
             if target is None:
                 continue
             name, shard = target
-            if name not in params:
+            if name not in params and name not in packed:
                 raise KeyError(f"checkpoint tensor {hf_name!r} has no parameter {name!r}")
             owner, _, attr = name.rpartition(".")
             module = modules[owner]
@@ -246,10 +262,39 @@ class CausalLM(nn.Module):
             except ValueError as exc:
                 raise ValueError(f"{hf_name}: {exc}") from None
             loaded.setdefault(name, set()).add(0 if shard is None else shard)
-        missing = sorted(name for name in params if not self._covered(name, modules,
-                                                                      loaded.get(name, set())))
+        missing = sorted(name for name in [*params, *packed]
+                         if not self._covered(name, modules, loaded.get(name, set())))
         if missing:
             raise ValueError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:4]}")
+        for weight in packed.values():
+            weight.finish()
+
+    def use_cpu_kernels(self, on: bool) -> None:
+        """Run the norms, the rotary embedding, the KV stores and decode attention on the CPU
+        kernels (kernels/cpu/: float32 on the CPU, each beside its PyTorch reference), or on
+        the PyTorch ops."""
+        for module in self.modules():
+            if isinstance(module, (RMSNorm, Attention, GatedMLP)):
+                module.native = on
+        if hasattr(self.attn_backend, "native"):
+            self.attn_backend.native = on
+        self.fused = FusedDecode.build(self) if on else None
+
+    def packed_weights(self) -> dict[str, LinearWeight]:
+        """The weights packed layers hold, by parameter name (`...qkv_proj.weight`)."""
+        return {f"{name}.weight": module.packed for name, module in self.named_modules()
+                if isinstance(getattr(module, "packed", None), LinearWeight)}
+
+    def weight_formats(self) -> dict[str, int]:
+        """Bytes of weights per format ("float32", "u4/g32/f16", ...), over every tensor."""
+        out: dict[str, int] = {}
+        for weight in self.packed_weights().values():
+            for (_, data), fmt in zip(weight.parts, weight.formats):
+                out[fmt] = out.get(fmt, 0) + data.nbytes
+        for p in self.parameters():
+            fmt = str(p.dtype).split(".")[-1]
+            out[fmt] = out.get(fmt, 0) + p.numel() * p.element_size()
+        return out
 
     @staticmethod
     def _covered(name: str, modules: dict[str, nn.Module], shards: set[object]) -> bool:

@@ -104,6 +104,20 @@ class GGUFFile:
         raw = self._data[first : first + (stop - start) * row_bytes]
         return dequantize(raw, info.qtype, (stop - start, *info.shape[1:]))
 
+    def raw_rows(self, name: str, start: int, stop: int) -> np.ndarray | None:
+        """Rows [start, stop) of a 2-D tensor as stored: [rows, row bytes] uint8 (a read-only
+        view of the file), or None when a row is not a whole number of blocks."""
+        info = self.tensors[name]
+        if len(info.shape) != 2:
+            return None
+        block, type_size = gguf.GGML_QUANT_SIZES[_QT(info.qtype)]
+        if info.shape[1] % block:
+            return None
+        row_bytes = info.shape[1] // block * type_size
+        first = info.start + start * row_bytes
+        return self._data[first : first + (stop - start) * row_bytes].reshape(stop - start,
+                                                                             row_bytes)
+
     def flat_rows(self, name: str, start: int, stop: int) -> Tensor:
         """Rows [start, stop) of the tensor seen as a matrix [prod(shape[:-1]), shape[-1]]
         (one expert's rows of a stacked [E, R, C] tensor), dequantized alone."""

@@ -13,13 +13,17 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
+from radixrt.kernels.packed_reference import PackedTensors
 from radixrt.runtime.models.gguf_archs import GLOBAL_NAMES, GGUFArchitecture, gguf_architecture
 from radixrt.runtime.models.gguf_config import gguf_hf_config
 from radixrt.runtime.models.gguf_experts import expert_tensors, shared_expert_gate, split_name
 from radixrt.runtime.models.gguf_file import GGUFFile
 from radixrt.runtime.models.model_config import ModelConfig
+from radixrt.runtime.models.packed_gguf import PACKED_QTYPES, pack_gguf_rows
+from radixrt.runtime.models.packed_weight import select_rows
 from radixrt.runtime.models.registry import model_config
 from radixrt.runtime.models.tensor_source import Weight
 
@@ -55,6 +59,27 @@ class GGUFWeight:
         elif self.rope_heads:
             part = unpermute_rope_rows(part, (stop - start) // head_rows)
         return part - self.offset if self.offset else part
+
+
+    def read_packed(self, start: int, stop: int) -> PackedTensors | None:
+        """Rows [start, stop) packed (models/packed_gguf.py), the Q/K rows un-permuted as read()
+        does; None for a type without a packed form, or a norm (its offset is not packed)."""
+        info = self.gf.tensors[self.name]
+        if self.offset or info.qtype not in PACKED_QTYPES:
+            return None
+        if not self.rope_heads:
+            raw = self.gf.raw_rows(self.name, start, stop)
+            return None if raw is None else pack_gguf_rows(raw, info.qtype, self.shape[1])
+        head_rows = self.shape[0] // self.rope_heads  # un-permute whole heads, then take rows
+        first, last = start // head_rows * head_rows, -(-stop // head_rows) * head_rows
+        raw = self.gf.raw_rows(self.name, first, last)
+        if raw is None:
+            return None
+        packed = pack_gguf_rows(raw, info.qtype, self.shape[1])
+        if packed is None:
+            return None
+        order = unpermute_rope_rows(torch.arange(last - first), (last - first) // head_rows)
+        return select_rows(packed, order[start - first : stop - first].tolist())
 
 
 def unpermute_rope_rows(w: Tensor, n_heads: int) -> Tensor:

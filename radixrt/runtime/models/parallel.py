@@ -11,6 +11,9 @@ loading is one `load(shard, full_tensor)` per checkpoint tensor.
 
 At tp_size 1 the lists cover the whole weight in order: the layers hold the full weights and
 call the same kernels (small_batch_linear, F.embedding) the single-device model always did.
+
+packed=True: a layer keeps its weight as the checkpoint stores it where that has a packed form
+(models/packed_gguf.py; a LinearWeight in `.packed`, no float `.weight`), floats otherwise.
 """
 
 from __future__ import annotations
@@ -21,11 +24,19 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from radixrt.kernels.packed_reference import PackedTensors
 from radixrt.runtime.config import LINEAR_BLOCK_ROWS
 from radixrt.runtime.distributed.group import TPGroup
-from radixrt.runtime.models.linear import BlockedLinear, small_batch_linear
+from radixrt.runtime.models.linear import BlockedLinear, LinearWeight, small_batch_linear
+from radixrt.runtime.models.packed_weight import select_rows, slice_cols
 from radixrt.runtime.models.shard_plan import Slice
-from radixrt.runtime.models.tensor_source import Weight, read_all, read_range, shape_of
+from radixrt.runtime.models.tensor_source import (
+    Weight,
+    read_all,
+    read_packed,
+    read_range,
+    shape_of,
+)
 
 
 def take(full: Weight, index: Sequence[int | None], dim: int) -> Tensor:
@@ -52,19 +63,48 @@ def take(full: Weight, index: Sequence[int | None], dim: int) -> Tensor:
     return out.index_copy_(dim, where, piece)
 
 
+def take_rows_packed(full: Weight, index: Sequence[int | None]) -> Tensor | PackedTensors:
+    """take(full, index, 0), packed where the checkpoint tensor has a packed form."""
+    real = [i for i in index if i is not None]
+    if real:
+        low = min(real)
+        packed = read_packed(full, low, max(real) + 1)
+        if packed is not None:
+            return select_rows(packed, [None if i is None else i - low for i in index])
+    return take(full, index, 0)
+
+
+def take_cols_packed(full: Weight, index: Sequence[int | None]) -> Tensor | PackedTensors:
+    """take(full, index, 1), packed where the columns are one run on group boundaries followed
+    by padding (a row-parallel shard)."""
+    real = [i for i in index if i is not None]
+    run = bool(real) and real == list(range(real[0], real[0] + len(real)))
+    if run and index[: len(real)] == real:
+        packed = read_packed(full, 0, shape_of(full)[0])
+        if packed is not None:
+            piece = slice_cols(packed, real[0], real[-1] + 1, len(index) - len(real))
+            if piece is not None:
+                return piece
+    return take(full, index, 1)
+
+
 class ColumnParallelLinear(BlockedLinear):
     """Output rows `rows[0] + rows[1] + ...` of one or more full weights (a fused projection:
     shard s is the full tensor loaded as `load(s, tensor)`)."""
 
     def __init__(self, in_features: int, rows: Sequence[Sequence[int | None]], bias: bool,
-                 block_rows: int = LINEAR_BLOCK_ROWS) -> None:
+                 block_rows: int = LINEAR_BLOCK_ROWS, packed: bool = False) -> None:
         self.rows = [list(r) for r in rows]
         self.sizes = [len(r) for r in self.rows]
-        super().__init__(in_features, sum(self.sizes), bias=bias, block_rows=block_rows)
+        super().__init__(in_features, sum(self.sizes), bias=bias, block_rows=block_rows,
+                         packed=packed)
 
     @torch.no_grad()
     def load(self, shard: int, full: Weight, name: str = "weight") -> None:
         start = sum(self.sizes[:shard])
+        if name == "weight" and self.packed is not None:
+            self.packed.add(start, take_rows_packed(full, self.rows[shard]))
+            return
         dest = getattr(self, name).data[start : start + self.sizes[shard]]
         piece = take(full, self.rows[shard], 0)
         _check_shape(dest, piece)
@@ -76,14 +116,16 @@ class RowParallelLinear(BlockedLinear):
     bias (replicated; gpt-oss's o_proj) is added once."""
 
     def __init__(self, cols: Sequence[int | None], out_features: int, tp: TPGroup,
-                 block_rows: int = LINEAR_BLOCK_ROWS, bias: bool = False) -> None:
-        super().__init__(len(cols), out_features, bias=bias, block_rows=block_rows)
+                 block_rows: int = LINEAR_BLOCK_ROWS, bias: bool = False,
+                 packed: bool = False) -> None:
+        super().__init__(len(cols), out_features, bias=bias, block_rows=block_rows,
+                         packed=packed)
         self.cols = list(cols)
         self.tp = tp
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [num_tokens, local in_features] -> [num_tokens, out_features], summed over ranks
-        out = self.tp.all_reduce(small_batch_linear(x, self.weight, None, self.block_rows))
+        out = self.tp.all_reduce(self.product(x))
         return out if self.bias is None else out + self.bias
 
     @torch.no_grad()
@@ -91,6 +133,9 @@ class RowParallelLinear(BlockedLinear):
         if name == "bias":
             _check_shape(self.bias.data, read_all(full))
             self.bias.data.copy_(read_all(full))
+            return
+        if self.packed is not None:
+            self.packed.add(0, take_cols_packed(full, self.cols))
             return
         piece = take(full, self.cols, 1)
         _check_shape(self.weight.data, piece)
@@ -100,39 +145,58 @@ class RowParallelLinear(BlockedLinear):
 class VocabRows(nn.Module):
     """A rank's vocabulary rows of a [vocab, hidden] weight: the LM head when it is untied."""
 
-    def __init__(self, vocab: Slice, hidden_size: int) -> None:
+    def __init__(self, vocab: Slice, hidden_size: int, packed: bool = False) -> None:
         super().__init__()
         self.vocab = vocab
-        self.weight = nn.Parameter(torch.empty(vocab.size, hidden_size))
+        self.packed: LinearWeight | None = None
+        if packed:
+            self.register_parameter("weight", None)
+            self.packed = LinearWeight(vocab.size, hidden_size)
+        else:
+            self.weight = nn.Parameter(torch.empty(vocab.size, hidden_size))
+
+    @property
+    def matrix(self) -> Tensor | LinearWeight:
+        """The rows as the LM head multiplies with them: the float weight or the packed one."""
+        return self.weight if self.packed is None else self.packed
 
     @torch.no_grad()
     def load(self, shard: int, full: Weight, name: str = "weight") -> None:
+        if self.packed is not None:
+            self.packed.add(0, take_rows_packed(full, self.vocab.indices()))
+            return
         piece = take(full, self.vocab.indices(), 0)
         _check_shape(self.weight.data, piece)
         self.weight.data.copy_(piece)
 
 
 class VocabParallelEmbedding(VocabRows):
-    def __init__(self, vocab: Slice, hidden_size: int, tp: TPGroup) -> None:
-        super().__init__(vocab, hidden_size)
+    def __init__(self, vocab: Slice, hidden_size: int, tp: TPGroup, packed: bool = False) -> None:
+        super().__init__(vocab, hidden_size, packed)
         self.tp = tp
+
+    def _rows(self, ids: Tensor) -> Tensor:
+        return F.embedding(ids, self.weight) if self.packed is None else self.packed.gather(ids)
 
     def forward(self, ids: Tensor) -> Tensor:
         # ids: [num_tokens] -> [num_tokens, hidden]
         if self.tp.size == 1:
-            return F.embedding(ids, self.weight)
+            return self._rows(ids)
         local = ids - self.vocab.start
         mine = (local >= 0) & (local < self.vocab.size)
-        h = F.embedding(torch.where(mine, local, 0), self.weight)
+        h = self._rows(torch.where(mine, local, 0))
         h = h * mine.unsqueeze(1).to(h.dtype)
         return self.tp.all_reduce(h)
 
 
-def parallel_logits(hidden: Tensor, weight: Tensor, vocab: Slice, tp: TPGroup,
+def parallel_logits(hidden: Tensor, weight: Tensor | LinearWeight, vocab: Slice, tp: TPGroup,
                     block_rows: int) -> Tensor:
-    """hidden [n, hidden] x this rank's vocabulary rows of the LM head -> logits [n, vocab]
-    float32 over the whole vocabulary (gathered; padding rows dropped)."""
-    local = small_batch_linear(hidden, weight, None, block_rows)  # [n, vocab.size]
+    """hidden [n, hidden] x this rank's vocabulary rows of the LM head (float or packed) ->
+    logits [n, vocab] float32 over the whole vocabulary (gathered; padding rows dropped)."""
+    if isinstance(weight, LinearWeight):
+        local = weight.matmul(hidden.float().contiguous(), block_rows)  # [n, vocab.size]
+    else:
+        local = small_batch_linear(hidden, weight, None, block_rows)
     if tp.size == 1:
         return local.float()
     return tp.all_gather(local)[:, : vocab.real].float()

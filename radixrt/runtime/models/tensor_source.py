@@ -4,14 +4,18 @@ A loader yields each weight as a Tensor or as a TensorSource: something with a s
 a contiguous range along one dimension without reading the rest (safetensors' lazy slices; GGUF
 rows, dequantized block row by block row). A rank takes the rows or columns of its shard
 (models/parallel.py, `take`); a replicated weight is read whole. At tp_size 1 every read is the
-whole tensor, as before.
+whole tensor, as before. A source whose data has a packed form (GGUF's quantized types) also
+reads rows packed (`read_packed`), for layers that keep weights packed.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, Union
+from typing import TYPE_CHECKING, Any, Protocol, Union
 
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from radixrt.kernels.packed_reference import PackedTensors
 
 
 class TensorSource(Protocol):
@@ -37,6 +41,13 @@ def read_range(weight: Weight, dim: int, start: int, stop: int) -> Tensor:
 
 def read_all(weight: Weight) -> Tensor:
     return weight if isinstance(weight, Tensor) else weight.read(0, 0, weight.shape[0])
+
+
+def read_packed(weight: Weight, start: int, stop: int) -> PackedTensors | None:
+    """Rows [start, stop) packed as the checkpoint stores them; None where the weight has no
+    packed form (a float tensor, a type without one)."""
+    reader = getattr(weight, "read_packed", None)
+    return None if reader is None else reader(start, stop)
 
 
 class SafetensorsSlice:
@@ -69,3 +80,6 @@ class RowRange:
             return read_range(self.source, 0, self.start + start, self.start + stop)
         whole = read_range(self.source, 0, self.start, self.stop)
         return whole.narrow(dim, start, stop - start)
+
+    def read_packed(self, start: int, stop: int) -> PackedTensors | None:
+        return read_packed(self.source, self.start + start, self.start + stop)

@@ -188,6 +188,7 @@ def build_worker(
             context_length=config.context_length,
             attention_backend=resolve_attention_backend(config.attention_backend, device),
             tp=tp,
+            weight_format=config.weight_format,
         )
     elif loaded.model.tp.size != tp.size:
         raise ValueError("a LoadedModel is shared only at its own tp_size: under tensor "

@@ -192,6 +192,35 @@ def test_gguf_matches_folder_and_hf(name: str, tmp_path: Path) -> None:
     torch.testing.assert_close(run_logits(from_gguf, ids, pieces), expected, atol=ATOL, rtol=ATOL)
 
 
+# --- quantized files, packed -----------------------------------------------------------------
+QUANTIZED = {"llama3": "Q4_0", "smollm2": "Q4_1", "qwen2": "Q8_0", "qwen3": "Q4_0",
+             "gemma2": "Q4_1", "gemma3": "Q8_0", "phi3": "Q4_0", "olmo2": "Q4_1",
+             "granite": "Q4_0", "smollm3": "Q8_0", "mixtral": "Q4_1", "qwen3moe": "Q8_0"}
+
+
+@pytest.mark.parametrize("name", list(QUANTIZED))
+def test_a_quantized_gguf_loads_packed_as_it_loads_dequantized(name: str,
+                                                               tmp_path: Path) -> None:
+    """gguf-py's quantizer writes the family's weights; packed (the blocks kept, the packed
+    kernels) and dequantized (floats) give the same logits to float rounding, chunked or
+    not, and the packed model keeps its projections packed."""
+    arch = FAMILIES[name][0]
+    qtype = getattr(gguf.GGMLQuantizationType, QUANTIZED[name])
+    path = tmp_path / f"{name}.gguf"
+    write_gguf(path, tiny_model(name), arch, **CONVERSIONS.get(name, {}), quantize=qtype)
+    packed = load_model(str(path), weight_format="packed")
+    dense = load_model(str(path), weight_format="dequantized")
+    formats = packed.model.weight_formats()
+    assert any(fmt.startswith(("u4", "i8")) for fmt in formats), formats
+    assert set(dense.model.weight_formats()) == {"float32"}
+    ids = torch.randint(0, TINY["vocab_size"], (SEQ_LEN,),
+                        generator=torch.Generator().manual_seed(5))
+    pieces = [(0, 25), (25, SEQ_LEN - 2), (SEQ_LEN - 2, SEQ_LEN - 1), (SEQ_LEN - 1, SEQ_LEN)]
+    want = run_logits(dense, ids, [(0, SEQ_LEN)])
+    for chunks in ([(0, SEQ_LEN)], pieces):
+        torch.testing.assert_close(run_logits(packed, ids, chunks), want, atol=ATOL, rtol=ATOL)
+
+
 # --- what cannot be honoured is refused -------------------------------------------------------
 def _refused(tmp_path: Path, name: str, edit: Callable[[gguf.GGUFWriter], None],
              extra: list[tuple[str, Tensor]] = ()) -> str:

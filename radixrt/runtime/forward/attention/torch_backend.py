@@ -3,6 +3,11 @@
 Everything that depends on the batch but not on the layer (which rows decode, their padded slot
 lists, the shared-prefix groups) is prepared once per forward pass in init_forward; a layer's
 forward only gathers K/V and attends.
+
+On the CPU in float32 (native=True, the CPU kernels built) a layer stores its K/V and runs its
+decode rows outside any shared-prefix group through kernels/cpu/attention.cpp, which reads the
+KV in place through each request's slot list (no gather, no padding); the slots are checked
+once per forward pass. Extend rows and cascade groups keep the reference kernels.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from radixrt.kernels.cpu_attention import decode_attention_cpu, slots_within, store_kv_cpu
 from radixrt.kernels.reference import (
     cascade_decode_attention_padded,
     decode_attention_padded,
@@ -46,12 +52,16 @@ class TorchAttentionBackend:
     kv_positions_read counts the KV positions decode attention has gathered, over all layers
     and steps (tests check that a shared prefix is read once, and a window's positions only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, native: bool = False) -> None:
+        """native: the CPU kernels may run (the model checks they are built)."""
         self._decode: DecodeLayout | None = None
         self._extend: _ExtendPlan | None = None
         self.kv_positions_read = 0
+        self.native = native
+        self._slots_checked = -1  # the pool size this pass's slots were checked against
 
     def init_forward(self, batch: ForwardBatch) -> None:
+        self._slots_checked = -1
         is_decode = batch.decode_mask
         decode_ids = [i for i, d in enumerate(is_decode) if d]
         extend_ids = [i for i, d in enumerate(is_decode) if not d]
@@ -74,10 +84,12 @@ class TorchAttentionBackend:
     ) -> Tensor:
         # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
         k_cache, v_cache = kv_cache.k[layer.layer_id], kv_cache.v[layer.layer_id]
-        store_kv_ref(k_cache, v_cache, k, v, batch.out_slots)
+        native = self._native_for(q, k_cache, batch)
+        if not (native and store_kv_cpu(k_cache, v_cache, k, v, batch.out_slots)):
+            store_kv_ref(k_cache, v_cache, k, v, batch.out_slots)
         o = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
         if self._decode is not None:
-            self._forward_decode(self._decode, q, o, k_cache, v_cache, layer)
+            self._forward_decode(self._decode, q, o, k_cache, v_cache, layer, native)
         if self._extend is not None:
             sub = self._extend
             q_sub = q if sub.rows is None else q[sub.rows]
@@ -91,14 +103,36 @@ class TorchAttentionBackend:
                 o[sub.rows] = o_sub
         return o
 
+    def _native_for(self, q: Tensor, k_cache: Tensor, batch: ForwardBatch) -> bool:
+        """Whether this layer's store and decode run on the CPU kernels: float32 on the CPU, and
+        every slot of the pass inside the pool (checked once per pass: the kernels index
+        memory unchecked)."""
+        if not (self.native and q.dtype == k_cache.dtype == torch.float32
+                and q.device.type == "cpu"):
+            return False
+        size = k_cache.shape[0]
+        if self._slots_checked != size:
+            if not (slots_within(batch.out_slots, size) and slots_within(batch.kv_indices, size)):
+                raise RuntimeError("a KV slot of the batch lies outside the pool")
+            self._slots_checked = size
+        return True
+
     def _forward_decode(
         self, plan: DecodeLayout, q: Tensor, o: Tensor, k_cache: Tensor, v_cache: Tensor,
-        layer: LayerAttention,
+        layer: LayerAttention, native: bool = False,
     ) -> None:  # fmt: skip
         """The decode rows of q into o: [num_tokens, num_heads, head_dim] both."""
         scale, padding = layer.softmax_scale(q.shape[-1]), k_cache.shape[0] - 1
         q_dec = q if plan.rows is None else q[plan.rows]  # [num_decode, num_heads, head_dim]
         o_dec = o if plan.rows is None else torch.empty_like(q_dec)
+        if (native and not plan.uses_groups(layer.sliding_window) and decode_attention_cpu(
+                q_dec.contiguous(), o_dec, k_cache, v_cache, plan.full_indptr, plan.full_indices,
+                scale, sliding_window=plan.layer_window(layer.sliding_window),
+                logit_cap=layer.logit_cap, sinks=layer.sinks)):
+            if plan.rows is not None:
+                o[plan.rows] = o_dec
+            self.kv_positions_read += plan.positions_read(layer.sliding_window)
+            return
         slots, valid = plan.padded_slots(padding, layer.sliding_window)  # [num_decode, max_len]
         if plan.uses_groups(layer.sliding_window):
             cascade_decode_attention_padded(
