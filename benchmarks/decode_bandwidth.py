@@ -1,4 +1,5 @@
-"""Batch-1 decode against the machine's memory-bandwidth limit, in one run.
+"""Decode against the machine's memory-bandwidth limit, radixrt's packed and dequantized weights
+and llama.cpp on the same GGUF file, in one run.
 
 A decode step of a small model at batch 1 does little arithmetic per byte: it must read every
 weight the forward pass uses once, plus the KV of the context, so bytes per step / read bandwidth
@@ -7,19 +8,24 @@ bounds its speed. This script measures:
 (a) the read bandwidth of this machine with torch on the CPU: `x.sum()` over a float32 tensor much
     larger than the caches (--bandwidth-gib, capped at a quarter of the available memory), with
     the thread count the engine uses (torch's, in this process), median of --bandwidth-runs;
-(b) the bytes one decode step of the default model reads: every weight tensor as loaded (float32)
-    -- the layers, the final norm, the LM head (the whole matrix; with a tied embedding that is
-    the embedding matrix) and one embedding row per sequence -- plus the KV of each sequence at
-    the mean context length of the timed steps;
+(b) the bytes one decode step of the default model reads, per weight format: every weight
+    tensor as held (packed: the GGUF's blocks as radixrt packs them; dequantized: float32) --
+    the layers, the final norm, the LM head (the whole matrix; with a tied embedding that is
+    the embedding matrix) and one embedding row per sequence -- plus the KV of each sequence
+    at the mean context length of the timed steps;
 (c) the limit tokens/s = bandwidth / bytes per step (times the batch size);
-(d) radixrt.Engine's greedy decode (ignore_eos, --output-len tokens after a --prompt-len prompt)
-    at each batch size: only the decode steps are timed (the first step, the prefill that
-    samples the first token, is not), median of --runs.
+(d) radixrt.Engine's greedy decode (ignore_eos, --output-len tokens after a --prompt-len prompt,
+    speculative decoding off: one token a step, as llama.cpp here) at each batch size, with
+    packed and with dequantized weights: only the decode steps are timed (the first step, the
+    prefill that samples the first token, is not), median of --runs;
+(e) llama.cpp's llama-server (../shared/llama-server, --llama-server) on the same file and the
+    same prompts: its own timings of the generated tokens (decode_peer.py).
 
 The table gives tok/s, ms per step, bytes read per step, the bandwidth that implies and its share
-of (a); docs/plots/decode_bandwidth.png draws tok/s against the limit and the achieved bandwidth.
+of (a), and radixrt packed / llama.cpp; docs/plots/decode_bandwidth.png draws tok/s against the
+limits.
 
-    python benchmarks/decode_bandwidth.py                 # batches 1 2 4 8, ~1 minute on 2 cores
+    python benchmarks/decode_bandwidth.py                 # batches 1 2 4 8, ~3 minutes on 2 cores
     python benchmarks/decode_bandwidth.py --quick         # tiny sizes (a smoke test)
     python benchmarks/decode_bandwidth.py --batches 1 16 --output-len 256
 """
@@ -41,12 +47,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import psutil  # noqa: E402
 import torch  # noqa: E402
+from decode_peer import llama_decode, llama_server_binary  # noqa: E402
 from plots import Curve, LinePanel, add_plot_dir, line_panels, plot_path  # noqa: E402
 
 import radixrt  # noqa: E402
 
 FIRST_TOKEN_ID = 100  # prompts use ids FIRST_TOKEN_ID..vocab-1, clear of the special tokens
 GB = 1e9
+
+
+SYSTEMS = ("packed", "dequantized", "llama.cpp")  # radixrt's two weight formats, the peer
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,7 @@ class StepBytes:
 
 @dataclass(frozen=True)
 class DecodeResult:
+    system: str
     batch: int
     tok_s: float
     step_s: float
@@ -77,11 +88,14 @@ class DecodeResult:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--batches", type=int, nargs="+", default=[1, 2, 4, 8])
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
     p.add_argument("--prompt-len", type=int, default=16)
     p.add_argument("--output-len", type=int, default=128)
     p.add_argument("--runs", type=int, default=3, help="decode runs per batch size (median)")
     p.add_argument("--bandwidth-gib", type=float, default=2.0, help="size of the summed tensor")
     p.add_argument("--bandwidth-runs", type=int, default=9)
+    p.add_argument("--llama-server", default=None,
+                   help="llama.cpp's llama-server binary (default: ../shared/llama-server)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
     add_plot_dir(p)
@@ -129,18 +143,24 @@ def l3_cache() -> str:
 
 
 # --- (b) bytes per step ------------------------------------------------------------------------
+def _nbytes(module: Any) -> int:
+    """Bytes of a module's weights as held: float parameters and packed weights."""
+    own = sum(p.numel() * p.element_size() for p in module.parameters())
+    packed = [m.packed for m in module.modules() if getattr(m, "packed", None) is not None]
+    return own + sum(w.nbytes for w in packed)
+
+
 def step_bytes(engine: Any) -> StepBytes:
     model = engine.worker.model
-    embed = model.embed_tokens.weight
-    head = embed if model.lm_head is None else model.lm_head.weight
-    layers = sum(p.numel() * p.element_size() for p in model.layers.parameters())
-    norm = sum(p.numel() * p.element_size() for p in model.norm.parameters())
-    counted = layers + norm + embed.numel() * embed.element_size() + (
-        0 if head is embed else head.numel() * head.element_size())
-    stored = sum(p.numel() * p.element_size() for p in model.parameters())
-    assert counted == stored, (counted, stored)  # every parameter is one of these
-    return StepBytes(layers, norm, head.numel() * head.element_size(),
-                     embed.shape[1] * embed.element_size(), model.lm_head is None,
+    embed = model.embed_tokens
+    head = embed if model.lm_head is None else model.lm_head
+    layers = _nbytes(model.layers)
+    norm = _nbytes(model.norm)
+    embed_bytes = _nbytes(embed)
+    counted = layers + norm + embed_bytes + (0 if head is embed else _nbytes(head))
+    assert counted == _nbytes(model), (counted, _nbytes(model))  # every weight is one of these
+    rows = model.shard.vocab.size
+    return StepBytes(layers, norm, _nbytes(head), embed_bytes // rows, model.lm_head is None,
                      engine.worker.kv_cache.bytes_per_token())
 
 
@@ -168,74 +188,120 @@ def decode_once(engine: Any, prompts: list[list[int]], output_len: int) -> tuple
     return time.perf_counter() - start, steps
 
 
-def measure_decode(engine: Any, batch: int, args: argparse.Namespace) -> DecodeResult:
-    rng = random.Random(args.seed + batch)
-    vocab = engine.model_config.vocab_size
+def prompts_for(args: argparse.Namespace, vocab: int) -> Any:
+    """prompts_of(batch): the same random prompts for every system (a fresh set each call,
+    from a generator per batch size)."""
+    generators: dict[int, random.Random] = {}
+
+    def prompts_of(batch: int) -> list[list[int]]:
+        rng = generators.setdefault(batch, random.Random(args.seed + batch))
+        return [[rng.randrange(FIRST_TOKEN_ID, vocab) for _ in range(args.prompt_len)]
+                for _ in range(batch)]
+
+    return prompts_of
+
+
+def measure_decode(system: str, engine: Any, batch: int, args: argparse.Namespace,
+                   prompts_of: Any) -> DecodeResult:
     seconds = []
     steps = 0
     for _ in range(args.runs):
-        prompts = [[rng.randrange(FIRST_TOKEN_ID, vocab) for _ in range(args.prompt_len)]
-                   for _ in range(batch)]
-        s, steps = decode_once(engine, prompts, args.output_len)
+        s, steps = decode_once(engine, prompts_of(batch), args.output_len)
         seconds.append(s)
     if steps != args.output_len - 1:
         print(f"note: batch {batch} took {steps} decode steps for {args.output_len - 1} tokens")
     step_s = statistics.median(seconds) / max(steps, 1)
     # decode step k (1..output_len-1) attends over prompt_len + k positions
     context = args.prompt_len + args.output_len / 2
-    return DecodeResult(batch, batch / step_s, step_s, context, steps)
+    return DecodeResult(system, batch, batch / step_s, step_s, context, steps)
+
+
+def radixrt_rows(system: str, args: argparse.Namespace, vocab: int
+                 ) -> tuple[list[DecodeResult], StepBytes]:
+    context = args.prompt_len + args.output_len + 8
+    engine = radixrt.Engine(model="default", dtype="float32", weight_format=system,
+                            speculative_algorithm="none",
+                            max_total_tokens=max(4096, 2 * max(args.batches) * context))
+    sb = step_bytes(engine)
+    decode_once(engine, [[FIRST_TOKEN_ID + i] * 8 for i in range(max(args.batches))], 4)  # warm
+    rows = []
+    prompts_of = prompts_for(args, vocab)
+    for batch in args.batches:
+        rows.append(measure_decode(system, engine, batch, args, prompts_of))
+        print(f"radixrt {system} batch {batch}: {rows[-1].tok_s:.1f} tok/s, "
+              f"{rows[-1].step_s * 1000:.1f} ms/step", flush=True)
+    engine.close()
+    return rows, sb
+
+
+def llama_rows(args: argparse.Namespace, vocab: int) -> list[DecodeResult]:
+    binary = llama_server_binary(args.llama_server)
+    if binary is None:
+        print("llama.cpp: skipped (no llama-server binary; --llama-server PATH)")
+        return []
+    context = args.prompt_len + args.output_len / 2
+    peer = llama_decode(binary, args.batches, prompts_for(args, vocab), args.output_len,
+                        args.runs)
+    return [DecodeResult("llama.cpp", r.batch, r.tok_s, r.step_s, context, args.output_len)
+            for r in peer]
 
 
 # --- reporting ---------------------------------------------------------------------------------
-def print_report(rows: list[DecodeResult], sb: StepBytes, bw: Bandwidth,
+def print_report(rows: list[DecodeResult], bytes_of: dict[str, StepBytes], bw: Bandwidth,
                  args: argparse.Namespace) -> None:
     threads, bandwidth = torch.get_num_threads(), bw.median
     print(f"\nmeasured read bandwidth: {bandwidth:.1f} GB/s (x.sum() over {bw.gib:.2f} GiB "
           f"float32, {threads} threads, median of {bw.runs}; best run {bw.best:.1f} GB/s); "
           f"L3 cache {l3_cache()}")
-    head = "tied to the embedding: the whole embedding matrix" if sb.tied else "its own matrix"
-    print(f"bytes per decode step: layers {sb.layers / 1e6:.1f} MB + final norm "
-          f"{sb.final_norm / 1e3:.1f} kB + LM head {sb.lm_head / 1e6:.1f} MB ({head}) "
-          f"+ per sequence: embedding row {sb.embed_row / 1e3:.1f} kB + KV "
-          f"{sb.kv_per_token / 1e3:.1f} kB/token x context")
-    print("\n| batch | tok/s | step ms | MB read per step | achieved GB/s | % of measured "
-          "bandwidth | limit tok/s | % of limit |")
-    print("|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, sb in bytes_of.items():
+        head = "tied to the embedding: the whole matrix" if sb.tied else "its own matrix"
+        print(f"bytes per decode step ({name}): layers {sb.layers / 1e6:.1f} MB + final norm "
+              f"{sb.final_norm / 1e3:.1f} kB + LM head {sb.lm_head / 1e6:.1f} MB ({head}) "
+              f"+ per sequence: embedding row {sb.embed_row / 1e3:.1f} kB + KV "
+              f"{sb.kv_per_token / 1e3:.1f} kB/token x context")
+    peer = {r.batch: r.tok_s for r in rows if r.system == "llama.cpp"}
+    print("\n| system | batch | tok/s | step ms | MB read per step | achieved GB/s | % of "
+          "measured bandwidth | vs llama.cpp |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in rows:
-        nbytes = sb.total(r.batch, r.context)
+        sb = bytes_of.get(r.system, bytes_of.get("packed"))  # llama.cpp reads the file's blocks
+        nbytes = sb.total(r.batch, r.context) if sb else float("nan")
         achieved = nbytes / r.step_s / GB
-        limit = r.batch * bandwidth * GB / nbytes
-        print(f"| {r.batch} | {r.tok_s:.1f} | {r.step_s * 1000:.1f} | {nbytes / 1e6:.1f} "
-              f"| {achieved:.1f} | {achieved / bandwidth:.0%} | {limit:.1f} "
-              f"| {r.tok_s / limit:.0%} |")
+        ratio = f"{r.tok_s / peer[r.batch]:.2f}x" if r.batch in peer else "-"
+        print(f"| {r.system} | {r.batch} | {r.tok_s:.1f} | {r.step_s * 1000:.1f} "
+              f"| {nbytes / 1e6:.1f} | {achieved:.1f} | {achieved / bandwidth:.0%} | {ratio} |")
     date = datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z")
-    print(f"\ndefault model, float32, radixrt.Engine (inline); prompt {args.prompt_len} tokens, "
+    print(f"\ndefault model (SmolLM2-135M-Instruct Q4_1 GGUF); radixrt.Engine (inline, float32 "
+          f"activations, speculative decoding off); prompt {args.prompt_len} random tokens, "
           f"{args.output_len} output tokens (ignore_eos, greedy), KV at mean context "
           f"{args.prompt_len + args.output_len / 2:g}; decode steps only, median of {args.runs} "
-          f"runs; denormals flushed to zero")
+          "runs; llama.cpp: llama-server on the same file and prompts, its own timings; "
+          "llama.cpp's bytes counted as radixrt's packed ones")
     print(f"date: {date}; CPU count {os.cpu_count()}, torch threads {threads}")
     print(f"command: {shlex.join([os.path.basename(sys.executable), *sys.argv])}")
 
 
-def plot_report(rows: list[DecodeResult], sb: StepBytes, bandwidth: float,
+def plot_report(rows: list[DecodeResult], bytes_of: dict[str, StepBytes], bandwidth: float,
                 args: argparse.Namespace) -> None:
-    batches = [float(r.batch) for r in rows]
-    nbytes = [sb.total(r.batch, r.context) for r in rows]
-    limits = [r.batch * bandwidth * GB / b for r, b in zip(rows, nbytes)]
-    achieved = [b / r.step_s / GB for r, b in zip(rows, nbytes)]
-    tok = LinePanel("batch size", "decode tokens/s (higher is better)",
-                    [Curve("radixrt.Engine", batches, [r.tok_s for r in rows],
-                           [f"{r.tok_s:.0f}" for r in rows]),
-                     Curve("bandwidth limit", batches, limits, [f"{v:.0f}" for v in limits],
-                           "s--")], log_x=True)
-    gbs = LinePanel("batch size", "GB/s read by a decode step",
-                    [Curve("achieved", batches, achieved, [f"{v:.1f}" for v in achieved]),
-                     Curve("measured bandwidth (x.sum())", batches, [bandwidth] * len(rows), (),
-                           "--")], log_x=True)
-    caption = (f"default model, float32; {sb.total(1, rows[0].context) / 1e6:.0f} MB read per "
-               f"batch-1 step; {torch.get_num_threads()} threads; CPU count {os.cpu_count()}")
+    curves = []
+    for system in SYSTEMS:
+        mine = [r for r in rows if r.system == system]
+        if mine:
+            curves.append(Curve(f"radixrt {system}" if system != "llama.cpp" else system,
+                                [float(r.batch) for r in mine], [r.tok_s for r in mine],
+                                [f"{r.tok_s:.0f}" for r in mine]))
+    for name, sb in bytes_of.items():
+        batches = [float(b) for b in args.batches]
+        context = args.prompt_len + args.output_len / 2
+        limits = [b * bandwidth * GB / sb.total(int(b), context) for b in batches]
+        curves.append(Curve(f"bandwidth limit ({name})", batches, limits, (), "s--"))
+    tok = LinePanel("batch size", "decode tokens/s (higher is better)", curves, log_x=True)
+    caption = (f"default model Q4_1 GGUF, speculative decoding off; "
+               f"{torch.get_num_threads()} threads; CPU count {os.cpu_count()}; measured read "
+               f"bandwidth {bandwidth:.1f} GB/s")
     line_panels(plot_path("decode_bandwidth", args.plot_dir),
-                "Decode against the memory-bandwidth limit", [tok, gbs], caption)
+                "Decode: packed and dequantized weights, llama.cpp, the bandwidth limits", [tok],
+                caption)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -244,18 +310,19 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_flush_denormal(True)
     bw = measure_bandwidth(args.bandwidth_gib, args.bandwidth_runs)
     print(f"read bandwidth: {bw.median:.1f} GB/s over {bw.gib:.2f} GiB", flush=True)
-    context = args.prompt_len + args.output_len + 8
-    engine = radixrt.Engine(model="default", dtype="float32",
-                            max_total_tokens=max(4096, 2 * max(args.batches) * context))
-    sb = step_bytes(engine)
-    decode_once(engine, [[FIRST_TOKEN_ID + i] * 8 for i in range(max(args.batches))], 4)  # warm
-    rows = []
-    for batch in args.batches:
-        rows.append(measure_decode(engine, batch, args))
-        print(f"batch {batch}: {rows[-1].tok_s:.1f} tok/s, {rows[-1].step_s * 1000:.1f} ms/step",
-              flush=True)
-    print_report(rows, sb, bw, args)
-    plot_report(rows, sb, bw.median, args)
+    from radixrt.runtime.models.loader import inspect_model
+
+    vocab = inspect_model("default").vocab_size
+    rows: list[DecodeResult] = []
+    bytes_of: dict[str, StepBytes] = {}
+    for system in ("packed", "dequantized"):
+        if system in args.systems:
+            found, bytes_of[system] = radixrt_rows(system, args, vocab)
+            rows += found
+    if "llama.cpp" in args.systems:
+        rows += llama_rows(args, vocab)
+    print_report(rows, bytes_of, bw, args)
+    plot_report(rows, bytes_of, bw.median, args)
     return 0
 
 

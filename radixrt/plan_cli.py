@@ -22,7 +22,10 @@ _UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "kib": 1 << 10, "m": 1000**2, "m
           "mib": 1 << 20, "g": 1000**3, "gb": 1000**3, "gib": 1 << 30, "t": 1000**4,
           "tb": 1000**4, "tib": 1 << 40}
 # the server's flags `radixrt plan` takes too, validated as the server validates them
-ENGINE_FIELDS = ("model", "page_size", "mem_fraction", "context_length")
+ENGINE_FIELDS = ("model", "page_size", "mem_fraction", "context_length", "weight_format",
+                 "quantization")
+# bytes per weight of --quantization's formats (codes, and a float16 scale and bias per 32)
+QUANTIZED_BYTES = {"int8": 1 + 4 / 32, "int4": 0.5 + 4 / 32}
 
 
 def parse_memory(text: str) -> int:
@@ -103,8 +106,9 @@ def run_plan(args: argparse.Namespace) -> int:
         work = Workload(options.prompt_tokens, options.mean_output_tokens,
                         options.max_output_tokens, options.shared_prefix_tokens,
                         options.requests)
-        figures = plan(config, memory, DTYPE_BYTES[options.dtype], engine.page_size,
-                       engine.mem_fraction, context, work)
+        dtype_bytes = DTYPE_BYTES[options.dtype]
+        figures = plan(config, memory, dtype_bytes, engine.page_size, engine.mem_fraction,
+                       context, work, held_weight_bytes(engine, config, dtype_bytes))
         host, disk = (parse_memory(v) if v else 0
                       for v in (options.host_memory, options.disk_space))
         figures["host_tier_tokens"], figures["disk_tier_tokens"] = tier_tokens(
@@ -121,12 +125,54 @@ def run_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def held_weight_bytes(engine: EngineConfig, config: Any, dtype_bytes: int) -> int | None:
+    """The weights' bytes as a server would hold them, from the header alone: a GGUF file's
+    projections, embedding and head packed where their type has a packed form (weight_format
+    packed or auto; experts and norms as floats), a float checkpoint's quantized at load
+    (--quantization). None: every weight a float (plan counts the parameters)."""
+    import math
+
+    from radixrt.runtime.models.gguf_file import GGUFFile
+    from radixrt.runtime.models.loader import resolve_model_path
+    from radixrt.runtime.models.packed_gguf import packed_nbytes
+    from radixrt.runtime.worker.capacity import parameter_count, projection_parameters
+
+    folder, fname = resolve_model_path(engine.model)
+    if fname is not None and engine.weight_format != "dequantized":
+        total = 0
+        for name, info in GGUFFile(f"{folder}/{fname}").tensors.items():
+            packed = packed_nbytes(info.qtype, *info.shape) if (
+                len(info.shape) == 2 and "_exps" not in name) else None
+            total += packed if packed is not None else math.prod(info.shape) * dtype_bytes
+        return total
+    if fname is None and engine.quantization is not None:
+        floats = parameter_count(config)
+        tables = config.vocab_size * config.hidden_size * (
+            1 if config.tie_word_embeddings else 2)
+        projections = projection_parameters(config)
+        return int(projections * QUANTIZED_BYTES[engine.quantization]
+                   + tables * QUANTIZED_BYTES["int8"]
+                   + (floats - projections - tables) * dtype_bytes)
+    return None
+
+
+def held(args: argparse.Namespace) -> str:
+    """How the weights are counted, for the report's first line."""
+    quantization = getattr(args, "quantization", None)
+    if quantization:
+        return f"{quantization}, quantized at load; the rest {args.dtype}"
+    gguf = str(args.model).endswith(".gguf") or args.model == "default"
+    if gguf and getattr(args, "weight_format", "auto") != "dequantized":
+        return f"packed as the GGUF file's blocks; the rest {args.dtype}"
+    return args.dtype
+
+
 def report(args: argparse.Namespace, architecture: str, memory: int, context: int,
            f: dict[str, Any]) -> str:
     gib = 1 << 30
     lines = [
         f"model {args.model} ({architecture}): {f['parameters'] / 1e9:.2f} B parameters, "
-        f"{f['weight_bytes'] / gib:.2f} GiB of weights in {args.dtype}",
+        f"{f['weight_bytes'] / gib:.2f} GiB of weights ({held(args)})",
         *([f"mixture of experts: {f['expert_parameters'] / 1e9:.2f} B parameters in experts, "
            f"{f['active_parameters'] / 1e9:.2f} B active per token"]
           if f["expert_parameters"] else []),

@@ -21,7 +21,8 @@ from radixrt.runtime.worker.setup import check_config, context_length_for
 
 # Every flag `radixrt serve` and `radixrt plan` have: a flag lost (or one added) fails here.
 SERVE_FLAGS = {
-    "--model", "--dtype", "--device", "--load-format", "--attention-backend", "--page-size",
+    "--model", "--dtype", "--device", "--load-format", "--weight-format", "--quantization",
+    "--attention-backend", "--page-size",
     "--max-total-tokens", "--mem-fraction", "--context-length", "--max-running-requests",
     "--max-num-batched-tokens", "--schedule-policy", "--preemption", "--disable-radix-cache",
     "--disable-jump-forward", "--grammar-backend", "--grammar-compile-timeout",
@@ -41,7 +42,8 @@ SERVE_FLAGS = {
     "-h", "--help",
 }
 PLAN_FLAGS = {
-    "--model", "--page-size", "--mem-fraction", "--context-length",  # EngineConfig's
+    "--model", "--page-size", "--mem-fraction", "--context-length", "--weight-format",
+    "--quantization",  # EngineConfig's
     "--memory", "--dtype", "--prompt-tokens", "--mean-output-tokens", "--max-output-tokens",
     "--shared-prefix-tokens", "--requests", "--host-memory", "--disk-space",
     "--json",  # PlanOptions'

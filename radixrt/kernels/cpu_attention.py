@@ -43,27 +43,37 @@ def decode_attention_cpu(
     q: Tensor, o: Tensor, k_cache: Tensor, v_cache: Tensor, kv_indptr: Tensor,
     kv_indices: Tensor, sm_scale: float, *, sliding_window: int | None = None,
     logit_cap: float = 0.0, sinks: Tensor | None = None, lse: Tensor | None = None,
+    qo_indptr: Tensor | None = None,
 ) -> bool:
-    """decode_attention_ref into o (and the log-sum-exps without the sinks into lse [bs, heads]
-    if given), the slots checked by the caller (slots_within); False (nothing written) where the
-    shapes are outside the kernel's."""
-    bs, heads, dim = q.shape
+    """decode_attention_ref into o (and the log-sum-exps without the sinks into lse [rows,
+    heads] if given); with qo_indptr, extend_attention_ref's rows instead (request i's new
+    tokens are rows qo_indptr[i]:qo_indptr[i + 1], each seeing its request's KV up to its own
+    position). The slots are checked by the caller (slots_within); False (nothing written)
+    where the shapes are outside the kernel's."""
+    rows, heads, dim = q.shape
     kv_heads = k_cache.shape[1]
     if (dim % 16 or dim > MAX_HEAD_DIM or heads % kv_heads or heads // kv_heads > MAX_GROUP
             or not (q.is_contiguous() and o.is_contiguous() and k_cache.is_contiguous()
                     and v_cache.is_contiguous())):
         return False
-    if bs == 0:
+    if rows == 0:
         return True
     indptr = kv_indptr.to(torch.int64).contiguous()
     indices = kv_indices.to(torch.int64).contiguous()
+    qo = None if qo_indptr is None else qo_indptr.to(torch.int64).contiguous()
+    requests = indptr.numel() - 1
+    if qo is not None and (qo.numel() != requests + 1 or int(qo[-1]) != rows):
+        raise ValueError(f"qo_indptr of {qo.numel()} entries for {requests} requests, "
+                         f"{rows} query rows")
     if sinks is not None:
         sinks = sinks.float().contiguous()
-    if lse is not None and (tuple(lse.shape) != (bs, heads) or not lse.is_contiguous()):
-        raise ValueError(f"lse of shape {tuple(lse.shape)}: expected a contiguous [{bs}, {heads}]")
+    if lse is not None and (tuple(lse.shape) != (rows, heads) or not lse.is_contiguous()):
+        raise ValueError(f"lse of shape {tuple(lse.shape)}: expected a contiguous "
+                         f"[{rows}, {heads}]")
     status = native_library().rx_decode_attention(
-        q.data_ptr(), o.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), indptr.data_ptr(),
-        indices.data_ptr(), bs, heads, kv_heads, dim, sm_scale, sliding_window or 0, logit_cap,
+        q.data_ptr(), o.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(),
+        None if qo is None else qo.data_ptr(), indptr.data_ptr(), indices.data_ptr(), requests,
+        heads, kv_heads, dim, sm_scale, sliding_window or 0, logit_cap,
         None if sinks is None else sinks.data_ptr(), None if lse is None else lse.data_ptr())
     return status == 0
 

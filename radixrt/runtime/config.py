@@ -21,6 +21,8 @@ LOAD_FORMATS = ("auto", "dummy")
 # how a GGUF file's quantized weights are held: packed (the blocks themselves, multiplied by the
 # packed kernels), dequantized (float: the exact reference), auto (packed where it runs)
 WEIGHT_FORMATS = ("auto", "packed", "dequantized")
+# weight-only quantization of a float checkpoint at load (models/quantize.py)
+QUANTIZATIONS = ("int8", "int4")
 ATTENTION_BACKENDS = ("auto", "torch", "triton")
 SUPPORTED_PAGE_SIZES = (1, 2, 4, 8, 16, 32, 64)
 # The token budget of one forward pass: long prompts' TTFT against decoders' ITL p99, measured on
@@ -116,6 +118,11 @@ class EngineConfig:
         "Q4_K, Q5_K, Q6_K) and multiplied directly, other types dequantized; dequantized = "
         "every weight as float (the exact reference); auto = packed on the CPU where the "
         "kernels build"})
+    quantization: str | None = field(default=None, metadata={
+        "choices": QUANTIZATIONS,
+        "help": "a safetensors checkpoint's projections, embedding and LM head quantized at "
+        "load, per group of 32, and kept packed: int8, or int4 (embedding and head in int8); "
+        "weight-only, the packed kernels multiply them"})
     attention_backend: str = field(default="auto", metadata={
         "choices": ATTENTION_BACKENDS, "help": "auto = triton on CUDA, torch elsewhere"})
     page_size: int = field(default=1, metadata={
@@ -251,6 +258,12 @@ class EngineConfig:
             raise bad("load_format", self.load_format, f"use one of {LOAD_FORMATS}")
         if self.weight_format not in WEIGHT_FORMATS:
             raise bad("weight_format", self.weight_format, f"use one of {WEIGHT_FORMATS}")
+        if self.quantization is not None:
+            if self.quantization not in QUANTIZATIONS:
+                raise bad("quantization", self.quantization, f"use one of {QUANTIZATIONS}")
+            if self.weight_format == "dequantized":
+                raise bad("quantization", self.quantization, "keeps weights packed: it cannot "
+                          "go with weight_format='dequantized'")
         if self.attention_backend not in ATTENTION_BACKENDS:
             allowed = f"use one of {ATTENTION_BACKENDS}"
             raise bad("attention_backend", self.attention_backend, allowed)

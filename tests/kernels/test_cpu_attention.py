@@ -14,7 +14,7 @@ from radixrt.kernels.cpu_attention import (
     slots_within,
     store_kv_cpu,
 )
-from radixrt.kernels.reference import decode_attention_ref, store_kv_ref
+from radixrt.kernels.reference import decode_attention_ref, extend_attention_ref, store_kv_ref
 from radixrt.kernels.reference_lse import attend_with_lse
 from radixrt.runtime.models.rope import apply_rotary
 
@@ -44,6 +44,25 @@ def test_decode_attention_equals_the_reference(heads: int, kv_heads: int, dim: i
     assert decode_attention_cpu(q, got, k_cache, v_cache, indptr, indices, dim**-0.5,
                                 sliding_window=window, logit_cap=cap, sinks=sink)
     decode_attention_ref(q, want, k_cache, v_cache, indptr, indices, dim**-0.5,
+                         sliding_window=window, logit_cap=cap, sinks=sink)
+    torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("window,cap,sinks", [(None, 0.0, False), (3, 0.0, False),
+                                              (None, 25.0, True)])
+def test_extend_rows_equal_the_reference(window: int | None, cap: float, sinks: bool) -> None:
+    """A few new tokens per request (drafts, a short chunk, a first prompt): each row sees its
+    request's KV up to its own position."""
+    extends, prefixes = [3, 1, 5, 2], [6, 20, 0, 1]
+    lens = [p + e for p, e in zip(prefixes, extends)]
+    q, k_cache, v_cache, indptr, indices = case(lens, 8, 2, 64, seed=7)
+    q = torch.randn(sum(extends), 8, 64, generator=torch.Generator().manual_seed(2))
+    qo = torch.tensor([0, *torch.tensor(extends).cumsum(0).tolist()])
+    sink = torch.randn(8) if sinks else None
+    got, want = torch.full_like(q, float("nan")), torch.empty_like(q)
+    assert decode_attention_cpu(q, got, k_cache, v_cache, indptr, indices, 0.125,
+                                sliding_window=window, logit_cap=cap, sinks=sink, qo_indptr=qo)
+    extend_attention_ref(q, want, k_cache, v_cache, qo, indptr, indices, 0.125,
                          sliding_window=window, logit_cap=cap, sinks=sink)
     torch.testing.assert_close(got, want, rtol=2e-5, atol=2e-5)
 

@@ -81,7 +81,8 @@ def test_the_portable_code_paths_compute_what_the_references_do(tmp_path: Path) 
     indptr, indices = torch.tensor([0, 17, 40]), torch.randperm(50, generator=gen)[:40]
     o, ref = torch.empty_like(q), torch.empty_like(q)
     assert lib.rx_decode_attention(q.data_ptr(), o.data_ptr(), k_cache.data_ptr(),
-                                   v_cache.data_ptr(), indptr.data_ptr(), indices.data_ptr(), 2,
-                                   6, 2, 64, 0.125, 0, 0.0, None, None) == 0
+                                   v_cache.data_ptr(), None, indptr.data_ptr(),
+                                   indices.data_ptr(), 2, 6, 2, 64, 0.125, 0, 0.0, None,
+                                   None) == 0
     decode_attention_ref(q, ref, k_cache, v_cache, indptr, indices, 0.125)
     torch.testing.assert_close(o, ref, rtol=1e-5, atol=1e-5)

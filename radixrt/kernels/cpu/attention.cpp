@@ -1,7 +1,8 @@
 // The decode step's attention entry points (the kernels: attention.h):
 //
-//   rx_decode_attention  one query token per request against its KV, read in place through
-//                        its slot list (decode_attention_ref; plus the log-sum-exp)
+//   rx_decode_attention  query rows against their request's KV, read in place through its slot
+//                        list: one decode token per request (decode_attention_ref; plus the
+//                        log-sum-exp), or a few new tokens each, causally (extend_attention_ref)
 //   rx_store_kv          the new tokens' K and V into their slots (store_kv_ref)
 //   rx_rotate_qk         rotary embedding of q and k in place (models/rope.py apply_rotary)
 #include "attention.h"
@@ -12,13 +13,16 @@ extern "C" {
 
 // 0, or -1 when the shapes are outside what the kernel handles (head_dim a multiple of 16 up to
 // 256, at most MAX_GROUP query heads per KV head): the caller takes the PyTorch path.
+// qo_indptr: each request's query rows ([B + 1]; T = qo_indptr[B]), or null for one each.
 int rx_decode_attention(const float* q, float* o, const float* k_cache, const float* v_cache,
-                        const int64_t* kv_indptr, const int64_t* kv_indices, int64_t B, int64_t H,
-                        int64_t Hkv, int64_t D, float sm_scale, int64_t window, float logit_cap,
-                        const float* sinks, float* lse) {
+                        const int64_t* qo_indptr, const int64_t* kv_indptr,
+                        const int64_t* kv_indices, int64_t B, int64_t H, int64_t Hkv, int64_t D,
+                        float sm_scale, int64_t window, float logit_cap, const float* sinks,
+                        float* lse) {
   if (!decode_supported(H, Hkv, D)) return -1;
-  const DecodeArgs a{q, o, k_cache, v_cache, kv_indptr, kv_indices, B, H, Hkv, D, sm_scale,
-                     logit_cap, window, sinks, lse};
+  const int64_t T = qo_indptr ? qo_indptr[B] : B;
+  const DecodeArgs a{q, o, k_cache, v_cache, qo_indptr, kv_indptr, kv_indices, B, H, Hkv, D,
+                     sm_scale, logit_cap, window, sinks, lse, T};
   const int64_t work = (kv_indptr[B] - kv_indptr[0]) * H * D;
 #pragma omp parallel if (work >= PARALLEL_MIN_WORK)
   decode_team(a);

@@ -2,8 +2,9 @@
 // lay it out (radixrt/kernels/reference.py: k_cache / v_cache [num_slots + 1, kv_heads,
 // head_dim], a request's KV in the slots kv_indices[kv_indptr[i]:kv_indptr[i + 1]]).
 //
-// decode: one task per (request, KV head): the KV head's query heads (GQA) read each key and
-// value once; an online softmax over blocks of 16 keys (scores, their max, exp16, the running
+// attention: one task per (query row, KV head): the KV head's query heads (GQA) read each key and
+// value once; a query row sees its request's KV up to its own position (decode rows: all of
+// it; a short extend's rows: causally); an online softmax over blocks of 16 keys (scores, their max, exp16, the running
 // sum and the output rescaled). Scores are dot products in float32, scaled, soft-capped if
 // logit_cap > 0; a sink logit (gpt-oss) joins the denominator at the end.
 // rotate: rotary embedding in place, rotate-half over the first rotary_dim dimensions, each
@@ -23,28 +24,47 @@ static inline float dot(const float* a, const float* b, int d) {
 }
 
 struct DecodeArgs {
-  const float* q;        // [B, H, D]
-  float* o;              // [B, H, D]
+  const float* q;        // [T, H, D]: one row per query token
+  float* o;              // [T, H, D]
   const float* k_cache;  // [S, Hkv, D]
   const float* v_cache;
-  const int64_t* indptr;
+  const int64_t* qo_indptr;  // [B + 1] each request's query rows; null: one row each (T = B)
+  const int64_t* indptr;     // [B + 1] each request's KV (prefix + its new tokens)
   const int64_t* indices;
   int64_t B, H, Hkv, D;
   float scale, logit_cap;
-  int64_t window;        // 0: none; else the last `window` keys
+  int64_t window;        // 0: none; else the last `window` keys a query sees
   const float* sinks;    // [H] or null
-  float* lse;            // [B, H] or null
+  float* lse;            // [T, H] or null
+  int64_t T;             // query rows
 };
 
 static inline bool decode_supported(int64_t H, int64_t Hkv, int64_t D) {
   return D % 16 == 0 && D <= 256 && Hkv > 0 && H % Hkv == 0 && H / Hkv <= MAX_GROUP;
 }
 
-static void decode_one(const DecodeArgs& a, int64_t b, int64_t kvh) {
+// The request query row t belongs to (qo_indptr ascending; B is small).
+static inline int64_t request_of(const DecodeArgs& a, int64_t t) {
+  if (!a.qo_indptr) return t;
+  int64_t lo = 0, hi = a.B - 1;
+  while (lo < hi) {
+    const int64_t mid = (lo + hi + 1) / 2;
+    if (a.qo_indptr[mid] <= t) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// Query row t (of request b) against the keys it sees: its request's KV up to its own position
+// (the causal rule of kernels/reference.py: new token j after a prefix P sees positions 0..P+j),
+// the last `window` of them under a sliding window; its KV head kvh's query heads together.
+static void decode_one(const DecodeArgs& a, int64_t t, int64_t b, int64_t kvh) {
   const int G = (int)(a.H / a.Hkv), D = (int)a.D;
   int64_t first = a.indptr[b], last = a.indptr[b + 1];
+  if (a.qo_indptr) {  // the request's later query rows are not visible to this one
+    last -= a.qo_indptr[b + 1] - 1 - t;
+  }
   if (a.window > 0 && last - first > a.window) first = last - a.window;
-  const float* qs = a.q + (b * a.H + kvh * G) * D;
+  const float* qs = a.q + (t * a.H + kvh * G) * D;
   float acc[MAX_GROUP][256];
   float m[MAX_GROUP], l[MAX_GROUP];
   for (int g = 0; g < G; ++g) {
@@ -87,18 +107,21 @@ static void decode_one(const DecodeArgs& a, int64_t b, int64_t kvh) {
     float denom = l[g];
     if (a.sinks) denom += expf(a.sinks[h] - m[g]);
     const float inv = 1.f / denom;
-    float* o = a.o + (b * a.H + h) * D;
+    float* o = a.o + (t * a.H + h) * D;
     for (int d = 0; d < D; d += 16) store16(o + d, load16(acc[g] + d) * inv);
-    if (a.lse) a.lse[b * a.H + h] = m[g] + logf(l[g]);
+    if (a.lse) a.lse[t * a.H + h] = m[g] + logf(l[g]);
   }
 }
 
-// Every (request, KV head) task of the call, shared out among the calling team (an orphaned
+// Every (query row, KV head) task of the call, shared out among the calling team (an orphaned
 // `omp for`); ends with the loop's barrier.
 static void decode_team(const DecodeArgs& a) {
-  const int64_t tasks = a.B * a.Hkv;
+  const int64_t tasks = a.T * a.Hkv;
 #pragma omp for schedule(dynamic, 1)
-  for (int64_t t = 0; t < tasks; ++t) decode_one(a, t / a.Hkv, t % a.Hkv);
+  for (int64_t t = 0; t < tasks; ++t) {
+    const int64_t row = t / a.Hkv;
+    decode_one(a, row, request_of(a, row), t % a.Hkv);
+  }
 }
 
 // k_cache / v_cache rows out_slots[t] <- k[t], v[t] ([T, Hkv, D], token stride in floats).

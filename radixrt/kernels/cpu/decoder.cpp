@@ -1,8 +1,9 @@
-// A decode step's decoder layers in one call (radixrt/runtime/models/fused_decode.py builds the
+// A small step's decoder layers in one call (radixrt/runtime/models/fused_decode.py builds the
 // arguments; its reference is the model's own layers, models/decoder.py, which run the same
 // kernels one by one: the two give the same floats, bit for bit).
 //
-// Per layer, for B rows (one new token each):
+// Per layer, for B token rows (a decode step's one new token per request, or a few new tokens of
+// a request: speculative drafts, a short prompt chunk):
 //   x = rmsnorm(h)                       input_layernorm
 //   qkv = x @ Wqkv.T (+ bias)            packed product
 //   q, k per-head rmsnorm (Qwen3, Gemma 3), rotary on q and k, k and v into their slots
@@ -51,9 +52,11 @@ struct StepArg {
   float* h;             // [B, hidden], the residual stream, updated in place
   const float* cos[2];  // [B, rotary_dim / 2] per rope table (global, local)
   const float* sin[2];
-  const int64_t* out_slots;   // [B]
-  const int64_t* kv_indptr;   // [B + 1]
+  const int64_t* out_slots;   // [B]: here B counts tokens (query rows), R requests
+  const int64_t* qo_indptr;   // [R + 1] each request's rows
+  const int64_t* kv_indptr;   // [R + 1]
   const int64_t* kv_indices;  // the requests' whole slot lists
+  int64_t requests;
   float* scratch;             // B * (qkv rows + H * D + 2 * inter + inter + hidden) floats
 };
 
@@ -110,8 +113,8 @@ static void layer(const LayerArg& L, const StepArg& s, float* x, float* qkv, flo
 #pragma omp for schedule(static)
   for (int64_t b = 0; b < B; ++b) memcpy(attn + b * qd, qkv + b * nqkv, sizeof(float) * qd);
   float* out = qkv;  // q's rows are no longer needed: the attention output goes there
-  const DecodeArgs a{attn, out, L.k_cache, L.v_cache, s.kv_indptr, s.kv_indices, B, H, Hkv, D,
-                     L.scale, L.logit_cap, L.window, L.sinks, nullptr};
+  const DecodeArgs a{attn, out, L.k_cache, L.v_cache, s.qo_indptr, s.kv_indptr, s.kv_indices,
+                     s.requests, H, Hkv, D, L.scale, L.logit_cap, L.window, L.sinks, nullptr, B};
   decode_team(a);
   product(L.o, out, B, y);
 #pragma omp for schedule(static)

@@ -285,6 +285,12 @@ class CausalLM(nn.Module):
         return {f"{name}.weight": module.packed for name, module in self.named_modules()
                 if isinstance(getattr(module, "packed", None), LinearWeight)}
 
+    def weight_count(self) -> int:
+        """Every weight the model holds: its float parameters and its packed weights'
+        elements."""
+        packed = sum(w.rows * w.cols for w in self.packed_weights().values())
+        return packed + sum(p.numel() for p in self.parameters())
+
     def weight_formats(self) -> dict[str, int]:
         """Bytes of weights per format ("float32", "u4/g32/f16", ...), over every tensor."""
         out: dict[str, int] = {}

@@ -1,10 +1,10 @@
-"""A decode step's decoder layers in one call of the CPU kernels (kernels/cpu/decoder.cpp).
+"""A small step's decoder layers in one call of the CPU kernels (kernels/cpu/decoder.cpp).
 
 At batch 1 a decode step of a small model is mostly Python: a few hundred module calls and
-kernel launches around products that take microseconds each. When a forward pass is a plain
-decode step (every request one new token after its prefix, no shared-prefix group, at most
-MAX_GEMM_ROWS requests) of a model the fused step supports, CausalLM.forward hands all its
-layers to rx_decode_layers instead: the same kernels the layers call one by one (packed products,
+kernel launches around products that take microseconds each. When a forward pass is small (at
+most MAX_GEMM_ROWS new tokens: decode rows, speculative drafts, a short chunk; no shared-prefix
+group) on a model the fused step supports, CausalLM.forward hands all its layers to
+rx_decode_layers instead: the same kernels the layers call one by one (packed products,
 norms, rotary, KV stores, decode attention, activation), in the same order, so the hidden
 states are the same floats, bit for bit (tests/runtime/models/test_fused_decode.py holds the
 two side by side).
@@ -67,8 +67,9 @@ class StepArg(ctypes.Structure):
                 ("Hkv", _C.c_int64), ("D", _C.c_int64), ("inter", _C.c_int64),
                 ("rotary_dim", _C.c_int64), ("eps", _C.c_float), ("norm_offset", _C.c_float),
                 ("h", _C.c_void_p), ("cos", _C.c_void_p * 2), ("sin", _C.c_void_p * 2),
-                ("out_slots", _C.c_void_p), ("kv_indptr", _C.c_void_p),
-                ("kv_indices", _C.c_void_p), ("scratch", _C.c_void_p)]
+                ("out_slots", _C.c_void_p), ("qo_indptr", _C.c_void_p),
+                ("kv_indptr", _C.c_void_p), ("kv_indices", _C.c_void_p),
+                ("requests", _C.c_int64), ("scratch", _C.c_void_p)]
 
 
 def _packed_arg(weight: PackedTensors) -> PackedArg:
@@ -123,9 +124,11 @@ class FusedDecode:
         return None if unsupported(model) is not None else cls(model)
 
     def applies(self, batch: ForwardBatch) -> bool:
-        """A plain decode step of at most MAX_GEMM_ROWS requests, no shared-prefix group."""
-        return (0 < batch.batch_size <= MAX_GEMM_ROWS and not batch.prefix_groups
-                and batch.num_tokens == batch.batch_size and min(batch.prefix_lens) > 0)
+        """A pass of at most MAX_GEMM_ROWS new tokens (decode rows, speculative drafts, short
+        chunks), no shared-prefix group, with the model's attention on the CPU kernels (another
+        backend swapped in runs its own)."""
+        return (0 < batch.num_tokens <= MAX_GEMM_ROWS and not batch.prefix_groups
+                and getattr(self.model.attn_backend, "native", False))
 
     def _layer_args(self, kv_cache: KVCache) -> ctypes.Array[LayerArg]:
         if self._layers is None or self._cache_ptr != kv_cache.buffer.data_ptr():
@@ -170,8 +173,8 @@ class FusedDecode:
         cos = [(t[0].reshape(b, -1).contiguous() if t is not None else None) for t in tables]
         sin = [(t[1].reshape(b, -1).contiguous() if t is not None else None) for t in tables]
         rotary_dim = next((2 * c.shape[1] for c in cos if c is not None), 0)
-        slots, indptr, indices = (t.to(torch.int64).contiguous() for t in (
-            batch.out_slots, batch.kv_indptr, batch.kv_indices))
+        slots, qo, indptr, indices = (t.to(torch.int64).contiguous() for t in (
+            batch.out_slots, batch.qo_indptr, batch.kv_indptr, batch.kv_indices))
         pool = kv_cache.num_slots + 1
         if not (slots_within(slots, pool) and slots_within(indices, pool)):
             raise RuntimeError("a KV slot of the batch lies outside the pool")
@@ -179,13 +182,15 @@ class FusedDecode:
                        inter, rotary_dim, cfg.rms_norm_eps, cfg.norm_offset, h.data_ptr(),
                        (ctypes.c_void_p * 2)(*(_ptr(c) for c in cos)),
                        (ctypes.c_void_p * 2)(*(_ptr(s) for s in sin)), slots.data_ptr(),
-                       indptr.data_ptr(), indices.data_ptr(), scratch.data_ptr())
+                       qo.data_ptr(), indptr.data_ptr(), indices.data_ptr(),
+                       batch.batch_size, scratch.data_ptr())
         status = native_library().rx_decode_layers(ctypes.addressof(layers), len(layers),
                                                    ctypes.addressof(step))
         if status != 0:
             return None
-        backend = model.attn_backend  # the KV positions the layers' attention read
+        backend = model.attn_backend  # the KV positions decode rows read, as the layers count
+        decode = [n for n, d in zip(batch.seq_lens, batch.decode_mask) if d]
         backend.kv_positions_read += sum(
-            sum(min(n, layer.self_attn.spec.sliding_window or n) for n in batch.seq_lens)
+            sum(min(n, layer.self_attn.spec.sliding_window or n) for n in decode)
             for layer in model.layers)
         return h

@@ -26,6 +26,7 @@ from radixrt.runtime.models.gguf_loader import (
 from radixrt.runtime.models.hf_loader import hf_config, iter_safetensors_weights, load_hf_tokenizer
 from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.packed_gguf import PACKED_QTYPES
+from radixrt.runtime.models.quantize import quantized_weights
 from radixrt.runtime.models.registry import checkpoint_weights
 from radixrt.runtime.models.shard_plan import ShardPlan
 
@@ -80,6 +81,7 @@ def load_model(
     tp: TPGroup | None = None,
     context_length: int | None = None,
     weight_format: str = "auto",
+    quantization: str | None = None,
 ) -> LoadedModel:
     """Build the model (its family's decoder, models/registry.py) and load its weights (under
     tensor parallelism, tp: only this rank's shard is kept; the checkpoint is read one full
@@ -93,7 +95,9 @@ def load_model(
     weight_format "packed": the projections, embedding and LM head keep a GGUF file's quantized
     blocks packed where their type has a packed form (models/packed_gguf.py), the rest
     dequantized; "dequantized": every weight as float (the exact reference); "auto": packed
-    where weight_format_for says it runs faster.
+    where weight_format_for says it runs faster. quantization ("int8", "int4"): a float
+    checkpoint's projections, embedding and head quantized at load and kept packed
+    (models/quantize.py).
     """
     dev = torch.device(device)
     torch_dtype = resolve_dtype(dtype, dev)
@@ -102,6 +106,9 @@ def load_model(
     attention_backend = resolve_attention_backend(attention_backend, dev)
 
     folder, fname = resolve_model_path(model)
+    if fname is not None and quantization is not None:
+        raise ValueError(f"quantization={quantization!r} quantizes a float checkpoint at load; "
+                         f"{fname} is a GGUF file, quantized already: leave it out")
     if fname is not None:
         path = os.path.join(folder, fname)
         gf = GGUFFile(path)
@@ -112,13 +119,19 @@ def load_model(
         net = _build(config, torch_dtype, dev, attention_backend, weights, tp, packed)
         return LoadedModel(net, config, load_gguf_tokenizer(path), folder, fname)
 
-    if weight_format == "packed":
+    if weight_format == "packed" and quantization is None:
         raise ValueError("weight_format='packed' keeps a GGUF file's quantized blocks; "
-                         f"{model!r} is a safetensors checkpoint: use 'dequantized' or 'auto'")
+                         f"{model!r} is a safetensors checkpoint: give quantization "
+                         "('int8' or 'int4') to pack it, or use 'dequantized' or 'auto'")
     config = _served(hf_config(model), context_length)
     weights = (iter_dummy_weights(config, dev) if load_format == "dummy"
                else iter_safetensors_weights(model))
-    net = _build(config, torch_dtype, dev, attention_backend, weights, tp)
+    if quantization is not None:
+        problem = _packing_problem(None, dev, torch_dtype, "auto")
+        if problem is not None:
+            raise ValueError(f"quantization={quantization!r} cannot run here: {problem}")
+    net = _build(config, torch_dtype, dev, attention_backend, weights, tp,
+                 packed=quantization is not None, quantization=quantization)
     return LoadedModel(net, config, load_hf_tokenizer(model), model, None)
 
 
@@ -134,6 +147,7 @@ def _build(
     weights: Iterable[tuple[str, Tensor]],
     tp: TPGroup | None,
     packed: bool = False,
+    quantization: str | None = None,
 ) -> CausalLM:
     """Allocate the model (this rank's shard) once, directly in dtype on device, then fill it
     (packed layers allocate nothing up front: they keep what the checkpoint gives them)."""
@@ -144,7 +158,8 @@ def _build(
     net = net.to(dtype).to_empty(device=device)
     for rotary in net.rotaries():
         rotary.materialize(device)
-    net.load_weights(checkpoint_weights(iter(weights), config))
+    named = checkpoint_weights(iter(weights), config)
+    net.load_weights(named if quantization is None else quantized_weights(named, quantization))
     net.use_cpu_kernels(cpu_kernels_for(device, dtype))
     return net.eval()
 
@@ -252,13 +267,14 @@ def weight_format_for(asked: str, gf: GGUFFile, device: torch.device, dtype: tor
     return "dequantized"
 
 
-def _packing_problem(gf: GGUFFile, device: torch.device, dtype: torch.dtype,
+def _packing_problem(gf: GGUFFile | None, device: torch.device, dtype: torch.dtype,
                      load_format: str) -> str | None:
-    if load_format == "dummy":
+    """Why packed weights cannot run here (None: they can); gf: the GGUF file, if any."""
+    if load_format == "dummy" and gf is not None:
         return "dummy weights are drawn as floats"
     if device.type != "cpu" or dtype != torch.float32:
         return f"packed products run on the CPU in float32 (here {device.type}, {dtype})"
-    if not any(info.qtype in PACKED_QTYPES for info in gf.tensors.values()):
+    if gf is not None and not any(info.qtype in PACKED_QTYPES for info in gf.tensors.values()):
         return "no tensor of the file has a type with a packed form"
     try:
         native_library()

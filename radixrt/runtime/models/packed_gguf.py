@@ -102,3 +102,14 @@ def _pack_k(blocks: np.ndarray, qtype: int, rows: int, cols: int) -> PackedTenso
     high = torch.stack([(qh >> j) & 1 for j in range(8)], dim=2)  # [rows, n, 8, 32]
     codes = (low | (high << 4)).to(torch.int8).reshape(rows, cols)
     return PackedTensors(codes.contiguous(), scale, bias, "i8", 32, cols)
+
+
+def packed_nbytes(qtype: int, rows: int, cols: int) -> int | None:
+    """Bytes a [rows, cols] GGUF tensor of this type takes packed (codes, scales, biases), or
+    None for a type without a packed form: what `radixrt plan` counts for a packed model."""
+    if qtype not in PACKED_QTYPES:
+        return None
+    u4 = qtype in (_QT.Q4_0, _QT.Q4_1, _QT.Q4_K)
+    group = 16 if qtype == _QT.Q6_K else 32
+    scale = 2 if qtype in (_QT.Q4_0, _QT.Q4_1, _QT.Q8_0) else 4  # float16 or float32
+    return rows * (cols // 2 if u4 else cols) + 2 * rows * (cols // group) * scale

@@ -47,6 +47,16 @@ def _attention_parameters(config: ModelConfig) -> int:
     return count + norms
 
 
+def projection_parameters(config: ModelConfig) -> int:
+    """The weights of every layer's projections (q, k, v, o; gate, up, down of a dense MLP or a
+    shared expert): what --quantization quantizes besides the embedding and the head."""
+    h, q, kv = (config.hidden_size, config.num_heads * config.head_dim,
+                config.num_kv_heads * config.head_dim)
+    mlp = [3 * h * (config.shared_expert_intermediate_size if moe else config.intermediate_size)
+           for moe in config.moe_kinds]
+    return config.num_layers * (2 * h * q + 2 * h * kv) + sum(mlp)
+
+
 def expert_parameters(config: ModelConfig) -> int:
     """One expert's weights (gate, up, down and their biases)."""
     h, inter = config.hidden_size, config.moe_intermediate_size
@@ -137,10 +147,12 @@ class Workload:
 
 
 def plan(config: ModelConfig, memory_bytes: int, dtype_bytes: int, page_size: int,
-         mem_fraction: float, context_length: int, work: Workload) -> dict[str, Any]:
+         mem_fraction: float, context_length: int, work: Workload,
+         weight_bytes: int | None = None) -> dict[str, Any]:
     """What a server for this model would hold on a device of `memory_bytes`, from the config
-    alone: the weights, the pool (as the worker sizes it), and how many requests of `work`
-    run at once with contiguous reservation and with paged allocation (and a shared prefix).
+    alone: the weights (weight_bytes where they are not all floats of dtype_bytes: packed or
+    quantized), the pool (as the worker sizes it), and how many requests of `work` run at once
+    with contiguous reservation and with paged allocation (and a shared prefix).
     ValueError when the weights alone do not fit, or a request cannot fit the context."""
     if work.prompt_tokens + work.max_output_tokens > context_length:
         raise ValueError(f"prompt {work.prompt_tokens} + max output {work.max_output_tokens} "
@@ -149,7 +161,7 @@ def plan(config: ModelConfig, memory_bytes: int, dtype_bytes: int, page_size: in
         raise ValueError("the shared prefix must be part of the prompt: 0 <= shared <= prompt")
     if work.mean_output_tokens > work.max_output_tokens:
         raise ValueError("the mean output cannot exceed the maximum output")
-    weights = parameter_count(config) * dtype_bytes
+    weights = parameter_count(config) * dtype_bytes if weight_bytes is None else weight_bytes
     free = memory_bytes - weights
     if free <= 0:
         raise ValueError(f"the weights alone take {weights / GIB:.2f} GiB of the "

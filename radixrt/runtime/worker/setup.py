@@ -189,6 +189,7 @@ def build_worker(
             attention_backend=resolve_attention_backend(config.attention_backend, device),
             tp=tp,
             weight_format=config.weight_format,
+            quantization=config.quantization,
         )
     elif loaded.model.tp.size != tp.size:
         raise ValueError("a LoadedModel is shared only at its own tp_size: under tensor "

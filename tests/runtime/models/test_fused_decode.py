@@ -97,17 +97,38 @@ def test_tiny_quantized_families_fused_equal_their_layers(name: str, tmp_path: P
     assert_fused_equals_layers(loaded.model, loaded.config, prompts, steps=8)
 
 
-def test_only_plain_decode_steps_run_fused(loaded_model: Any) -> None:
+def test_small_passes_run_fused(loaded_model: Any) -> None:
+    """Decode rows, a few new tokens of a request (speculative drafts, a short prompt), at most
+    16 rows; not more, and not a pass with a shared-prefix group (cascade attention)."""
     fused = loaded_model.model.fused
-    decode = ForwardBatch.build([[5], [6]], [3, 4], [[0, 1, 2, 3], [4, 5, 6, 7, 8]])
-    assert fused.applies(decode)
-    assert not fused.applies(ForwardBatch.build([[5, 6]], [3], [[0, 1, 2, 3, 4]]))  # extend
-    assert not fused.applies(ForwardBatch.build([[5]], [0], [[0]]))  # a first token
+    assert fused.applies(ForwardBatch.build([[5], [6]], [3, 4], [[0, 1, 2, 3], [4, 5, 6, 7, 8]]))
+    assert fused.applies(ForwardBatch.build([[5, 6]], [3], [[0, 1, 2, 3, 4]]))  # an extend
+    assert fused.applies(ForwardBatch.build([[5]], [0], [[0]]))  # a first token
     assert not fused.applies(ForwardBatch.build([[5]] * 17, [1] * 17,
                                                 [[2 * i, 2 * i + 1] for i in range(17)]))
     grouped = ForwardBatch.build([[5], [6]], [3, 3], [[0, 1, 2, 9], [0, 1, 2, 8]],
                                  prefix_groups=[PrefixGroup([0, 1], 2)])
     assert not fused.applies(grouped)  # cascade attention reads the shared prefix once
+
+
+def test_a_mixed_small_pass_fused_equals_its_layers(loaded_model: Any) -> None:
+    """Decode rows beside a request's three drafted tokens and a new four-token prompt."""
+    model, config = loaded_model.model, loaded_model.config
+    caches = [KVCache.from_config(config, 128, torch.float32, "cpu") for _ in range(2)]
+    prompts = [[100 + j for j in range(9)], [300 + j for j in range(12)]]
+    tables = [list(range(0, 9)), list(range(20, 32))]
+    outs = []
+    for kv, fused in zip(caches, (True, False)):
+        saved, model.fused = model.fused, model.fused if fused else None
+        try:
+            model(ForwardBatch.build(prompts, [0, 0], tables), kv)
+            batch = ForwardBatch.build([[7], [8, 9, 10], [11, 12, 13, 14]], [9, 12, 0],
+                                       [tables[0] + [50], tables[1] + [51, 52, 53],
+                                        [60, 61, 62, 63]])
+            outs.append(model(batch, kv))
+        finally:
+            model.fused = saved
+    assert torch.equal(outs[0], outs[1]) and torch.equal(caches[0].buffer, caches[1].buffer)
 
 
 def test_why_a_model_cannot_run_fused(tmp_path: Path) -> None:

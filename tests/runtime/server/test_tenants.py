@@ -122,7 +122,7 @@ def test_a_full_queue_is_a_429_with_retry_after_and_the_server_serves_on(
 
 
 def test_a_request_waiting_past_its_timeout_is_a_408(tenancy: Tenancy) -> None:
-    thread, _ = hold_the_slot(tenancy, tokens=60)
+    thread, _ = hold_the_slot(tenancy, tokens=300)  # outlasts the three 0.2 s timeouts below
     with tenancy.http() as http:
         response = http.post("/v1/completions", json={
             "model": MODEL, "prompt": "x", "max_tokens": 2, "timeout": 0.2})

@@ -110,11 +110,19 @@ def test_memory_sizes_and_page_rounding() -> None:
 
 
 def test_the_default_models_plan_counts_its_loaded_weights(loaded_model: Any) -> None:
-    """From the GGUF header alone, the parameters and KV bytes the loaded model has."""
+    """From the GGUF header alone, the parameters and KV bytes the loaded model has, and the
+    bytes its weights take packed (what `radixrt plan` counts for weight_format auto)."""
+    from types import SimpleNamespace
+
+    from radixrt.plan_cli import held_weight_bytes
+
     config = inspect_model("default")
-    assert parameter_count(config) == sum(p.numel() for p in loaded_model.model.parameters())
+    assert parameter_count(config) == loaded_model.model.weight_count()
     figures = plan(config, 1 << 30, 4, 1, 0.5, 8192, Workload(100, 50, 200))
     assert figures["kv_bytes_per_token"] == kv_bytes_per_token(loaded_model.config, 4)
+    engine = SimpleNamespace(model="default", weight_format="auto", quantization=None)
+    assert held_weight_bytes(engine, config, 4) == sum(
+        loaded_model.model.weight_formats().values())
 
 
 def test_the_engine_states_its_capacity(make_engine: Any) -> None:

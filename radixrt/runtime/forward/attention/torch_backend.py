@@ -6,8 +6,10 @@ forward only gathers K/V and attends.
 
 On the CPU in float32 (native=True, the CPU kernels built) a layer stores its K/V and runs its
 decode rows outside any shared-prefix group through kernels/cpu/attention.cpp, which reads the
-KV in place through each request's slot list (no gather, no padding); the slots are checked
-once per forward pass. Extend rows and cascade groups keep the reference kernels.
+KV in place through each request's slot list (no gather, no padding); a pass of at most
+SMALL_PASS_ROWS rows and no group runs every row there (speculative drafts, short chunks: the
+fused decode step's kernel, so the two give the same floats). The slots are checked once per
+forward pass. Larger extends and cascade groups keep the reference kernels.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import torch
 from torch import Tensor
 
 from radixrt.kernels.cpu_attention import decode_attention_cpu, slots_within, store_kv_cpu
+from radixrt.kernels.packed_gemm import MAX_GEMM_ROWS
 from radixrt.kernels.reference import (
     cascade_decode_attention_padded,
     decode_attention_padded,
@@ -28,6 +31,10 @@ from radixrt.runtime.forward.attention.base import LayerAttention
 from radixrt.runtime.forward.attention.decode_layout import DecodeLayout
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.forward.kv_cache import KVCache
+
+# a pass of at most this many rows runs all its attention on the CPU kernel (native): the rows
+# the fused decode step takes (models/fused_decode.py), which runs the same kernel
+SMALL_PASS_ROWS = MAX_GEMM_ROWS
 
 
 @dataclass
@@ -59,9 +66,13 @@ class TorchAttentionBackend:
         self.kv_positions_read = 0
         self.native = native
         self._slots_checked = -1  # the pool size this pass's slots were checked against
+        self._small = False
 
     def init_forward(self, batch: ForwardBatch) -> None:
         self._slots_checked = -1
+        # a small pass (as many rows as the fused decode step takes), no shared-prefix group:
+        # every row, decode or extend, through the CPU kernel (the fused step's own kernel)
+        self._small = (batch.num_tokens <= SMALL_PASS_ROWS and not batch.prefix_groups)
         is_decode = batch.decode_mask
         decode_ids = [i for i, d in enumerate(is_decode) if d]
         extend_ids = [i for i, d in enumerate(is_decode) if not d]
@@ -88,6 +99,13 @@ class TorchAttentionBackend:
         if not (native and store_kv_cpu(k_cache, v_cache, k, v, batch.out_slots)):
             store_kv_ref(k_cache, v_cache, k, v, batch.out_slots)
         o = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
+        if native and self._small and decode_attention_cpu(
+                q.contiguous(), o, k_cache, v_cache, batch.kv_indptr, batch.kv_indices,
+                layer.softmax_scale(q.shape[-1]), sliding_window=layer.sliding_window,
+                logit_cap=layer.logit_cap, sinks=layer.sinks, qo_indptr=batch.qo_indptr):
+            if self._decode is not None:  # decode rows' reads, counted as they always are
+                self.kv_positions_read += self._decode.positions_read(layer.sliding_window)
+            return o
         if self._decode is not None:
             self._forward_decode(self._decode, q, o, k_cache, v_cache, layer, native)
         if self._extend is not None:
