@@ -1,5 +1,5 @@
 """llama.cpp's llama-server decoding the same GGUF file as radixrt, for decode_bandwidth.py: B
-greedy requests at once (B of its parallel slots), each a prompt of token ids and a fixed
+greedy requests at once (a server of B parallel slots), each a prompt of token ids and a fixed
 number of output tokens (ignore_eos), and their decode speed from llama-server's own timings
 (the tokens each request generated over the time it spent generating them; requests decoded
 together overlap, so the batch's speed is their tokens over the longest of those times)."""
@@ -11,10 +11,10 @@ import os
 import statistics
 import threading
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from serving_systems import LLAMA_SERVER, llama_server_system, running
+from serving_systems import LLAMA_SERVER, System, llama_server_system, running
 
 REQUEST_TIMEOUT_S = 600.0
 
@@ -56,19 +56,28 @@ def decode_batch(base: str, prompts: list[list[int]], tokens: int) -> tuple[floa
     return seconds, generated
 
 
+def server_for(binary: str, slots: int) -> System:
+    """llama-server with `slots` parallel slots (-np): each batch size on a server of its own
+    size, the peer's best configuration for it (one slot decodes a single request fastest)."""
+    base = llama_server_system(binary)
+    command = list(base.command)
+    command[command.index("-np") + 1] = str(slots)
+    return replace(base, command=command)
+
+
 def llama_decode(binary: str, batches: list[int], prompts_of: Any, tokens: int,
                  runs: int) -> list[PeerDecode]:
     """llama-server's decode speed at each batch size: `prompts_of(batch)` gives each run's
-    prompts (token ids); median of `runs` runs after one warm-up."""
+    prompts (token ids); median of `runs` runs after one warm-up, a server per batch size."""
     out = []
-    with running(llama_server_system(binary)) as base:
-        decode_batch(base, prompts_of(1), 8)  # warm-up
-        for batch in batches:
+    for batch in batches:
+        with running(server_for(binary, batch)) as base:
+            decode_batch(base, prompts_of(1), 8)  # warm-up
             speeds = []
             for _ in range(runs):
                 seconds, generated = decode_batch(base, prompts_of(batch), tokens)
                 speeds.append(generated / seconds)
-            tok_s = statistics.median(speeds)
-            out.append(PeerDecode(batch, tok_s, batch / tok_s))
-            print(f"llama.cpp batch {batch}: {tok_s:.1f} tok/s", flush=True)
+        tok_s = statistics.median(speeds)
+        out.append(PeerDecode(batch, tok_s, batch / tok_s))
+        print(f"llama.cpp batch {batch}: {tok_s:.1f} tok/s", flush=True)
     return out

@@ -1,6 +1,7 @@
 """The per-token layer work on the CPU (kernels/cpu/layers.h) for float32 rows: RMSNorm (its
-reference: models/layers.py RMSNorm's forward) and the gated MLP's act(gate) * up (its reference:
-GatedMLP's forward between its projections)."""
+reference: models/layers.py RMSNorm's forward), the gated MLP's act(gate) * up (its reference:
+GatedMLP's forward between its projections), and a row of logits' first maximum and
+log-sum-exp (references: torch.argmax, torch.logsumexp: the sampler's greedy rows)."""
 
 from __future__ import annotations
 
@@ -39,3 +40,15 @@ def act_mul_cpu(gate_up: Tensor, act: str) -> Tensor | None:
     native_library().rx_act_mul(ACT_KINDS[act], gate_up.data_ptr(), gate_up.stride(0), inter,
                                 out.data_ptr(), n)
     return out
+
+
+def argmax_lse_cpu(x: Tensor) -> tuple[Tensor, Tensor] | None:
+    """x [rows, cols] float32 -> (index of each row's first maximum [rows] int64, its
+    log-sum-exp [rows] float32); None where x is not a contiguous float32 CPU matrix."""
+    if x.dim() != 2 or x.dtype != torch.float32 or x.device.type != "cpu" or not x.is_contiguous():
+        return None
+    index = torch.empty(x.shape[0], dtype=torch.int64)
+    lse = torch.empty(x.shape[0], dtype=torch.float32)
+    native_library().rx_argmax_lse(x.data_ptr(), x.shape[0], x.shape[1], index.data_ptr(),
+                                   lse.data_ptr())
+    return index, lse

@@ -56,9 +56,11 @@ SIGNATURES: dict[str, list[type]] = {
                    _C.c_float, _C.c_float],
     "rx_act_mul": [_C.c_int, _C.c_void_p, _C.c_int64, _C.c_int64, _C.c_void_p, _C.c_int64],
     "rx_decode_layers": [_C.c_void_p, _C.c_int64, _C.c_void_p],
+    "rx_argmax_lse": [_C.c_void_p, _C.c_int64, _C.c_int64, _C.c_void_p, _C.c_void_p],
 }
 RESTYPES: dict[str, type | None] = {"rx_store_kv": None, "rx_rotate_qk": None,
-                                     "rx_rmsnorm": None, "rx_act_mul": None}
+                                     "rx_rmsnorm": None, "rx_act_mul": None,
+                                     "rx_argmax_lse": None}
 
 
 class NativeUnavailable(RuntimeError):

@@ -26,6 +26,7 @@ from radixrt.runtime.config import (
 from radixrt.runtime.helper_process import HelperProcess
 from radixrt.runtime.ipc import Addresses, ServiceArgs, parent_alive
 from radixrt.runtime.server_options import ServerOptions
+from radixrt.runtime.worker.cpu_waiting import model_process_env
 
 if TYPE_CHECKING:
     from radixrt.runtime.server.tenants import ApiKeys
@@ -73,7 +74,8 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
         procs = {
             "scheduler": HelperProcess(run_scheduler, args, name="radixrt-scheduler"),
             "worker": HelperProcess(run_worker, worker_args, name="radixrt-worker",
-                                    pass_fds=() if listen is None else (listen.fileno(),)),
+                                    pass_fds=() if listen is None else (listen.fileno(),),
+                                    env=model_process_env()),
             **_follower_processes(config, options, addrs.grammar_dir),
         }
         if config.tp_size > 1:

@@ -207,6 +207,15 @@ class TPLayout(msgspec.Struct, frozen=True):
     backend: str = "gloo"
 
 
+class CpuCompute(msgspec.Struct, frozen=True):
+    """How the worker computes on the CPU: torch's threads (the products' and the kernels'),
+    whether the CPU kernels run (kernels/cpu/), and how its OpenMP threads wait."""
+
+    threads: int
+    kernels: bool
+    openmp_wait: str
+
+
 class WorkerReady(msgspec.Struct, frozen=True, tag=True):
     num_pages: int
     page_size: int
@@ -219,6 +228,9 @@ class WorkerReady(msgspec.Struct, frozen=True, tag=True):
     host_pages: int = 0  # the KV tiers below the pool (0: none)
     disk_pages: int = 0
     tp: TPLayout | None = None  # the tensor-parallel layout (None: one rank)
+    # bytes of weights per format ("u4/g32/f16": packed 4-bit codes, "float32", ...), one rank's
+    weight_formats: dict[str, int] = {}
+    cpu: CpuCompute | None = None  # on the CPU: its threads and kernels (None: a GPU)
 
 
 # --- tokenizer <-> scheduler ---------------------------------------------------------------------

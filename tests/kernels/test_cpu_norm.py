@@ -41,3 +41,19 @@ def test_act_mul_equals_the_reference(act: str, ref, inter: int) -> None:
     assert got is not None
     torch.testing.assert_close(got, ref(gate) * up, rtol=2e-6, atol=5e-6)  # |gate * up| ~ 16
     assert act_mul_cpu(gate_up, "gelu") is None  # the erf form: the module's own path
+
+
+@pytest.mark.parametrize("cols", [49152, 100, 7])
+def test_argmax_lse_equals_torchs_argmax_and_logsumexp(cols: int) -> None:
+    from radixrt.kernels.cpu_norm import argmax_lse_cpu
+
+    gen = torch.Generator().manual_seed(cols)
+    x = torch.randn(6, cols, generator=gen) * 4
+    x[1, cols // 2] = x[1, 3] = x[1].max() + 1  # a tie: the first maximum
+    x[2] = float("-inf")
+    x[3, cols - 1] = float("inf")
+    x[4, cols // 3] = float("nan")
+    index, lse = argmax_lse_cpu(x)
+    assert torch.equal(index, x.argmax(dim=-1))
+    torch.testing.assert_close(lse, x.logsumexp(dim=-1), rtol=1e-6, atol=1e-5, equal_nan=True)
+    assert argmax_lse_cpu(x[:, ::2]) is None and argmax_lse_cpu(x.double()) is None

@@ -57,14 +57,18 @@ static inline int64_t request_of(const DecodeArgs& a, int64_t t) {
 // Query row t (of request b) against the keys it sees: its request's KV up to its own position
 // (the causal rule of kernels/reference.py: new token j after a prefix P sees positions 0..P+j),
 // the last `window` of them under a sliding window; its KV head kvh's query heads together.
-static void decode_one(const DecodeArgs& a, int64_t t, int64_t b, int64_t kvh) {
-  const int G = (int)(a.H / a.Hkv), D = (int)a.D;
+static void decode_one(const DecodeArgs& a, int64_t t, int64_t b, int64_t kvh, int g0 = 0,
+                       int gn = -1) {
+  // query heads g0 .. g0 + gn of the KV head's group (all of them by default)
+  const int D = (int)a.D;
+  const int G = gn < 0 ? (int)(a.H / a.Hkv) : gn;
+  const int64_t h0 = kvh * (a.H / a.Hkv) + g0;  // the first query head
   int64_t first = a.indptr[b], last = a.indptr[b + 1];
   if (a.qo_indptr) {  // the request's later query rows are not visible to this one
     last -= a.qo_indptr[b + 1] - 1 - t;
   }
   if (a.window > 0 && last - first > a.window) first = last - a.window;
-  const float* qs = a.q + (t * a.H + kvh * G) * D;
+  const float* qs = a.q + (t * a.H + h0) * D;
   float acc[MAX_GROUP][256];
   float m[MAX_GROUP], l[MAX_GROUP];
   for (int g = 0; g < G; ++g) {
@@ -103,7 +107,7 @@ static void decode_one(const DecodeArgs& a, int64_t t, int64_t b, int64_t kvh) {
     }
   }
   for (int g = 0; g < G; ++g) {
-    const int64_t h = kvh * G + g;
+    const int64_t h = h0 + g;
     float denom = l[g];
     if (a.sinks) denom += expf(a.sinks[h] - m[g]);
     const float inv = 1.f / denom;
@@ -114,13 +118,19 @@ static void decode_one(const DecodeArgs& a, int64_t t, int64_t b, int64_t kvh) {
 }
 
 // Every (query row, KV head) task of the call, shared out among the calling team (an orphaned
-// `omp for`); ends with the loop's barrier.
+// `omp for`); ends with the loop's barrier. Too few tasks for the team (a batch of one or two
+// decode rows) split each KV head's query heads into tasks of their own: each rereads the
+// head's keys (cache-resident) but every thread gets work.
 static void decode_team(const DecodeArgs& a) {
-  const int64_t tasks = a.T * a.Hkv;
+  const int G = (int)(a.H / a.Hkv);
+  const int64_t pairs = a.T * a.Hkv;
+  const int per = pairs >= 4 * omp_get_num_threads() ? G : 1;  // query heads per task
+  const int chunks = (G + per - 1) / per;
 #pragma omp for schedule(dynamic, 1)
-  for (int64_t t = 0; t < tasks; ++t) {
-    const int64_t row = t / a.Hkv;
-    decode_one(a, row, request_of(a, row), t % a.Hkv);
+  for (int64_t t = 0; t < pairs * chunks; ++t) {
+    const int64_t pair = t / chunks, row = pair / a.Hkv;
+    const int g0 = (int)(t % chunks) * per;
+    decode_one(a, row, request_of(a, row), pair % a.Hkv, g0, G - g0 < per ? G - g0 : per);
   }
 }
 

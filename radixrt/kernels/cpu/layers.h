@@ -1,6 +1,7 @@
 // The per-token layer work around the products, on float32 rows: RMSNorm (models/layers.py
-// RMSNorm is its reference) and the gated MLP's activation times its up projection (SiLU as
-// torch computes it, x / (1 + exp(-x)); GELU's tanh form as x * sigmoid(2 u)).
+// RMSNorm is its reference), the gated MLP's activation times its up projection (SiLU as
+// torch computes it, x / (1 + exp(-x)); GELU's tanh form as x * sigmoid(2 u)), and what the
+// sampler asks of a row of logits: its first maximum and its log-sum-exp.
 #pragma once
 #include "vec.h"
 
@@ -40,5 +41,38 @@ static inline void act_mul_row(int act, const float* gu, int64_t I, float* out) 
     v16f g = (v16f){};
     g[0] = gu[i];
     out[i] = act16(act, g)[0] * gu[I + i];
+  }
+}
+
+// The index of the first maximum of x[0..n) and log(sum(exp(x))) over it (m + log of the
+// shifted sum), in two passes over the row.
+static inline void argmax_lse_row(const float* x, int64_t n, int64_t* index, float* lse) {
+  float best = -INFINITY;
+  int64_t at = 0;
+  int64_t i = 0;
+  v16f mv = splat(-INFINITY);
+  for (; i + 16 <= n; i += 16) mv = mv > load16(x + i) ? mv : load16(x + i);
+  best = hmax(mv);
+  for (; i < n; ++i) best = x[i] > best ? x[i] : best;
+  for (i = 0; i < n; ++i)
+    if (x[i] == best) {
+      at = i;
+      break;
+    }
+  v16f sv = (v16f){};
+  i = 0;
+  for (; i + 16 <= n; i += 16) sv = sv + exp16(load16(x + i) - best);
+  float sum = hsum(sv);
+  for (; i < n; ++i) sum += expf(x[i] - best);
+  *index = at;
+  *lse = best + logf(sum);
+  if (best == -INFINITY || best == INFINITY) *lse = best;  // torch's: all -inf, or an inf
+  if (sum != sum) {  // a NaN in the row: torch's argmax takes the first NaN as the maximum
+    for (i = 0; i < n; ++i)
+      if (x[i] != x[i]) {
+        *index = i;
+        *lse = NAN;
+        break;
+      }
   }
 }

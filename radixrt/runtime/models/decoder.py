@@ -194,6 +194,7 @@ class CausalLM(nn.Module):
                 config.rotary_dim, config.local_rope_theta or config.rope_theta,
                 config.local_rope_scaling, config.max_position_embeddings, config.served_context)
         self.fused: FusedDecode | None = None  # use_cpu_kernels builds it
+        self.cpu_kernels = False  # use_cpu_kernels: the CPU kernels run its norms, attention...
         self.lm_head: VocabRows | None = None
         if not config.tie_word_embeddings:
             self.lm_head = VocabRows(self.shard.vocab, config.hidden_size, packed)
@@ -273,6 +274,7 @@ class CausalLM(nn.Module):
         """Run the norms, the rotary embedding, the KV stores and decode attention on the CPU
         kernels (kernels/cpu/: float32 on the CPU, each beside its PyTorch reference), or on
         the PyTorch ops."""
+        self.cpu_kernels = on
         for module in self.modules():
             if isinstance(module, (RMSNorm, Attention, GatedMLP)):
                 module.native = on

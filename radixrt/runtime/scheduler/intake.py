@@ -103,5 +103,7 @@ class SchedulerIntake:
             vocab_size=ready.vocab_size,
             eos_token_ids=list(ready.eos_token_ids),
             tensor_parallel=msgspec.to_builtins(ready.tp) if ready.tp else None,
+            weight_formats=dict(ready.weight_formats),
+            cpu=msgspec.to_builtins(ready.cpu) if ready.cpu else None,
         )
         return info

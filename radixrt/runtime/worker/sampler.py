@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixrt.kernels.cpu_norm import argmax_lse_cpu
 from radixrt.runtime.sampling_params import SamplingParams
 
 # Positive temperatures below this are clamped to it in the sampler (logits / t must stay finite).
@@ -103,10 +104,14 @@ def _pad(seqs: Sequence[Sequence[int]], pad: int, device: torch.device) -> torch
 
 class Sampler:
     def __init__(self, vocab_size: int, eos_token_ids: Sequence[int], device: torch.device | str,
-                 base_seed: int = 0) -> None:
+                 base_seed: int = 0, native: bool = False) -> None:
+        """native: greedy rows' argmax and every row's log-sum-exp on the CPU kernel
+        (kernels/cpu_norm.py argmax_lse_cpu: torch's argmax reads a 49k vocabulary at a
+        fraction of the memory's speed)."""
         self.vocab_size = vocab_size
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.device = torch.device(device)
+        self.native = native
         self._generator = torch.Generator(device=self.device).manual_seed(base_seed)
         self._seeded_generator = torch.Generator(device=self.device)  # re-seeded for each row
 
@@ -127,17 +132,26 @@ class Sampler:
         x = self._process(raw, rows)  # [bs, vocab]
         if allowed is not None:
             x = self._apply_allowed(x if x is not raw else raw.clone(), allowed)
-        tokens = torch.empty(bs, dtype=torch.int64, device=raw.device)  # [bs]
         greedy = [i for i, p in enumerate(params) if p.is_greedy]
         random = [i for i, p in enumerate(params) if not p.is_greedy]
+        if self.native and x is raw and not random:  # one pass gives tokens and lse
+            found = argmax_lse_cpu(raw.contiguous())
+            if found is not None:
+                return self._logprobs(raw, found[0], params, found[1])
+        tokens = torch.empty(bs, dtype=torch.int64, device=raw.device)  # [bs]
         if greedy:
             g = self._index(greedy)
-            tokens[g] = x[g].argmax(dim=-1)
+            tokens[g] = self._argmax(x if len(greedy) == bs else x[g])
         if random:
             r = self._index(random)
             probs = self._probs([params[i] for i in random], x[r])  # [n_random, vocab]
             tokens[r] = self._race(probs, [rows[i] for i in random])
         return self._logprobs(raw, tokens, params)
+
+    def _argmax(self, x: torch.Tensor) -> torch.Tensor:
+        """[m, vocab] -> [m] each row's first maximum."""
+        found = argmax_lse_cpu(x.contiguous()) if self.native else None
+        return x.argmax(dim=-1) if found is None else found[0]
 
     # --- logits processing -------------------------------------------------------------------
 
@@ -294,8 +308,10 @@ class Sampler:
     # --- logprobs ----------------------------------------------------------------------------
 
     def _logprobs(self, raw: torch.Tensor, tokens: torch.Tensor,
-                  params: list[SamplingParams]) -> SampleOutput:
-        lse = raw.logsumexp(dim=-1)  # [bs]
+                  params: list[SamplingParams], lse: torch.Tensor | None = None) -> SampleOutput:
+        if lse is None:
+            found = argmax_lse_cpu(raw.contiguous()) if self.native else None
+            lse = raw.logsumexp(dim=-1) if found is None else found[1]  # [bs]
         chosen = raw.gather(1, tokens[:, None]).squeeze(1) - lse  # [bs]
         top: list[list[tuple[int, float]]] = [[] for _ in params]
         want = [i for i, p in enumerate(params) if p.top_logprobs > 0]

@@ -14,11 +14,12 @@ from radixrt.runtime.config import HICACHE_HOST_RATIO, MAX_TIER_TOKENS, EngineCo
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.forward.attention import resolve_attention_backend
-from radixrt.runtime.messages import TPLayout, WorkerReady
+from radixrt.runtime.messages import CpuCompute, TPLayout, WorkerReady
 from radixrt.runtime.models.loader import LoadedModel, inspect_model, load_model, resolve_dtype
 from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.shard_plan import check_tp_size
 from radixrt.runtime.worker.capacity import kv_bytes_per_token, pool_tokens
+from radixrt.runtime.worker.cpu_waiting import openmp_wait
 from radixrt.runtime.worker.disk_format import Geometry
 from radixrt.runtime.worker.kv_tiers import (
     DISK_TIER_AUTO_MAX_BYTES,
@@ -229,5 +230,8 @@ def build_worker(
         tp=None if tp.size == 1 else TPLayout(
             **shard.describe(loaded.config), kv_bytes_per_token_per_rank=per_token,
             nnodes=config.nnodes, backend=dist_backend(config)),
+        weight_formats=loaded.model.weight_formats(),
+        cpu=CpuCompute(torch.get_num_threads(), loaded.model.cpu_kernels, openmp_wait())
+        if device.type == "cpu" else None,
     )
     return worker, ready

@@ -33,6 +33,7 @@ from radixrt.runtime.config import LOG_FORMAT, EngineConfig
 from radixrt.runtime.distributed.group import TPGroup, bind_listener
 from radixrt.runtime.helper_process import HelperProcess
 from radixrt.runtime.messages import StepPlan, StepResult
+from radixrt.runtime.worker.cpu_waiting import model_process_env
 from radixrt.runtime.worker.worker import Worker
 
 # A collective that waits longer than this fails (the rank exits and the server with it); idle
@@ -179,7 +180,7 @@ def follower_process(config: EngineConfig, rank: int, log_level: str,
                      grammar_dir: str | None) -> HelperProcess:
     """A follower rank's process, not started yet (its lifeline ends it with its starter)."""
     return HelperProcess(run_follower, FollowerArgs(config, rank, log_level, grammar_dir),
-                         name=f"radixrt-tp{rank}")
+                         name=f"radixrt-tp{rank}", env=model_process_env())
 
 
 def run_follower(args: FollowerArgs) -> None:

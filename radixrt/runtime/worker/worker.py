@@ -103,7 +103,8 @@ class Worker:
         kv_shape = self.model.shard.kv_shape(loaded.config)  # this rank's KV heads
         self.kv_cache = KVCache.from_config(kv_shape, num_slots, self.dtype, self.device)
         eos = list(loaded.config.eos_token_ids)
-        self.sampler = Sampler(loaded.config.vocab_size, eos, self.device, base_seed=seed)
+        self.sampler = Sampler(loaded.config.vocab_size, eos, self.device, base_seed=seed,
+                               native=loaded.model.cpu_kernels)
         self.states: dict[int, _RequestState] = {}
         self.swapped: dict[int, torch.Tensor] = {}  # rid -> host K/V
         self.tiers: KVTiers | None = None  # the KV tiers below the pool (setup.build_tiers)
@@ -345,7 +346,8 @@ class Worker:
         child_grammars: dict[int, GrammarState | None] = {}
         drawn: list[TokenLogprob] = []
         if rows:
-            picked = logits[torch.tensor(draws.row_index, device=self.device)]
+            picked = (logits if draws.row_index == list(range(len(logits)))
+                      else logits[torch.tensor(draws.row_index, device=self.device)])
             out = self.sampler.sample(picked, rows, allowed)
             for j, rid in enumerate(owners):
                 top = out.top_logprobs[j] if out.top_logprobs else []

@@ -48,6 +48,11 @@ def run_worker(args: ServiceArgs) -> None:
     results.send(ready)
     log.info("worker ready: %d KV pages of %d on %s", ready.num_pages, ready.page_size,
              ready.device)
+    log.info("weights: %s", ", ".join(f"{fmt} {size / 2**20:.1f} MiB"
+                                      for fmt, size in ready.weight_formats.items()))
+    if ready.cpu is not None:
+        log.info("CPU: %d threads, kernels %s; OpenMP waits: %s", ready.cpu.threads,
+                 "on" if ready.cpu.kernels else "off", ready.cpu.openmp_wait)
     capacity = Capacity(ready.kv_bytes_per_token, ready.page_size, ready.num_pages,
                         ready.context_length)
     log.info("%s", capacity.describe(typical_request_tokens(ready.context_length)))

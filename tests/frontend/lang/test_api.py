@@ -389,6 +389,24 @@ def test_a_runtime_dies_with_the_program_that_started_it(tmp_path):
                     p.kill()
 
 
+def test_the_runtimes_model_threads_spin_briefly_then_sleep(rt):
+    """The worker process starts with a short OpenMP spin (worker/cpu_waiting.py: a busy
+    neighbouring process costs the runtime its share of the cores, no more); the scheduler runs
+    no OpenMP threads."""
+    import psutil
+
+    from radixrt.runtime.worker.cpu_waiting import WAIT_SPINS
+
+    cpu = rx.get_server_info(rt)["cpu"]  # the worker's own account
+    assert cpu["threads"] == torch.get_num_threads() and cpu["kernels"]
+    if not any(k in os.environ for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")):
+        assert cpu["openmp_wait"] == f"GOMP_SPINCOUNT={WAIT_SPINS}"
+    processes = {p.name(): p for p in psutil.Process(rt.proc.pid).children(recursive=True)}
+    scheduler = next(p for name, p in processes.items() if "scheduler" in name)
+    with open(f"/proc/{scheduler.pid}/maps") as f:  # no torch, no OpenMP threads
+        assert not any("libgomp" in line for line in f)
+
+
 # --- pins are leases ---------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def short_leases() -> Iterator[rx.Runtime]:

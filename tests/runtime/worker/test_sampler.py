@@ -40,6 +40,24 @@ def test_greedy_is_argmax() -> None:
     assert out.token_ids == logits.argmax(-1).tolist()
 
 
+def test_the_cpu_kernel_sampler_draws_and_scores_as_torch_does() -> None:
+    """native=True (the worker's, where the CPU kernels run): greedy tokens and every row's
+    logprob from the kernel's argmax and log-sum-exp, the same as torch's; mixed batches."""
+    logits = rand_logits(5, vocab=49152, seed=3)
+    logits[1, 7] = logits[1, 9] = logits[1].max() + 1  # a tie: the first
+    batches = [[row(temperature=0.0, logprobs=True, top_logprobs=3) for _ in range(5)],
+               [row(temperature=0.0), row(seed=4), row(temperature=0.0, top_k=2),
+                row(logprobs=True, seed=5), row(temperature=0.0, logprobs=True)]]
+    for rows in batches:
+        ref = Sampler(49152, [EOS], "cpu").sample(logits, rows)
+        got = Sampler(49152, [EOS], "cpu", native=True).sample(logits, rows)
+        assert got.token_ids == ref.token_ids
+        assert got.logprobs == pytest.approx(ref.logprobs, abs=1e-5)
+        assert [[t for t, _ in top] for top in got.top_logprobs] == \
+            [[t for t, _ in top] for top in ref.top_logprobs]
+    assert got.token_ids[0] == int(logits[0].argmax())  # the last batch's greedy first row
+
+
 @pytest.mark.parametrize("kw", [{"top_k": 1}, {"top_p": 1e-6}, {"min_p": 1.0}])
 def test_truncation_to_one_token_equals_greedy(kw: dict[str, float]) -> None:
     logits = rand_logits(8, seed=1)

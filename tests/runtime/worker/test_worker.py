@@ -23,6 +23,7 @@ from radixrt.runtime.config import EngineConfig
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.forward.kv_cache import KVCache
 from radixrt.runtime.messages import (
+    CpuCompute,
     Run,
     RunResult,
     SlotCopy,
@@ -35,6 +36,7 @@ from radixrt.runtime.messages import (
 )
 from radixrt.runtime.models.loader import LoadedModel, load_model
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.worker.cpu_waiting import openmp_wait
 from radixrt.runtime.worker.setup import (
     CPU_MAX_POOL_TOKENS,
     build_worker,
@@ -640,7 +642,11 @@ def test_build_worker_loads_the_model_and_sizes_the_pool(
     assert ready == WorkerReady(num_pages=12, page_size=4, context_length=MAX_POSITIONS,
                                 vocab_size=VOCAB, eos_token_ids=EOS_IDS, device="cpu",
                                 dtype="float32",
-                                kv_bytes_per_token=worker.kv_cache.bytes_per_token())
+                                kv_bytes_per_token=worker.kv_cache.bytes_per_token(),
+                                weight_formats=worker.model.weight_formats(),
+                                cpu=CpuCompute(torch.get_num_threads(), True, openmp_wait()))
+    assert sum(ready.weight_formats.values()) == sum(  # the tiny safetensors model: all float32
+        p.numel() * 4 for p in worker.model.parameters()) == ready.weight_formats["float32"]
     assert worker.kv_cache.num_slots == 48
     prompt = tokens(20, seed=15)
     res = prefill(worker, Slots(seed=15, num_slots=48), 1, prompt)  # the checkpoint's weights
