@@ -1,4 +1,5 @@
-"""benchmarks/chunked_prefill.py, benchmarks/decode_bandwidth.py, benchmarks/moe.py,
+"""benchmarks/chunked_prefill.py, benchmarks/decode_bandwidth.py, decode_breakdown.py,
+benchmarks/moe.py,
 benchmarks/agent_apis.py,
 benchmarks/fair_share.py and serving.py's replica runs:
 their arithmetic on made-up inputs, and each one's --quick run end to end (the table's numbers
@@ -103,6 +104,23 @@ def test_chunked_prefill_quick(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow  # loads the model in its own process, twice, and starts llama-server
+def test_decode_breakdown_quick() -> None:
+    """The step's phases before and after packed weights add up to the step; after is faster
+    (the dequantized float32 step reads 5x the bytes and runs ~500 torch ops more)."""
+    proc = subprocess.run([sys.executable, "benchmarks/decode_breakdown.py", "--quick"], cwd=ROOT,
+                          env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True,
+                          text=True, timeout=QUICK_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rows = {r[0]: [float(v.rstrip("x")) for v in r[1:]]
+            for r in table_rows(proc.stdout, "| phase (ms per step) |")}
+    phases = [rows[p] for p in ("forward", "LM head", "sampling", "the rest")]
+    for i in (0, 1):  # before, after
+        assert all(p[i] > 0 for p in phases[:3]), rows
+        assert sum(p[i] for p in phases) == pytest.approx(rows["**the step**"][i], abs=0.05)
+    before, after = rows["**the step**"][:2]
+    assert after < before, rows
+
+
 def test_decode_bandwidth_quick(tmp_path: Path) -> None:
     out = run_quick("decode_bandwidth.py", tmp_path)
     match = re.search(r"measured read bandwidth: ([\d.]+) GB/s .*best run ([\d.]+) GB/s", out)
