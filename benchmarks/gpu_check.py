@@ -5,7 +5,8 @@
 
 1. runs tests/kernels/test_extend_attention.py, tests/kernels/test_cascade_attention.py,
    tests/kernels/test_decode_attention_windows.py, tests/kernels/test_decode_attention_sinks.py,
-   tests/kernels/test_fused_moe.py and tests/runtime/forward/attention/test_triton_backend.py
+   tests/kernels/test_fused_moe.py, tests/kernels/test_packed_triton.py and
+   tests/runtime/forward/attention/test_triton_backend.py
    natively (pytest);
 2. measures device-to-device copy bandwidth (the yardstick of "achieved bandwidth");
 3. times decode attention (batch 1-256 x context 512-8k) and extend attention against PyTorch
@@ -15,7 +16,9 @@
    each request's concatenated KV; then decode and extend under a sliding window (and a logit
    cap, and attention sinks) against the same kernels over the whole context
    (gpu_check_window.py); the fused mixture-of-experts kernel against its PyTorch reference on
-   Qwen3-30B-A3B and gpt-oss-20b layer shapes (gpu_check_moe.py);
+   Qwen3-30B-A3B and gpt-oss-20b layer shapes (gpu_check_moe.py); the packed-weight products
+   (int4, int8 and FP8 weights, the split-K GEMV and the tiled GEMM) against the same weights
+   in bfloat16 through torch, on Llama-3-8B's projection shapes (gpu_check_packed.py);
 4. times the decode step (forward + logits) of a dummy-weight Llama-3-8B-shaped model, eager and
    with CUDA graphs: tokens/s and model bandwidth utilisation (weights + KV bytes read per step /
    step time / copy bandwidth).
@@ -38,6 +41,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpu_check_moe import moe_bench
+from gpu_check_packed import packed_bench
 from gpu_check_sizes import DRY_SIZES, GPU_SIZES, Sizes
 from gpu_check_timing import (
     Report,
@@ -67,6 +71,7 @@ def run_kernel_tests(sizes: Sizes, report: Report, timeout_s: float) -> None:
            "tests/kernels/test_extend_attention.py", "tests/kernels/test_cascade_attention.py",
            "tests/kernels/test_decode_attention_windows.py",
            "tests/kernels/test_decode_attention_sinks.py", "tests/kernels/test_fused_moe.py",
+           "tests/kernels/test_packed_triton.py",
            "tests/runtime/forward/attention/test_triton_backend.py"]  # fmt: skip
     if sizes.test_filter:
         cmd += ["-k", sizes.test_filter]
@@ -347,6 +352,7 @@ def main(argv: list[str] | None = None) -> int:
     section("extend", 15, lambda: extend_bench(sizes, device, dtype, report))
     section("window", 15, lambda: window_bench(sizes, device, dtype, report))
     section("moe", 15, lambda: moe_bench(args.dry, device, dtype, report))
+    section("packed", 20, lambda: packed_bench(args.dry, device, dtype, report))
     section("model", 45, lambda: model_bench(sizes, device, dtype, bandwidth, report))
     if device.type != "cuda":
         report.add("model", "CUDA graphs", "not run: no CUDA in the dry run")
