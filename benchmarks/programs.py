@@ -68,7 +68,7 @@ from radixrt.frontend.lang.backend import (  # noqa: E402
 )
 from radixrt.runtime.models.loader import load_tokenizer  # noqa: E402
 from radixrt.runtime.sampling_params import SamplingParams  # noqa: E402
-from radixrt.runtime.server.dsl_scoring import common_len  # noqa: E402
+from radixrt.runtime.server.dsl.dsl_scoring import common_len  # noqa: E402
 from radixrt.runtime.tokenizer.chat_roles import chat_roles  # noqa: E402
 
 SYSTEMS = ("radixrt", "radixrt-no-cache", "hf")

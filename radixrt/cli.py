@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"radixrt serve: {as_flags(str(exc), SERVE_OPTIONS)}", file=sys.stderr)
             return 2
         if options.api_key_file is not None:
-            from radixrt.runtime.server.tenants import ApiKeys, with_key_weights
+            from radixrt.runtime.server.core.tenants import ApiKeys, with_key_weights
 
             try:
                 with_key_weights(config, ApiKeys.from_file(options.api_key_file))

@@ -1,5 +1,5 @@
 """The default model's chat template with its generation prompt swapped, for tests that need a
-reasoning model's template (tests/runtime/server/test_openai_serving_reasoning.py,
+reasoning model's template (tests/runtime/server/openai/test_openai_serving_reasoning.py,
 tests/frontend/lang/test_tools.py)."""
 
 from __future__ import annotations

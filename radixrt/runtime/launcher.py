@@ -29,7 +29,7 @@ from radixrt.runtime.server_options import ServerOptions
 from radixrt.runtime.worker.cpu_waiting import model_process_env
 
 if TYPE_CHECKING:
-    from radixrt.runtime.server.tenants import ApiKeys
+    from radixrt.runtime.server.core.tenants import ApiKeys
 
 # At a stop with a disk KV tier, the scheduler gets this long to move the cache to disk.
 PERSIST_TIMEOUT_S = 120.0
@@ -52,7 +52,7 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
 
     from radixrt.runtime.models.loader import load_tokenizer
     from radixrt.runtime.scheduler.scheduler_process import run_scheduler
-    from radixrt.runtime.server.tenants import api_keys, with_key_weights
+    from radixrt.runtime.server.core.tenants import api_keys, with_key_weights
     from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
     from radixrt.runtime.tokenizer.zmq_link import ZmqSchedulerLink
     from radixrt.runtime.worker.worker_process import run_worker
@@ -163,9 +163,9 @@ async def _serve_http(
     dsl_addresses: list[str],
     owner: int | None,
 ) -> int:
-    from radixrt.runtime.server.chat_tool_plan import ChatFeatures
-    from radixrt.runtime.server.dsl_endpoint import DslEndpoint
+    from radixrt.runtime.server.dsl.dsl_endpoint import DslEndpoint
     from radixrt.runtime.server.http_server import create_app
+    from radixrt.runtime.server.openai.chat_tool_plan import ChatFeatures
     from radixrt.runtime.tokenizer.pin_leases import PinService
 
     def alive() -> bool:

@@ -323,7 +323,9 @@ class SchedulerReady(msgspec.Struct, frozen=True, tag=True):
 
 # --- DSL client <-> tokenizer (ZeroMQ DEALER/ROUTER) -------------------------------------------
 class DslRequest(msgspec.Struct, frozen=True, tag=True):
-    """op "generate": run `text` (or `input_ids`) with `params` (SamplingParams fields); with
+    """op "generate": run `text` (or `input_ids`) with `params` (the same SamplingParams the
+    HTTP side builds, decoded typed and validated on decode: a bad field is refused with the
+    call's id and a message naming it); with
     `pin`, the finished prefix stays locked in the radix cache until op "unpin" with the reply's
     pin_id, for as long as the client renews its lease (op "renew" with `pin_ids`, more often
     than the `pin_lease_ttl_s` that op "info" reports). op "score": the log-probability of each
@@ -335,7 +337,7 @@ class DslRequest(msgspec.Struct, frozen=True, tag=True):
     op: str = "generate"
     text: str | None = None
     input_ids: list[int] | None = None
-    params: dict = {}
+    params: SamplingParams = msgspec.field(default_factory=SamplingParams)
     stream: bool = False
     pin: bool = False
     pin_id: int = -1

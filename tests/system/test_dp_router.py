@@ -33,7 +33,7 @@ import psutil
 import pytest
 
 from radixrt.runtime.replicas.router import ROUTER_INSTALL_HINT
-from radixrt.runtime.server.http_replica import REPLICA_HEADER
+from radixrt.runtime.server.core.http_replica import REPLICA_HEADER
 
 pytestmark = pytest.mark.slow  # starts real processes
 

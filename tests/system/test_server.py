@@ -331,7 +331,9 @@ def test_dsl_endpoint_over_zeromq(server, client):
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(f"tcp://127.0.0.1:{server.dsl_port}")
     enc, dec = msgspec.msgpack.Encoder(), msgspec.msgpack.Decoder(DslReply)
-    params = {"max_tokens": 12, "temperature": 0}
+    from radixrt.runtime.sampling_params import SamplingParams
+
+    params = SamplingParams(max_tokens=12, temperature=0)  # the wire's type, as HTTP builds it
     sock.send(enc.encode(DslRequest(call_id=1, text=PROMPT, params=params, stream=True,
                                     api_key=API_KEY)))
     pieces = []
@@ -345,11 +347,14 @@ def test_dsl_endpoint_over_zeromq(server, client):
     http = client.completions.create(model="default", prompt=PROMPT, max_tokens=12,
                                      temperature=0)
     assert reply.text == http.choices[0].text
-    sock.send(enc.encode(DslRequest(call_id=2, text=PROMPT, params={"temperature": -1},
+    # a client of another language sends a bad field: refused on decode, naming the field, in
+    # a reply to its own call
+    bad_params = {"temperature": -1}
+    sock.send(enc.encode(DslRequest(call_id=2, text=PROMPT, params=bad_params,
                                     api_key=API_KEY)))
     assert sock.poll(60_000)
     bad = dec.decode(sock.recv())
-    assert bad.done and "temperature" in bad.error
+    assert bad.done and bad.call_id == 2 and "temperature" in bad.error
     sock.close()
 
 

@@ -28,6 +28,7 @@ from radixrt.frontend.lang.backend import (
 )
 from radixrt.runtime.config import DSL_CONNECT_TIMEOUT_S, PIN_LEASE_TTL_S, PIN_RENEWALS_PER_TTL
 from radixrt.runtime.messages import TokenLogprob
+from radixrt.runtime.sampling_params import SamplingParams
 
 
 def logprob_meta(output: list[TokenLogprob], prompt: list[TokenLogprob]) -> dict[str, Any]:
@@ -137,13 +138,15 @@ class ZmqRuntimeEndpoint:
     @staticmethod
     def _generate_call(text: str, params: dict[str, Any], on_piece: PieceCallback | None,
                        priority: int) -> tuple[Callable[[Any], None] | None, dict[str, Any]]:
-        # the params go as they are, a constraint among them: the runtime compiles it (a broken
-        # pattern is refused); separate_reasoning is the request's own field
-        params = dict(params)
-        separate = bool(params.pop(SEPARATE_REASONING, False))
+        # the params go typed (a bad field is a ValueError here, before anything is sent), a
+        # constraint among them: the runtime compiles it (a broken pattern is refused);
+        # separate_reasoning is the request's own field
+        fields = dict(params)
+        separate = bool(fields.pop(SEPARATE_REASONING, False))
         forward = None if on_piece is None else (lambda reply: on_piece(reply.text, PieceMeta(
             len(reply.token_ids), logprob_meta(reply.logprobs, []))))
-        return forward, dict(op="generate", text=text, params=params,
+        return forward, dict(op="generate", text=text,
+                             params=SamplingParams.from_fields(fields),
                              stream=on_piece is not None, priority=priority,
                              separate_reasoning=separate)
 
@@ -169,7 +172,8 @@ class ZmqRuntimeEndpoint:
 
     @staticmethod
     def _pin_call(text: str, priority: int) -> dict[str, Any]:
-        return dict(op="generate", text=text, params=PREFILL_ONLY, pin=True, priority=priority)
+        return dict(op="generate", text=text, params=SamplingParams.from_fields(PREFILL_ONLY),
+                    pin=True, priority=priority)
 
     def _pinned(self, reply: Any) -> int | None:
         self.token_usage.add(reply.prompt_tokens, 0, reply.cached_tokens)  # a prefill

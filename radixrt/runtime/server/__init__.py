@@ -1,2 +1,2 @@
-"""The entry points: HTTP (OpenAI-compatible and native), metrics, the DSL endpoint and
-select scoring."""
+"""The entry points: one folder per API surface (openai/, responses/, anthropic/, native/, dsl/)
+over a common HTTP core (core/); http_server.py puts the surfaces into one app."""

@@ -1,75 +1,67 @@
-"""The HTTP server: OpenAI-compatible and native endpoints over any TokenizerManager.
+"""The HTTP server: every API surface over any TokenizerManager, in one app.
 
     app = create_app(manager, api_key=None)   # serve with uvicorn
 
-OpenAI API: POST /v1/completions, POST /v1/chat/completions, GET /v1/models.
-OpenAI Responses API: POST /v1/responses, GET and DELETE /v1/responses/{id}, POST
-/v1/responses/{id}/cancel.
-Anthropic API: POST /v1/messages, POST /v1/messages/count_tokens (errors in its shape).
-Native: POST /generate, POST /abort, POST /unpin, POST /renew_pins, POST /flush_cache,
-GET /server_info.
-Operations: GET /health (no auth, no work), GET /health_generate (generates one token),
-GET /metrics (Prometheus text).
-For the SGLang router (http_replica.py): GET /model_info, GET /get_load; a replica's responses
-name it in the `x-radixrt-replica` header.
+Each surface is a folder beside this file, over the common core (core/: errors in each API's
+shape, middleware, streaming, metrics, OpenAPI, text checks, tenants, the router's routes):
+openai/ (POST /v1/completions, POST /v1/chat/completions, GET /v1/models, and the chat pieces
+the other surfaces reuse: tool calls, reasoning, logprobs), responses/ (POST /v1/responses, GET
+and DELETE /v1/responses/{id}, POST /v1/responses/{id}/cancel), anthropic/ (POST /v1/messages,
+POST /v1/messages/count_tokens), native/ (SGLang's POST /generate, /abort, /abort_request,
+/concate_and_append_request, /unpin, /renew_pins, /flush_cache) and dsl/ (the ZeroMQ endpoint of
+DSL clients, started beside the app by the launcher). This file adds GET /server_info, which
+gathers what each surface reports; core/operations_routes.py GET /health (no auth, no work), GET
+/health_generate and GET /metrics; core/http_replica.py the SGLang router's GET /model_info and
+GET /get_load (a replica's responses name it in the `x-radixrt-replica` header).
 
-Every refusal is an HTTP 4xx in OpenAI's error format (a body past MAX_REQUEST_BODY_BYTES: 413);
-an internal error is a 500 in the same format that leaves the connection usable. Only pure ASGI
-middleware is used, so a client that disconnects is noticed and its request aborted.
+Every refusal is an HTTP 4xx in the client's API's error format (a body past
+MAX_REQUEST_BODY_BYTES: 413); an internal error is a 500 in the same format that leaves the
+connection usable. Only pure ASGI middleware is used, so a client that disconnects is noticed and
+its request aborted.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
-import logging
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse, Response
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from fastapi import FastAPI
 
-from radixrt.runtime.server.anthropic_serving import AnthropicServing
-from radixrt.runtime.server.chat_tool_plan import ChatFeatures
-from radixrt.runtime.server.error_shapes import error_response
-from radixrt.runtime.server.http_metrics import HTTPMetrics
-from radixrt.runtime.server.http_native import NativeServing
-from radixrt.runtime.server.http_openapi import install_openapi
-from radixrt.runtime.server.http_replica import ReplicaHeader, add_router_routes
-from radixrt.runtime.server.http_routes import (
-    add_anthropic_routes,
-    add_native_routes,
-    add_openai_routes,
-    add_operations_routes,
-    add_responses_routes,
+from radixrt.runtime.server.anthropic.anthropic_routes import add_anthropic_routes
+from radixrt.runtime.server.anthropic.anthropic_serving import AnthropicServing
+from radixrt.runtime.server.core.http_metrics import HTTPMetrics
+from radixrt.runtime.server.core.http_middleware import (
+    MAX_REQUEST_BODY_BYTES,
+    UNAUTHENTICATED_PATHS,
+    BearerAuth,
+    BodyLimit,
+    InternalErrors,
+    install_error_handlers,
 )
-from radixrt.runtime.server.http_streaming import ClientGone
-from radixrt.runtime.server.openai_protocol import APIError
-from radixrt.runtime.server.openai_serving import MODEL_ALIAS, OpenAIServing
-from radixrt.runtime.server.response_store import ResponseStore
-from radixrt.runtime.server.responses_serving import ResponsesServing
-from radixrt.runtime.server.tenants import TENANT_STATE, ApiKeys
-from radixrt.runtime.server.text_check import CheckedTextRoute
+from radixrt.runtime.server.core.http_openapi import install_openapi
+from radixrt.runtime.server.core.http_replica import (
+    ReplicaHeader,
+    add_router_routes,
+    router_metadata,
+)
+from radixrt.runtime.server.core.operations_routes import add_operations_routes
+from radixrt.runtime.server.core.tenants import ApiKeys
+from radixrt.runtime.server.core.text_check import CheckedTextRoute
+from radixrt.runtime.server.dsl.dsl_scoring import start_text
+from radixrt.runtime.server.native.native_routes import add_native_routes
+from radixrt.runtime.server.native.native_serving import NativeServing
+from radixrt.runtime.server.openai.chat_tool_plan import ChatFeatures
+from radixrt.runtime.server.openai.openai_routes import add_openai_routes
+from radixrt.runtime.server.openai.openai_serving import MODEL_ALIAS, OpenAIServing
+from radixrt.runtime.server.responses.response_store import ResponseStore
+from radixrt.runtime.server.responses.responses_routes import add_responses_routes
+from radixrt.runtime.server.responses.responses_serving import ResponsesServing
+from radixrt.runtime.tokenizer.chat_tool_prompts import dsl_chat_info
 from radixrt.runtime.tokenizer.pin_leases import PinService
 from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 
-# A larger request body is refused with 413 while it is read.
-MAX_REQUEST_BODY_BYTES = 4 << 20
 API_DESCRIPTION = ("OpenAI's API (completions, chat, models, Responses), Anthropic's Messages "
                    "API and radixrt's native API over one runtime.")
-
-UNAUTHENTICATED_PATHS = frozenset({"/health"})
-# What a field of a union type must be (pydantic reports one error per alternative).
-FIELD_HINTS = {
-    "prompt": "must be a string, a list of strings, a list of token ids (ints) or a list of "
-              "lists of token ids",
-    "stop": "must be a string or a list of strings",
-    "messages": "must be a list of {\"role\": ..., \"content\": str or [{\"type\": \"text\", "
-                "\"text\": ...}]} objects",
-}
-CLIENT_CLOSED_REQUEST = 499  # nginx's status for "the client went away"
-log = logging.getLogger("radixrt.http")
 
 
 def radixrt_version() -> str:
@@ -111,7 +103,9 @@ def create_app(manager: TokenizerManager, api_key: str | None = None,
     add_anthropic_routes(app, AnthropicServing(chat))
     store = ResponseStore(pins)
     add_responses_routes(app, ResponsesServing(chat, store))
-    add_native_routes(app, NativeServing(manager), manager, pins, features, store)
+    native = NativeServing(manager)
+    add_native_routes(app, native, manager, pins)
+    add_info_routes(app, manager, native, pins, features, store)
     add_operations_routes(app, manager, metrics)
     add_router_routes(app, manager)
     install_openapi(app, keys is not None, UNAUTHENTICATED_PATHS,
@@ -119,202 +113,20 @@ def create_app(manager: TokenizerManager, api_key: str | None = None,
     return app
 
 
-# --- errors ------------------------------------------------------------------------------------
-
-
-def install_error_handlers(app: FastAPI, metrics: HTTPMetrics) -> None:
-    async def on_api_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, APIError)
-        metrics.reject(exc.status)
-        return error_response(request.url.path, exc.status, exc.message, exc.type, exc.param,
-                              exc.code, exc.headers)
-
-    async def on_validation_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, RequestValidationError)
-        metrics.reject(400)
-        message, param = describe_validation_errors(exc.errors())
-        return error_response(request.url.path, 400, message, param=param)
-
-    async def on_http_error(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, StarletteHTTPException)
-        if isinstance(exc.__cause__, BodyTooLarge):  # FastAPI wraps errors of body reading
-            return await on_body_too_large(request, exc.__cause__)
-        if exc.status_code < 500:
-            metrics.reject(exc.status_code)
-        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return error_response(request.url.path, exc.status_code, str(exc.detail), kind,
-                              headers=exc.headers)
-
-    async def on_client_gone(request: Request, exc: Exception) -> Response:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-
-    async def on_body_too_large(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, BodyTooLarge)
-        metrics.reject(413)
-        return exc.response(request.url.path)
-
-    app.add_exception_handler(APIError, on_api_error)
-    app.add_exception_handler(RequestValidationError, on_validation_error)
-    app.add_exception_handler(StarletteHTTPException, on_http_error)
-    app.add_exception_handler(ClientGone, on_client_gone)
-    app.add_exception_handler(BodyTooLarge, on_body_too_large)
-
-
-def describe_validation_errors(errors: Any) -> tuple[str, str | None]:
-    """pydantic's errors as one message that says what to fix, and the first bad field."""
-    parts: list[str] = []
-    fields: list[str] = []
-    for error in prefer_value_errors(errors):
-        loc = [str(p) for p in error.get("loc", ()) if p != "body" and not is_type_tag(p)]
-        if error.get("type") == "json_invalid":
-            return f"the request body is not valid JSON: {error.get('ctx', {}).get('error')}", None
-        if not loc:
-            return "the request body must be a JSON object", None
-        field = loc[0]
-        if field in fields:  # a union type reports one error per alternative: keep the first
-            continue
-        fields.append(field)
-        got = error.get("input")
-        got_text = "" if isinstance(got, (dict, list)) else f" (got {got!r})"
-        if field in FIELD_HINTS and (len(loc) == 1 or not loc[1].isdigit()):
-            parts.append(f"{field} {FIELD_HINTS[field]}")
-        else:
-            parts.append(f"{'.'.join(loc)}: {error.get('msg')}{got_text}")
-    return "invalid request: " + "; ".join(parts), fields[0] if fields else None
-
-
-def prefer_value_errors(errors: Any) -> list[Any]:
-    """A union reports one error per alternative: where the value had the right type for one of
-    them (a list too long, say) that error says what to fix, so it goes before the others'
-    "should be a valid string"."""
-    def is_type_error(error: Any) -> bool:
-        return str(error.get("type", "")).endswith("_type")
-
-    return sorted(errors, key=is_type_error)
-
-
-def is_type_tag(part: Any) -> bool:
-    """pydantic names the alternative of a union in the error location: 'str', 'list[int]'."""
-    return isinstance(part, str) and (part in ("str", "int", "float", "bool") or "[" in part)
-
-
-# --- authentication ----------------------------------------------------------------------------
-
-
-class BearerAuth:
-    """Pure ASGI middleware: every path but /health needs `Authorization: Bearer <key>` with
-    one of the keys; a named key's name becomes the request's tenant (scope state)."""
-
-    def __init__(self, app: ASGIApp, keys: ApiKeys) -> None:
-        self.app = app
-        self.keys = keys
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in UNAUTHENTICATED_PATHS:
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        given = headers.get(b"authorization", b"")
-        scheme, _, token = given.partition(b" ")
-        # the scheme is case-insensitive (RFC 7235 section 2.1): "bearer KEY" is as good;
-        # Anthropic's clients send the key as `x-api-key: KEY`
-        if scheme.lower() != b"bearer":
-            token = headers.get(b"x-api-key", b"")
-            given = given or token
-        found, name = self.keys.match(token.strip())
-        if found:
-            if name is not None:
-                scope.setdefault("state", {})[TENANT_STATE] = name
-            await self.app(scope, receive, send)
-            return
-        message = ("a valid API key is required: send the header 'Authorization: Bearer <key>' "
-                   "(or 'x-api-key: <key>')" if not given else "the API key is wrong")
-        response = error_response(scope["path"], 401, message, code="invalid_api_key",
-                                  headers={"WWW-Authenticate": "Bearer"})
-        await response(scope, receive, send)
-
-
-# --- body size and internal errors -------------------------------------------------------------
-
-
-class BodyTooLarge(Exception):
-    def __init__(self, max_bytes: int) -> None:
-        super().__init__(f"the request body is larger than {max_bytes} bytes: send less "
-                         "(split a batch of prompts, shorten the prompt)")
-
-    def response(self, path: str) -> JSONResponse:
-        return error_response(path, 413, str(self), code="request_too_large")
-
-
-class BodyLimit:
-    """Pure ASGI middleware: a request body past `max_bytes` is refused with 413, before the app
-    sees it when Content-Length says so, else as soon as the bytes read pass the limit. The rest
-    of the body is read and dropped (never kept), so the connection stays usable."""
-
-    def __init__(self, app: ASGIApp, max_bytes: int, metrics: HTTPMetrics) -> None:
-        self.app = app
-        self.max_bytes = max_bytes
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length", b"0")
-        if declared.isdigit() and int(declared) > self.max_bytes:
-            await self.drain(receive, {"more_body": True})
-            self.metrics.reject(413)
-            await BodyTooLarge(self.max_bytes).response(scope["path"])(scope, receive, send)
-            return
-        seen = 0
-
-        async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.max_bytes:
-                    await self.drain(receive, message)
-                    raise BodyTooLarge(self.max_bytes)
-            return message
-
-        await self.app(scope, counted, send)
-
-    @staticmethod
-    async def drain(receive: Receive, message: Message) -> None:
-        while message.get("more_body", False):
-            message = await receive()
-            if message["type"] != "http.request":
-                return  # the client went away
-
-
-class InternalErrors:
-    """Pure ASGI middleware: an unexpected exception (a bug) becomes a 500 with an OpenAI-style
-    body and a logged traceback, and is not re-raised, so the server (which closes a connection
-    whose app raised) keeps the client's connection open. Mid-stream, the stream is cut."""
-
-    def __init__(self, app: ASGIApp, metrics: HTTPMetrics) -> None:
-        self.app = app
-        self.metrics = metrics
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def watched(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, receive, watched)
-        except Exception as exc:
-            log.exception("internal error serving %s %s", scope.get("method"), scope.get("path"))
-            if started:
-                raise
-            self.metrics.reject(500)
-            message = f"internal error: {type(exc).__name__}: {exc}"
-            await error_response(scope["path"], 500, message, "server_error")(scope, receive,
-                                                                                send)
+def add_info_routes(app: FastAPI, manager: TokenizerManager, native: NativeServing,
+                    pins: PinService, features: ChatFeatures, store: ResponseStore) -> None:
+    """GET /server_info (SGLang's /get_server_info too): the runtime's state and what each
+    surface adds (the DSL's chat info, pins, stored responses, named sequences, the router's)."""
+    serving = native
+    @app.get("/server_info")
+    @app.get("/get_server_info")  # SGLang's name
+    async def server_info() -> dict[str, Any]:
+        info = await manager.server_info()
+        info["chat"] = dsl_chat_info(manager.tokenizer, features.tool_format)  # DSL clients
+        info["chat_features"] = features.info()
+        info["score_start"] = start_text(manager.tokenizer)  # unconditional select scores
+        info.update(pins.info())
+        info.update(store.info())
+        info.update(serving.registry.info())
+        info.update(router_metadata(manager))
+        return info

@@ -105,8 +105,8 @@ def test_completions_backends_refuse_tools_by_name() -> None:
 def endpoint(loaded_model: Any) -> Iterator[rx.RuntimeEndpoint]:
     """A DSL endpoint on its own loop thread, with a DeepSeek-R1-style template."""
     from radixrt import Engine
-    from radixrt.runtime.server.chat_tool_plan import ChatFeatures
-    from radixrt.runtime.server.dsl_endpoint import DslEndpoint
+    from radixrt.runtime.server.dsl.dsl_endpoint import DslEndpoint
+    from radixrt.runtime.server.openai.chat_tool_plan import ChatFeatures
 
     engine = Engine(model=loaded_model, max_total_tokens=8192, check_integrity=True)
     manager = engine.tokenizer_manager("smollm2")
