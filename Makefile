@@ -33,14 +33,19 @@ setup: $(STAMP)
 demo: setup
 	HF_HUB_OFFLINE=1 $(PY) examples/demo.py
 
+# Two workers (pytest-xdist; a test file's tests stay on one worker, so module fixtures start
+# once), the processes that run models spinning briefly when they wait (GOMP_SPINCOUNT: two
+# workers share the 2 cores); then the tests that compare timings, alone.
+PYTEST_WORKERS := -n 2 --dist loadfile
 test: setup
 	$(VENV)/bin/ruff check radixrt tests benchmarks examples scripts
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q
+	HF_HUB_OFFLINE=1 GOMP_SPINCOUNT=1000 $(PY) -m pytest -q $(PYTEST_WORKERS) -m "not serial"
+	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m serial
 
 # Unit tests and the scheduler simulation: no model, no servers (a few minutes).
 test-fast: setup
 	$(VENV)/bin/ruff check radixrt tests benchmarks examples scripts
-	HF_HUB_OFFLINE=1 $(PY) -m pytest -q -m "not model and not slow"
+	HF_HUB_OFFLINE=1 GOMP_SPINCOUNT=1000 $(PY) -m pytest -q $(PYTEST_WORKERS) -m "not model and not slow and not serial"
 
 lint: setup
 	$(VENV)/bin/ruff check radixrt tests benchmarks examples scripts

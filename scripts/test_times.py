@@ -66,11 +66,15 @@ def table(files: dict[str, FileTimes], top: int | None = None) -> str:
     return "\n".join(rows)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("report", type=Path, help="the output of pytest --durations=0")
     parser.add_argument("--top", type=int, default=None, help="the largest N files only")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     files = parse(args.report.read_text(errors="replace"))
     if not files:
         print(f"{args.report}: no durations found (run pytest with --durations=0)",

@@ -31,7 +31,8 @@ PAGE_IDS = [page.relative_to(ROOT).as_posix() for page in PAGES]
 README_MAX_LINES = 400
 # flags of other commands the pages show: pip's, every command's --help, llama.cpp's
 # llama-server (the benchmarks' peer), helm's (docs/kubernetes.md)
-OTHER_COMMANDS_FLAGS = {"--no-deps", "--help", "--jinja", "--spec-type", "--set"}
+OTHER_COMMANDS_FLAGS = {"--no-deps", "--help", "--jinja", "--spec-type", "--set",
+                        "--durations", "--dist"}  # pip's, llama-server's, helm's, pytest's
 MODELS_TABLE_HEADER = "| architecture (`config.json`) |"
 
 each_page = pytest.mark.parametrize("page", PAGES, ids=PAGE_IDS)
@@ -63,11 +64,11 @@ class _Parsed(Exception):
 
 
 @functools.cache
-def benchmark_flags(script: str) -> frozenset[str]:
-    """The flags of benchmarks/<script>.py, from the parser its parse_args builds (a helper
-    module without one has none of its own)."""
-    if str(ROOT / "benchmarks") not in sys.path:  # the scripts import each other by name
-        sys.path.insert(0, str(ROOT / "benchmarks"))
+def script_flags(folder: str, script: str) -> frozenset[str]:
+    """The flags of <folder>/<script>.py (benchmarks/, scripts/), from the parser its parse_args
+    builds (a helper module without one has none of its own)."""
+    if str(ROOT / folder) not in sys.path:  # the scripts import each other by name
+        sys.path.insert(0, str(ROOT / folder))
     module = importlib.import_module(script)
     if not hasattr(module, "parse_args"):
         return frozenset()
@@ -81,14 +82,15 @@ def benchmark_flags(script: str) -> frozenset[str]:
         except _Parsed as parsed:
             return frozenset(opt for action in parsed.parser._actions
                              for opt in action.option_strings)
-    raise AssertionError(f"benchmarks/{script}.py's parse_args parsed nothing")
+    raise AssertionError(f"{folder}/{script}.py's parse_args parsed nothing")
 
 
 def known_flags(text: str) -> set[str]:
-    """radixrt serve's and plan's, other commands', and those of the benchmark scripts named."""
+    """radixrt serve's and plan's, other commands', and those of the benchmark scripts and
+    scripts/ named."""
     known = command_flags("serve") | command_flags("plan") | OTHER_COMMANDS_FLAGS
-    for script in set(re.findall(r"benchmarks/(\w+)\.py", text)):
-        known |= benchmark_flags(script)
+    for folder, script in set(re.findall(r"(benchmarks|scripts)/(\w+)\.py", text)):
+        known |= script_flags(folder, script)
     return known
 
 

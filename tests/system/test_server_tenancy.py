@@ -15,7 +15,8 @@ import openai
 import pytest
 from test_server import Server, free_port
 
-pytestmark = pytest.mark.slow  # starts real processes
+# starts real processes; compares TTFTs, so it runs alone (make test's serial part)
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 
 KEYS = {"alice": "key-alice-123", "bob": "key-bob-456", "carol": "key-carol-789"}
 FLOOD = 8  # alice's requests: 2 run, 6 wait

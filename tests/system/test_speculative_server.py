@@ -16,6 +16,8 @@ from test_server import API_KEY, Server
 
 from radixrt import SamplingParams
 
+pytestmark = pytest.mark.slow  # a real server
+
 RECORD = ('{"name": "Grace Hopper", "born": 1906, "field": "computer science", '
           '"known_for": ["COBOL", "the first compiler"], "city": "New York"}')
 COPY = f"Repeat this JSON record exactly:\n{RECORD}\nRepeated:\n"

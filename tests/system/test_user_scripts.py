@@ -126,8 +126,9 @@ def test_an_engine_script_with_every_constraint_tiers_and_speculation(tmp_path):
 
         eng = radixrt.Engine(max_total_tokens=4096, disk_cache_dir={str(tmp_path / "kv")!r})
         prompt = "Answer briefly:"
-        schema = {{"type": "object", "properties": {{"n": {{"type": "integer"}}}},
-                  "required": ["n"]}}
+        # bounded: a sampled integer always ends within max_tokens
+        schema = {{"type": "object", "required": ["n"],
+                  "properties": {{"n": {{"type": "integer", "minimum": 0, "maximum": 999}}}}}}
         tools = {{"format": "hermes", "mode": "required", "tools": [{{"name": "add",
                  "parameters": {{"type": "object", "properties": {{"a": {{"type": "integer"}}}},
                                 "required": ["a"]}}}}]}}

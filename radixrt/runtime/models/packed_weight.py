@@ -29,14 +29,17 @@ def select_rows(p: PackedTensors, index: Sequence[int | None]) -> PackedTensors:
         raise ValueError(f"a packed tensor of {p.rows} rows has no row {max(real)}")
     if list(index) == list(range(p.rows)):
         return p
-    where = torch.tensor([j for j, i in enumerate(index) if i is not None], dtype=torch.int64)
     rows = torch.tensor(real, dtype=torch.int64)
+    if len(real) == len(index):  # a permutation or a subset: no padding rows
+        def pick(t: torch.Tensor) -> torch.Tensor:
+            return t.index_select(0, rows)
+    else:
+        where = torch.tensor([j for j, i in enumerate(index) if i is not None],
+                             dtype=torch.int64)
 
-    def pick(t: torch.Tensor) -> torch.Tensor:
-        out = t.new_zeros((len(index), *t.shape[1:]))
-        if real:
-            out[where] = t.index_select(0, rows)
-        return out
+        def pick(t: torch.Tensor) -> torch.Tensor:
+            out = t.new_zeros((len(index), *t.shape[1:]))
+            return out.index_copy_(0, where, t.index_select(0, rows)) if real else out
 
     return _like(p, pick(p.codes), pick(p.scales), pick(p.biases), p.cols)
 
