@@ -248,7 +248,8 @@ BUGS: tuple[PlantedBug, ...] = (
         "sched-shared-pages-counted-per-request", "scheduler", FAIR,
         "        if (before == 0) != (before + change == 0):\n",
         "        if change:\n",
-        (T_PRIORITIES,),
+        (f"{T_PRIORITIES}::test_a_prompt_shared_by_a_tenants_requests_counts_once_toward_its_"
+         "share", T_PRIORITIES),
         "a tenant's KV share counts a prompt its requests share once per request, so a tenant "
         "using the prefix cache well looks over its share and is preempted",
     ),
@@ -333,7 +334,8 @@ BUGS: tuple[PlantedBug, ...] = (
         "worker-free-keeps-swapped-kv", "worker", WORKER,
         "            self.states.pop(rid, None)\n            self.swapped.pop(rid, None)\n",
         "            self.states.pop(rid, None)\n",
-        (f"{T_WORKER}::test_free_forgets_the_request_and_its_swapped_kv", T_WORKER),
+        (f"{T_WORKER}::test_an_aborted_swapped_out_request_leaves_no_host_kv",
+         f"{T_WORKER}::test_free_forgets_the_request_and_its_swapped_kv", T_WORKER),
         "a swapped-out request that is aborted keeps its host copy of the KV forever: host "
         "memory leaks with every abort under swap preemption",
     ),
@@ -464,7 +466,8 @@ BUGS: tuple[PlantedBug, ...] = (
         "grammar-drafted-eos-always-allowed", "grammars", GRAMMAR_ROWS,
         "    if token in state.grammar.table.eos_token_ids:\n        return may_end\n",
         "    if token in state.grammar.table.eos_token_ids:\n        return True\n",
-        (T_GRAMMAR_ROWS,),
+        (f"{T_GRAMMAR_ROWS}::test_a_drafted_eos_is_allowed_only_where_the_grammar_may_end",
+         T_GRAMMAR_ROWS),
         "a drafted EOS (a chat prompt's own end-of-turn token, drafted from the request's "
         "context) passes the check where the grammar may not end, and advancing the grammar "
         "past it fails the step: the server exits",
@@ -508,7 +511,7 @@ BUGS: tuple[PlantedBug, ...] = (
         "spec-draft-room-ignores-sampled-token", "speculation", PLANNER,
         "        room = min(req.max_tokens - len(req.output_ids) - 1,\n",
         "        room = min(req.max_tokens - len(req.output_ids),\n",
-        (T_SIM, T_PLANNER),
+        (f"{T_PLANNER}::test_a_draft_never_runs_past_max_tokens", T_SIM, T_PLANNER),
         "a draft may reach max_tokens without counting the token sampled after it, so KV is "
         "reserved (and the step computed) for a position past the output's end",
     ),
@@ -525,7 +528,7 @@ BUGS: tuple[PlantedBug, ...] = (
         "            self._unfile(self._key(leaf.extra_key, run.tokens, p), run, p)\n"
         "        run.alive = start\n",
         "            self._unfile(self._key(leaf.extra_key, run.tokens, p), run, p)\n",
-        (T_DRAFT_INDEX,),
+        (f"{T_DRAFT_INDEX}::test_drafts_never_follow_evicted_tokens", T_DRAFT_INDEX),
         "the draft index keeps drafting tokens whose nodes were evicted, so drafts follow text "
         "that is no longer cached and are rejected, wasting every verified row",
     ),
@@ -600,7 +603,7 @@ BUGS: tuple[PlantedBug, ...] = (
         "dsl-select-tie-goes-to-later-choice", "DSL", SELECT,
         "        best = max(range(len(scores)), key=lambda i: (scores[i], -i))\n",
         "        best = max(range(len(scores)), key=lambda i: (scores[i], i))\n",
-        (T_PROGRAM,),
+        (f"{T_PROGRAM}::test_a_select_whose_choices_tie_picks_the_first", T_PROGRAM),
         "a select whose choices score equally picks the last one instead of the first "
         "(SGLang's rule), so programs branch differently",
     ),
@@ -610,7 +613,7 @@ BUGS: tuple[PlantedBug, ...] = (
         "                self.parent._executor.unpin(self._handle)\n",
         "            if self._handle is not None and mode == \"gather_variable\":\n"
         "                self.parent._executor.unpin(self._handle)\n",
-        (T_PROGRAM,
+        (f"{T_PROGRAM}::test_a_join_releases_the_forks_prefix_in_either_mode", T_PROGRAM,
          f"{T_SGLANG_NAMES}::test_fork_item_appends_lambda_appends_and_both_join_modes"),
         "a fork joined with concate_and_append never unpins the prefix it pinned, so its KV "
         "stays locked in the runtime until the pin budget is exhausted",
@@ -628,7 +631,7 @@ BUGS: tuple[PlantedBug, ...] = (
         "        return Transcript(self.chat, self.text, [dict(m) for m in self.messages], "
         "self.role,\n",
         "        return Transcript(self.chat, self.text, self.messages, self.role,\n",
-        (T_PROGRAM,),
+        (f"{T_PROGRAM}::test_each_fork_has_its_own_messages", T_PROGRAM),
         "forks share one messages list with their parent, so s.messages() of every branch shows "
         "the other branches' turns",
     ),

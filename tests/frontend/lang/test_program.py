@@ -97,6 +97,62 @@ def test_nested_forks_join_into_the_grandparent_with_meta():
     assert backend.pins == ["root", "root", "root"] and backend.unpinned == 3
 
 
+def test_each_fork_has_its_own_messages():
+    """A fork's messages are the parent's before the fork, then its own turns: never a
+    sibling's, and the parent's stay its own (the children's turns reach it only as text
+    appended at a join)."""
+
+    @rx.function
+    def chat(s):
+        s += rx.system("Be brief.")
+        forks = s.fork(2)
+        forks += lambda i: rx.user(f"Q{i}") + rx.assistant(rx.gen("a"))
+        forks.join()
+        s += rx.user("Which?")
+
+    state = chat.run(backend=EchoBackend())
+    system = {"role": "system", "content": "Be brief."}
+    assert state.messages() == [system, {"role": "user", "content": "Which?"}]
+    for i, fork in enumerate(state.forks):
+        assert fork.messages() == [system, {"role": "user", "content": f"Q{i}"},
+                                   {"role": "assistant", "content": state["a"][i]}]
+
+
+def test_a_select_whose_choices_tie_picks_the_first():
+    """Choices that score the same: the first of them is chosen (SGLang's rule), whatever the
+    method."""
+
+    @rx.function
+    def prog(s):
+        s += "Pick: " + rx.select("mean", ["ab", "cd", "e"])  # EchoBackend: scores 2, 2, 1
+        s += rx.select("greedy", ["ef", "gh"], method="greedy")
+
+    state = prog.run(backend=EchoBackend())
+    assert (state["mean"], state["greedy"]) == ("ab", "ef")
+    assert state.get_meta_info("mean")["scores"] == [2.0, 2.0, 1.0]
+
+
+@pytest.mark.parametrize("mode", ["gather_variable", "concate_and_append"])
+def test_a_join_releases_the_forks_prefix_in_either_mode(mode: str):
+    """fork() pins the text so far in the runtime's cache; join() unpins it whichever way it
+    joins, so a program's pins never pile up."""
+    backend = EchoBackend()
+
+    @rx.function
+    def prog(s):
+        s += "Shared context. "
+        forks = s.fork(2)
+        forks += lambda i: f"Part {i}." + rx.gen("x", max_tokens=2)
+        forks.join(mode=mode)
+        s += " End."
+
+    state = prog.run(backend=backend)
+    assert backend.pins == ["Shared context. "] and backend.unpinned == 1
+    if mode == "concate_and_append":
+        assert state.text().startswith("Shared context. Part 0.<")
+        assert "Part 1.<" in state.text() and state.text().endswith(" End.")
+
+
 def test_failures_surface_from_run_and_from_run_batch():
     backend = EchoBackend()
 

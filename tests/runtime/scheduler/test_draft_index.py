@@ -123,6 +123,24 @@ def test_other_continuations_are_where_later_sequences_parted() -> None:
                                                             (3, [4, 3, 7])]
 
 
+def test_drafts_never_follow_evicted_tokens() -> None:
+    """A later sequence parts from an earlier one inside it (the tree splits the earlier leaf),
+    then the earlier one's tail below the split is evicted: its tokens are drafted no more, and
+    the draft reads on down what the tree still holds."""
+    ticks = iter(range(1000))
+    index = DraftIndex()
+    tree = RadixCache(1, clock=lambda: float(next(ticks)), listener=index)
+    tree.insert([9, 8, 7, 6, 5, 4, 3], list(range(7)))
+    tree.insert([9, 8, 7, 6, 1, 1], list(range(7, 13)))  # parts after 6
+    assert index.lookup_paths(None, [8, 7, 6], 4, 2) == [(3, [5, 4, 3]), (3, [1, 1])]
+    assert sorted(tree.evict(3)) == [4, 5, 6]  # the least recently used leaf: 5, 4, 3
+    assert paths(tree, None) == [(9, 8, 7, 6), (9, 8, 7, 6, 1, 1)]
+    assert index.lookup(None, [8, 7, 6], 4) == (3, [1, 1])
+    assert index.lookup_paths(None, [8, 7, 6], 4, 2) == [(3, [1, 1])]
+    assert index.lookup(None, [7, 6, 5], 4) == (0, [])
+    assert index.entries <= tree_tokens(tree)
+
+
 def test_the_longest_back_match_wins() -> None:
     index = DraftIndex()
     tree = RadixCache(1, listener=index)

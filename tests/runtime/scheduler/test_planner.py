@@ -32,7 +32,14 @@ from sim_worker import (
 )
 
 from radixrt.runtime.config import PLACEHOLDER_TOKEN, EngineConfig
-from radixrt.runtime.messages import RunResult, Scheduling, StepPlan, StepResult, TokenLogprob
+from radixrt.runtime.messages import (
+    Run,
+    RunResult,
+    Scheduling,
+    StepPlan,
+    StepResult,
+    TokenLogprob,
+)
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.scheduler.in_flight import InFlightLedger
 from radixrt.runtime.scheduler.planner import IN_BATCH_PREFIX_MIN
@@ -649,6 +656,37 @@ def test_an_abort_while_a_step_is_in_flight_caches_known_tokens_only(
     finish_all(sim)
     assert sim.sched.stats.cached_tokens == whole
     check_oracle(follow)
+
+
+# --- speculative decoding ------------------------------------------------------------------------
+def deepest_draft(run: Run) -> int:
+    """How many drafted tokens the run's longest draft path holds (0: no draft)."""
+    parents = run.draft_parents or list(range(-1, len(run.draft) - 1))
+    depth: list[int] = []
+    for parent in parents:
+        depth.append(1 + (depth[parent] if parent >= 0 else 0))
+    return max(depth, default=0)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 5])
+def test_a_draft_never_runs_past_max_tokens(max_tokens: int) -> None:
+    """A request whose answer the radix tree holds drafts it, but never past its max_tokens:
+    the token sampled after the draft counts too. The last output is sampled, never computed,
+    so no planned run of the request reaches position prompt + max_tokens - 1 (nor reserves
+    KV for it); its outputs are the oracle's."""
+    sim = make_sim(512, speculative_algorithm="radix", speculative_num_draft_tokens=8,
+                   speculative_max_batch_size=256)
+    prompt = list(range(1, 13))
+    sim.sched.add_request(prompt, long(16))
+    finish_all(sim)  # its answer is cached
+    planned = watch(sim)
+    req = sim.sched.add_request(prompt, long(max_tokens))
+    finish_all(sim)
+    runs = [r for p in planned for r in p.plan.runs if r.rid == req.rid]
+    assert any(r.draft for r in runs) == (max_tokens > 1)  # room for a draft and its sample
+    for r in runs:
+        assert r.known_end + deepest_draft(r) <= len(prompt) + max_tokens - 1, r
+    check_oracle(req)
 
 
 # --- min_tokens ----------------------------------------------------------------------------------

@@ -223,6 +223,36 @@ def test_a_tenant_short_of_kv_pages_preempts_the_tenant_holding_the_pool(preempt
     check_outputs(sim, [*arrivals, calm], [*top, b])
 
 
+def test_a_prompt_shared_by_a_tenants_requests_counts_once_toward_its_share() -> None:
+    """A's three requests read one 200-token document (the radix cache holds it once): A holds
+    about 210 KV tokens, not 3 x 200. B holds 100 and asks for 150 more, which the pool lacks:
+    that would leave B holding more than A, so B's request waits for room instead of taking
+    pages from A, and nothing is preempted."""
+    sim = make_sim(400, max_running_requests=16, fair_share_quantum=2)
+    gen = SamplingParams(max_tokens=40, ignore_eos=True)
+    doc = tuple(1 + (k * 7) % 19 for k in range(200))
+    arrivals = [Arrival(0, doc + (20 + i, 21), gen, Scheduling(tenant="A")) for i in range(3)]
+    arrivals.append(Arrival(0, tuple(21 + k % 3 for k in range(100)), gen,
+                            Scheduling(tenant="B")))
+    top = [sim.sched.add_request(list(arrivals[0].prompt), gen, arrivals[0].scheduling)]
+    first_token_step(sim, top[0])  # the document is cached before the others arrive
+    for a in arrivals[1:]:
+        top.append(sim.sched.add_request(list(a.prompt), a.params, a.scheduling))
+        first_token_step(sim, top[-1])
+    more = Arrival(0, tuple(22 + k % 2 for k in range(150)), SHORT, Scheduling(tenant="B"))
+    assert sim.sched.kv.available_pages() < len(more.prompt)  # it does not fit
+    arrivals.append(more)
+    top.append(sim.sched.add_request(list(more.prompt), more.params, more.scheduling))
+    for _ in range(4):
+        step(sim)
+    assert sim.sched.stats.preemptions_by_cause == {"memory": 0, "priority": 0, "fair_share": 0}
+    assert sim.sched.table.running_by_tenant() == {"A": 3, "B": 1}
+    assert top[-1].num_known_outputs == 0  # it waits
+    drain(sim)
+    check_idle(sim)
+    check_outputs(sim, arrivals, top)
+
+
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
 def test_without_the_radix_cache_every_admission_still_makes_progress(preemption: str) -> None:
     """One slot, two tenants, prompts that take more than a quantum of steps to prefill and no

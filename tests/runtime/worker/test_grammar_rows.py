@@ -170,3 +170,24 @@ def _walk(compiler: GrammarCompiler, kind: str, pattern: str, text: str,
     for token in more:
         state.advance(token)
     return state
+
+
+def test_a_drafted_eos_is_allowed_only_where_the_grammar_may_end(compiler: GrammarCompiler
+                                                                  ) -> None:
+    """A draft may hold an EOS (a chat prompt's end-of-turn token, drafted from the request's
+    own context). Where the grammar cannot end yet it is forbidden like any other token: the
+    rows under it are left unconstrained and nothing fails. Where it may end, the grammar ends
+    there: no row under it is constrained either. Both states end where they started."""
+    table = compiler.table
+    eos = table.eos_token_id
+    green = table.tokenizer.encode(" green", add_special_tokens=False)[0]
+    cannot_end = walked(compiler, "regex", REGEX, "")  # nothing yet: EOS is forbidden
+    may_end = walked(compiler, "regex", REGEX, "red")
+    rows = [MaskRow(state, ahead) for state in (cannot_end, may_end)
+            for ahead in ((), (eos,), (eos, green))]
+    got = allowed_tokens(rows, table.vocab_size)
+    assert got is not None and got[0] == [0, 3]  # only the rows before each drafted EOS
+    assert not got[1][0, eos] and got[1][1, eos]
+    assert cannot_end.consumed == 0 and not cannot_end.ended
+    assert may_end.consumed == len(table.tokenizer.encode("red", add_special_tokens=False))
+    assert not may_end.ended

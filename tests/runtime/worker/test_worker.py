@@ -407,6 +407,28 @@ def test_free_forgets_the_request_and_its_swapped_kv(worker: Worker) -> None:
         execute(worker, swap_in=[Swap(rid=5, slots=slots.take(12))])
 
 
+def test_an_aborted_swapped_out_request_leaves_no_host_kv(worker: Worker,
+                                                          loaded: LoadedModel) -> None:
+    """Under swap preemption a request's KV waits in host memory until it is swapped back in.
+    Aborted while it waits (freed), its host copy goes with it, or host memory leaks with every
+    such abort; a request swapped out beside it keeps its copy and decodes on as if it had never
+    left the pool."""
+    slots = Slots(seed=13)
+    prompts = {rid: tokens(10, seed=130 + rid) for rid in (6, 7)}
+    tables = {rid: slots.take(10) for rid in prompts}
+    first = by_rid(execute(worker, new_requests=[request(rid, p) for rid, p in prompts.items()],
+                           runs=[Run(rid=rid, start=0, num_new=10, new_slots=tables[rid],
+                                     sample=True) for rid in prompts]))
+    execute(worker, swap_out=[Swap(rid=rid, slots=tables[rid]) for rid in prompts])
+    assert sorted(worker.swapped) == [6, 7]
+    execute(worker, free=[6])  # aborted while swapped out
+    assert sorted(worker.swapped) == [7]  # no host KV of 6 is left
+    result = execute(worker, swap_in=[Swap(rid=7, slots=slots.take(10))],
+                     runs=[Run(rid=7, start=10, num_new=1, new_slots=slots.take(1), sample=True)])
+    check_greedy_sequence(loaded, prompts[7], [first[7], by_rid(result)[7]])
+    assert worker.swapped == {}
+
+
 def test_free_and_readmit_in_one_plan_starts_clean(worker: Worker, loaded: LoadedModel) -> None:
     """Preemption by recompute: the request comes back with its outputs and is recomputed from
     position 0; a seeded request then samples what it would have sampled anyway."""
