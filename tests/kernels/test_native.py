@@ -5,7 +5,10 @@ references do: the sources built for AVX2 (x86-64-v3) and run here."""
 
 from __future__ import annotations
 
+import json
 import platform
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -17,15 +20,26 @@ from radixrt.kernels.packed_reference import PackedTensors, dequantize_ref
 
 
 def test_the_library_is_cached_by_its_sources_and_shares_torchs_openmp() -> None:
+    # loaded afresh: an earlier test of this process may have loaded it under another
+    # RADIXRT_CACHE_DIR (its own folder, set for that test)
+    native_library.cache_clear()
     lib = native_library()
     assert native_library() is lib  # one load per process
     path = Path(lib._name)
     assert path.parent == native.cache_dir() and path.exists()
     sources = sorted([*native.SOURCES.glob("*.cpp"), *native.SOURCES.glob("*.h")])
     assert path.name == f"radixrt_cpu_{native._digest(sources, native.compiler())}.so"
-    with open("/proc/self/maps") as f:  # one libgomp.so.1: torch's
-        gomp = {line.split()[-1] for line in f if line.rstrip().endswith("libgomp.so.1")}
-    assert len(gomp) == 1 and "torch" in next(iter(gomp))
+    # one libgomp.so.1 in a process that loads torch and the library: torch's (checked in a
+    # process of its own: a test before this one in the same process may have loaded another
+    # library's OpenMP runtime)
+    code = ("import torch\nfrom radixrt.kernels.native import native_library\n"
+            "import json\nnative_library()\nprint(json.dumps(sorted({line.split()[-1] for line in "
+            "open('/proc/self/maps') if line.rstrip().endswith('libgomp.so.1')})))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    gomp = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(gomp) == 1 and "torch" in gomp[0], gomp
 
 
 def test_a_source_that_does_not_compile_is_refused_with_the_compilers_message(
