@@ -1,10 +1,20 @@
-"""The benchmarks' arithmetic on made-up inputs: decode_bandwidth.py's bytes per step and
-chunked_prefill.py's summary. Each script's run end to end: test_benchmarks_quick.py."""
+"""benchmarks/chunked_prefill.py, benchmarks/decode_bandwidth.py, decode_breakdown.py,
+benchmarks/moe.py,
+benchmarks/agent_apis.py,
+benchmarks/fair_share.py and serving.py's replica runs:
+their arithmetic on made-up inputs, and each one's --quick run end to end (the table's numbers
+make sense, the plot is drawn when matplotlib is there)."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
+import re
+import shutil
+import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -14,6 +24,44 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 from chunked_prefill import summarize  # noqa: E402
 from decode_bandwidth import StepBytes  # noqa: E402
 from serving_requests import RequestResult  # noqa: E402
+
+HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+QUICK_TIMEOUT_S = 300  # each takes well under 90 s on an idle 2-core machine
+
+
+def run_quick(script: str, plot_dir: Path, *args: str, netns: bool = False) -> str:
+    command = [sys.executable, f"benchmarks/{script}", "--quick", "--plot-dir", str(plot_dir),
+               *args]
+    if netns:  # loopback only: the SGLang router never reaches for a model hub
+        command = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$0" "$@"', *command]
+    proc = subprocess.run(
+        command, cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True,
+        text=True, timeout=QUICK_TIMEOUT_S,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    return proc.stdout
+
+
+def table_rows(stdout: str, header: str) -> list[list[str]]:
+    """The cells of the markdown table whose header starts with `header` (no separator row)."""
+    lines = stdout[stdout.rindex(header):].splitlines()
+    rows = []
+    for line in lines[2:]:
+        if not line.startswith("| "):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def pair(cell: str) -> tuple[float, float]:
+    a, b = cell.split("/")
+    return float(a), float(b)
+
+
+def check_png(path: Path) -> None:
+    if HAS_MATPLOTLIB:
+        assert path.read_bytes()[:8] == PNG_MAGIC
 
 
 # --- arithmetic ----------------------------------------------------------------------------------
@@ -35,3 +83,144 @@ def test_summarize_splits_decoders_and_long_prompts() -> None:
     assert row["tpot_mean"] == pytest.approx(100.0) and row["tpot_p99"] == pytest.approx(100.0)
     assert row["failed"] == 1 and row["errors"] == ["boom"]
     assert row["decode_tok_s"] == pytest.approx(22 / 5.0)
+
+
+# --- end to end ----------------------------------------------------------------------------------
+@pytest.mark.slow  # starts a server per budget
+def test_chunked_prefill_quick(tmp_path: Path) -> None:
+    out = run_quick("chunked_prefill.py", tmp_path)
+    rows = table_rows(out, "| --max-num-batched-tokens |")
+    assert [int(r[0]) for r in rows] == [32, 1024], rows
+    for r in rows:
+        ttft_mean, ttft_p99 = pair(r[1])
+        itl_p50, itl_p99 = pair(r[2])
+        tpot_mean, tpot_p99 = pair(r[3])
+        assert 0 < ttft_mean <= ttft_p99, r
+        assert 0 < itl_p50 <= itl_p99 and 0 < tpot_mean <= tpot_p99, r
+        assert float(r[4]) > 0 and float(r[5]) > 0 and r[6] == "0", r
+    assert re.search(r"date: \d{4}-\d\d-\d\d .*CPU count \d+", out)
+    assert "command: " in out
+    check_png(tmp_path / "chunked_prefill.png")
+
+
+@pytest.mark.slow  # loads the model in its own process, twice, and starts llama-server
+def test_decode_breakdown_quick() -> None:
+    """The step's phases before and after packed weights add up to the step; after is faster
+    (the dequantized float32 step reads 5x the bytes and runs ~500 torch ops more)."""
+    proc = subprocess.run([sys.executable, "benchmarks/decode_breakdown.py", "--quick"], cwd=ROOT,
+                          env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True,
+                          text=True, timeout=QUICK_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rows = {r[0]: [float(v.rstrip("x")) for v in r[1:]]
+            for r in table_rows(proc.stdout, "| phase (ms per step) |")}
+    phases = [rows[p] for p in ("forward", "LM head", "sampling", "the rest")]
+    for i in (0, 1):  # before, after
+        assert all(p[i] > 0 for p in phases[:3]), rows
+        assert sum(p[i] for p in phases) == pytest.approx(rows["**the step**"][i], abs=0.05)
+    before, after = rows["**the step**"][:2]
+    assert after < before, rows
+
+
+@pytest.mark.slow  # loads the model in its own processes
+def test_decode_bandwidth_quick(tmp_path: Path) -> None:
+    out = run_quick("decode_bandwidth.py", tmp_path)
+    match = re.search(r"measured read bandwidth: ([\d.]+) GB/s .*best run ([\d.]+) GB/s", out)
+    assert match, out
+    median, best = float(match.group(1)), float(match.group(2))
+    assert 0 < median <= best
+    rows = table_rows(out, "| system |")
+    systems = {r[0] for r in rows}
+    assert {"packed", "dequantized"} <= systems, rows
+    for r in rows:
+        assert int(r[1]) in (1, 2), r
+        tok_s, step_ms, mb, achieved = (float(c) for c in r[2:6])
+        assert tok_s > 0 and step_ms > 0, r
+        # the default model's weights: about 98 MB packed (and for llama.cpp), 540 MB float32
+        assert (400 < mb < 700) if r[0] == "dequantized" else (60 < mb < 150), r
+        # against the best run: one that shared the CPU with other work only reads slower
+        assert 0 < achieved < 2 * best, r
+        assert r[7].endswith("x") if "llama.cpp" in systems else r[7] == "-", r
+    assert re.search(r"date: \d{4}-\d\d-\d\d .*CPU count \d+", out)
+    check_png(tmp_path / "decode_bandwidth.png")
+
+
+@pytest.mark.slow  # builds two random checkpoints and runs both systems on each
+def test_moe_quick(tmp_path: Path) -> None:
+    out = run_quick("moe.py", tmp_path)
+    rows = [line.split() for line in out.splitlines() if line.startswith(("moe ", "dense "))]
+    assert len(rows) == 8, out  # (moe, dense) x batches 1, 4 x (radixrt, HF)
+    assert all(float(r[-2]) > 0 and float(r[-1]) > 0 for r in rows), rows
+    ratios = re.findall(r"MoE step / dense step \(same active parameters\) = ([\d.]+)", out)
+    assert len(ratios) == 4 and all(float(r) > 0 for r in ratios), out  # timing: the benchmark
+    assert len(re.findall(r"radixrt / HF = [\d.]+x", out)) == 4
+    check_png(tmp_path / "moe.png")
+
+
+def netns_or_router_missing() -> str | None:
+    if importlib.util.find_spec("sglang_router") is None:
+        return "the SGLang router is not installed: pip install 'radixrt[router]'"
+    if shutil.which("unshare") is None or subprocess.run(
+            ["unshare", "-n", "sh", "-c", "ip link set lo up"], capture_output=True).returncode:
+        return "cannot make a network namespace (unshare -n; root?)"
+    return None
+
+
+@pytest.mark.slow  # two deployments of two replicas and the router
+def test_serving_replicas_quick(tmp_path: Path) -> None:
+    missing = netns_or_router_missing()
+    if missing:
+        pytest.skip(missing)
+    out = run_quick("serving.py", tmp_path, "--dp-size", "2", "--systems", "--datasets",
+                    "shared-prefix", netns=True)
+    rows = {r[0]: r for r in table_rows(out, "| system | dataset |")}
+    assert set(rows) == {"radixrt-dp2-cache_aware", "radixrt-dp2-random"}, rows
+    hits = {}
+    for name, r in rows.items():
+        assert r[2] == "8/8" and float(r[4]) > 0, r  # every request served; requests/s
+        ttft_mean, ttft_p99 = pair(r[7])
+        assert 0 < ttft_mean <= ttft_p99, r
+        hits[name] = float(r[11].rstrip("%"))
+    # cache_aware keeps each system prompt's questions together: the ideal hit rate, or near it
+    assert hits["radixrt-dp2-cache_aware"] >= hits["radixrt-dp2-random"], hits
+    check_png(tmp_path / "serving_scale_out.png")
+
+
+@pytest.mark.slow  # two servers, four loads
+@pytest.mark.serial  # compares the calm tenant's TTFTs: runs alone
+def test_fair_share_quick(tmp_path: Path) -> None:
+    """benchmarks/fair_share.py: every request served in every run; with preemption the calm
+    tenant's first tokens come sooner than without (the flood's requests run for seconds);
+    preemptions happen only for fair share, and only where there are two tenants."""
+    out = run_quick("fair_share.py", tmp_path)
+    ttft = {(r[0], r[1]): pair(r[2]) for r in table_rows(out, "| load | class |")}
+    assert set(ttft) == {("two tenants", "calm"), ("two tenants", "flood"),
+                         ("one tenant", "flood")}, ttft
+    calm_on, calm_off = ttft[("two tenants", "calm")]
+    assert 0 < calm_on < calm_off, ttft
+    runs = {r[0]: r for r in table_rows(out, "| load | output tok/s")}
+    assert all(min(pair(r[1])) > 0 for r in runs.values()), runs
+    one, two = runs["one tenant"], runs["two tenants"]
+    assert "'fair_share': 0" in one[5] and "'memory': 0" in one[5]
+    # one tenant: the same work (the steps may differ with the order the requests arrived in)
+    assert pair(one[4])[0] == pair(one[4])[1] > 0, one
+    assert re.search(r"'fair_share': [1-9]", two[5]), runs
+    check_png(tmp_path / "fair_share.png")
+    check_png(tmp_path / "fair_share_throughput.png")
+
+
+@pytest.mark.slow  # a server, three APIs
+def test_agent_apis_quick(tmp_path: Path) -> None:
+    """benchmarks/agent_apis.py: every session of every API finishes its three turns with a
+    tool call first; the later turns read most of their prompt from the cache, and all of it
+    but the new input when the conversation is stored (previous_response_id: pinned)."""
+    results_path = tmp_path / "agent_apis.json"
+    run_quick("agent_apis.py", tmp_path, "--skip-llama", "--json", str(results_path))
+    results = json.loads(results_path.read_text())["results"]["radixrt"]
+    assert set(results) == {"messages", "responses", "responses-stateful"}
+    for api, r in results.items():
+        assert r["errors"] == 0 and r["sessions"] == 4, (api, r)
+        assert r["later_cached_fraction"] > 0.5, (api, r)
+    stateful, stateless = results["responses-stateful"], results["responses"]
+    assert stateful["later_prompt_tokens"] == stateless["later_prompt_tokens"]  # same prompts
+    assert stateful["later_cached_tokens"] >= stateless["later_cached_tokens"]
+    check_png(tmp_path / "agent_apis.png")

@@ -1,14 +1,17 @@
 """benchmarks/tool_calls.py: its scoring of responses (a valid call, a broken one, no call), its
-requests (deterministic, every tool asked for). End to end with a real server (radixrt with
-enforcement returns only valid calls in tool_choice="required"): test_benchmarks_quick.py."""
+requests (deterministic, every tool asked for), and, end to end with a real server, that radixrt
+with enforcement returns only valid calls in tool_choice="required" (the unenforced server and
+llama.cpp run to max_tokens on most requests: too slow for a test)."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 
 import jsonschema
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -57,3 +60,22 @@ def test_requests_are_deterministic_and_cover_every_tool() -> None:
     assert [r.tool for r in requests[:4]] == list(SCHEMAS)
     assert len({r.seed for r in requests}) == 8
     assert all("{" not in r.user for r in requests)  # every placeholder filled
+
+
+@pytest.mark.slow  # starts real processes
+def test_tool_calls_bench_end_to_end(tmp_path) -> None:
+    out = tmp_path / "tool_calls.json"
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/tool_calls.py", "--systems", "radixrt",
+         "--num-requests", "4", "--concurrency", "4",
+         "--json", str(out), "--plot-dir", str(tmp_path)],
+        cwd=ROOT, env=dict(os.environ, HF_HUB_OFFLINE="1"), capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    rows = {r["system"]: r for r in json.loads(out.read_text())["results"]}
+    assert set(rows) == {"radixrt"}, proc.stdout[-2000:]
+    assert rows["radixrt"]["valid"] == rows["radixrt"]["requests"] == 4, rows["radixrt"]
+    assert rows["radixrt"]["steps_per_request"] > 0
+    assert "| radixrt | required |" in proc.stdout
+    assert (tmp_path / "tool_calls.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
