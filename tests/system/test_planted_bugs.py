@@ -20,6 +20,8 @@ FAST_BUG = "pool-double-free-unchecked"  # caught by tests/runtime/scheduler/tes
 
 
 def load_bugs() -> Any:
+    if str(SCRIPTS) not in sys.path:  # planted_bugs.py imports its siblings by name
+        sys.path.insert(0, str(SCRIPTS))
     spec = importlib.util.spec_from_file_location("planted_bugs", SCRIPTS / "planted_bugs.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
