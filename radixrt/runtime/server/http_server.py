@@ -117,7 +117,6 @@ def add_info_routes(app: FastAPI, manager: TokenizerManager, native: NativeServi
                     pins: PinService, features: ChatFeatures, store: ResponseStore) -> None:
     """GET /server_info (SGLang's /get_server_info too): the runtime's state and what each
     surface adds (the DSL's chat info, pins, stored responses, named sequences, the router's)."""
-    serving = native
     @app.get("/server_info")
     @app.get("/get_server_info")  # SGLang's name
     async def server_info() -> dict[str, Any]:
@@ -127,6 +126,6 @@ def add_info_routes(app: FastAPI, manager: TokenizerManager, native: NativeServi
         info["score_start"] = start_text(manager.tokenizer)  # unconditional select scores
         info.update(pins.info())
         info.update(store.info())
-        info.update(serving.registry.info())
+        info.update(native.registry.info())
         info.update(router_metadata(manager))
         return info
