@@ -222,5 +222,11 @@ def test_agent_apis_quick(tmp_path: Path) -> None:
         assert r["later_cached_fraction"] > 0.5, (api, r)
     stateful, stateless = results["responses-stateful"], results["responses"]
     assert stateful["later_prompt_tokens"] == stateless["later_prompt_tokens"]  # same prompts
-    assert stateful["later_cached_tokens"] >= stateless["later_cached_tokens"]
+    # the stored conversation loses nothing against resending it; the two runs batch their
+    # sessions differently, so a greedy reply may end on another token (float rounding of
+    # another batch) and its text re-tokenized may leave the cached path one token early:
+    # a token per later turn either way (CI saw 7260 against 7261); a pin or a stored
+    # conversation that does not hit loses a whole turn's prompt, hundreds of tokens
+    later_turns = 2 * stateful["sessions"]
+    assert stateful["later_cached_tokens"] >= stateless["later_cached_tokens"] - later_turns
     check_png(tmp_path / "agent_apis.png")
