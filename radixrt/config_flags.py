@@ -9,9 +9,10 @@ A field's `dataclasses.field(metadata=...)` may hold:
   exclusive  a group name: flags of one group cannot be given together
   expose     False: no flag (set in code only)
 A field without a default is a required flag. The type comes from the annotation: int, float,
-str, an Optional of one of them, a Literal, or bool (`--x` when the default is False,
-`--x/--no-x` when it is True). Argparse only converts; the dataclass's constructor validates,
-and `as_flags` puts its messages in the words of the command line.
+str, an Optional of one of them, a Literal, a tuple of one of them (`--x A B ...`), or bool
+(`--x` when the default is False, `--x/--no-x` when it is True). Argparse only converts; the
+dataclass's constructor validates, and `as_flags` puts its messages in the words of the command
+line.
 """
 
 from __future__ import annotations
@@ -76,6 +77,9 @@ def _argument_kind(cls: type, f: Field[Any], hint: Any) -> dict[str, Any]:
     if typing.get_origin(hint) in (typing.Union, types.UnionType) and type(None) in args:
         rest = [a for a in args if a is not type(None)]
         hint = rest[0] if len(rest) == 1 else hint
+    many = typing.get_origin(hint) is tuple  # tuple[str, ...]: a flag of several values
+    if many:
+        hint = typing.get_args(hint)[0]
     choices = f.metadata.get("choices")
     if typing.get_origin(hint) is typing.Literal:
         choices = choices or typing.get_args(hint)
@@ -86,7 +90,7 @@ def _argument_kind(cls: type, f: Field[Any], hint: Any) -> dict[str, Any]:
     if metavar is None:
         metavar = ("{" + ",".join(map(str, choices)) + "}" if choices
                    else flag_of(f)[2:].upper().replace("-", "_"))
-    return {"type": hint, "metavar": metavar}
+    return {"type": hint, "metavar": metavar, **({"nargs": "*"} if many else {})}
 
 
 def from_flags(cls: type, args: argparse.Namespace, only: Collection[str] | None = None) -> Any:

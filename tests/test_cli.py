@@ -34,7 +34,8 @@ SERVE_FLAGS = {
     "--speculative-algorithm", "--speculative-num-draft-tokens", "--speculative-max-batch-size",
     "--max-queued-requests",
     "--max-queued-per-tenant", "--tp-size", "--nnodes", "--node-rank", "--dist-init-addr",
-    "--dist-backend", "--base-gpu-id",  # EngineConfig's
+    "--dist-backend", "--base-gpu-id", "--lora-paths", "--enable-lora", "--max-loras-per-batch",
+    "--max-lora-rank", "--max-loaded-loras",  # EngineConfig's
     "--host", "--port", "--api-key", "--api-key-file", "--served-model-name", "--log-level",
     "--dsl-port", "--exit-with-parent", "--pin-lease-ttl", "--tool-call-parser",
     "--reasoning-parser", "--tool-call-enforcement", "--no-tool-call-enforcement", "--dp-size",
@@ -270,3 +271,14 @@ def test_the_generator_refuses_fields_it_cannot_make_flags_of() -> None:
                           (Listy, "plain value")):
         with pytest.raises(ValueError, match=fragment):
             add_flags(argparse.ArgumentParser(), cls)
+
+
+def test_lora_paths_take_several_values() -> None:
+    """--lora-paths NAME=PATH ...: one flag, several adapters, each checked for its form."""
+    args = build_parser().parse_args(["serve", "--lora-paths", "a=/x", "b=/y/z"])
+    config = from_flags(EngineConfig, args)
+    assert config.lora_adapters() == {"a": "/x", "b": "/y/z"} and config.lora_enabled
+    with pytest.raises(ValueError, match="NAME=PATH"):
+        from_flags(EngineConfig, build_parser().parse_args(["serve", "--lora-paths", "a"]))
+    with pytest.raises(ValueError, match="given twice"):
+        EngineConfig(lora_paths={"a": "/x"}).with_(lora_paths=("a=/x", "a=/y"))

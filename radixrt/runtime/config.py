@@ -74,6 +74,10 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # --- KV tiers (host memory and disk under the radix tree) --------------------------------------
 MAX_TIER_TOKENS = 1 << 34  # a tier's size in tokens
 MAX_PATH_CHARS = 4096
+# --- LoRA adapters (runtime/models/lora_format.py, worker/lora_manager.py)
+DEFAULT_MAX_LORAS_PER_BATCH = 8  # SGLang's default
+MAX_LORA_RANK = 1024
+MAX_LORA_ADAPTERS = 4096  # adapters registered at once
 HICACHE_HOST_RATIO = 2.0  # --enable-hierarchical-cache: host tier = this x the pool (SGLang's)
 
 # --- beyond one device: tensor parallelism and replicas ---------------------------------------
@@ -236,6 +240,23 @@ class EngineConfig:
         "choices": DIST_BACKENDS, "help": "auto = nccl on CUDA, gloo on the CPU"})
     base_gpu_id: int = field(default=0, metadata={
         "help": "on CUDA, local rank i uses cuda:(N + i)"})
+    # LoRA adapters (PEFT's format) served beside the base model
+    lora_paths: tuple[str, ...] = field(default=(), metadata={
+        "metavar": "NAME=PATH",
+        "help": "LoRA adapters to serve, each NAME=PATH (a PEFT adapter folder); a request picks "
+        "one by name (OpenAI's model, the native lora_path, the DSL's lora=)"})
+    enable_lora: bool = field(default=False, metadata={
+        "help": "serve LoRA adapters loaded while serving (POST /load_lora_adapter); implied by "
+        "--lora-paths"})
+    max_loras_per_batch: int = field(default=DEFAULT_MAX_LORAS_PER_BATCH, metadata={
+        "help": "LoRA adapters one forward pass may mix (the model's adapter slots); requests of "
+        "other adapters wait for a slot"})
+    max_lora_rank: int = field(default=0, metadata={
+        "help": "the largest LoRA rank served; 0: the largest of --lora-paths (16 without "
+        "any)"})
+    max_loaded_loras: int | None = field(default=None, metadata={
+        "help": "LoRA adapters kept in host memory; the rest are read from their folders again "
+        "when a request needs them (least recently used out first); default: all"})
 
     def __post_init__(self) -> None:
         def bad(field: str, value: Any, allowed: str) -> ValueError:
@@ -310,6 +331,7 @@ class EngineConfig:
         if self.cuda_graph_max_bs < 0:
             raise bad("cuda_graph_max_bs", self.cuda_graph_max_bs, "must be >= 0 (0 disables)")
         self._check_distributed(bad)
+        self._check_lora(bad)
 
     def _check_tiers(self, bad: Any) -> None:
         for name in ("host_cache_tokens", "disk_cache_tokens"):
@@ -334,6 +356,42 @@ class EngineConfig:
         elif self.disk_cache_tokens:
             raise bad("disk_cache_tokens", self.disk_cache_tokens,
                       "needs disk_cache_dir (the directory of the disk tier)")
+
+    @property
+    def lora_enabled(self) -> bool:
+        return self.enable_lora or bool(self.lora_paths)
+
+    def lora_adapters(self) -> dict[str, str]:
+        """--lora-paths as name -> folder."""
+        return dict(entry.split("=", 1) for entry in self.lora_paths)
+
+    def _check_lora(self, bad: Any) -> None:
+        paths = self.lora_paths
+        if isinstance(paths, str):
+            paths = (paths,)
+        elif isinstance(paths, dict):
+            paths = tuple(f"{name}={path}" for name, path in paths.items())
+        object.__setattr__(self, "lora_paths", tuple(paths))
+        names: set[str] = set()
+        for entry in self.lora_paths:
+            name, sep, path = str(entry).partition("=")
+            if not sep or not name or not path or len(name) > MAX_NAME_CHARS \
+                    or len(path) > MAX_PATH_CHARS or "\0" in entry:
+                raise bad("lora_paths", entry, "give each adapter as NAME=PATH")
+            if name in names:
+                raise bad("lora_paths", entry, f"the name {name!r} is given twice")
+            names.add(name)
+        if len(names) > MAX_LORA_ADAPTERS:
+            raise bad("lora_paths", len(names), f"at most {MAX_LORA_ADAPTERS} adapters")
+        if not 1 <= self.max_loras_per_batch <= MAX_LORA_ADAPTERS:
+            raise bad("max_loras_per_batch", self.max_loras_per_batch,
+                      f"use 1..{MAX_LORA_ADAPTERS}")
+        if not 0 <= self.max_lora_rank <= MAX_LORA_RANK:
+            raise bad("max_lora_rank", self.max_lora_rank, f"use 0..{MAX_LORA_RANK} (0: auto)")
+        if self.max_loaded_loras is not None and not \
+                1 <= self.max_loaded_loras <= MAX_LORA_ADAPTERS:
+            raise bad("max_loaded_loras", self.max_loaded_loras,
+                      f"use 1..{MAX_LORA_ADAPTERS} (None: every adapter)")
 
     def _check_distributed(self, bad: Any) -> None:
         if not 1 <= self.tp_size <= MAX_TP_SIZE:

@@ -119,6 +119,7 @@ class Engine:
         priority: int = 0,
         tenant: str = "",
         timeout: float | None = None,
+        lora: str | None = None,
     ) -> int:
         """Queue one prompt; returns its request id. Raises ValueError on bad input, QueueFull
         past max_queued_requests / max_queued_per_tenant (requests whose grammar is compiling
@@ -126,9 +127,10 @@ class Engine:
         pin=True: once it finishes, its prefix stays in the radix cache until `unpin(rid)`.
         extra_key: the radix cache's namespace (requests with different keys share nothing);
         priority: lower is more urgent (default 0); tenant: whose request it is (fair share);
-        timeout: seconds it may wait in the queue before it ends with an error."""
+        timeout: seconds it may wait in the queue before it ends with an error; lora: the name
+        of a LoRA adapter to run under (load_lora, or lora_paths)."""
         scheduling = Scheduling(priority=priority, tenant=tenant, extra_key=extra_key,
-                                timeout_s=timeout)
+                                timeout_s=timeout, lora=lora)
         ids = self.front.encode(prompt)
         rid = self.front.submit(ids, params or SamplingParams(), scheduling, pin)
         refusal = self.front.refusal(rid)
@@ -167,6 +169,27 @@ class Engine:
                 if self.front.finished(rid) and self.front.stream(rid) is None]
         return [self.front.take(rid) for rid in done]
 
+    # --- LoRA adapters ----------------------------------------------------------------------
+    def load_lora(self, name: str, path: str) -> dict[str, Any]:
+        """Serve the LoRA adapter in folder `path` (PEFT's format) as `name` (the Engine needs
+        lora_paths or enable_lora=True); returns its description. ValueError says what is
+        wrong with it."""
+        result = self.front.call_lora(name, path).result()
+        if not result["ok"]:
+            raise ValueError(result["error"])
+        return dict(result["adapter"])
+
+    def unload_lora(self, name: str) -> None:
+        """Stop serving adapter `name`: requests already under it finish with it, then its
+        weights and cached KV go. KeyError when no adapter has that name."""
+        result = self.front.call_lora(name, None).result()
+        if not result["ok"]:
+            raise KeyError(result["error"])
+
+    def lora_adapters(self) -> list[dict[str, Any]]:
+        """The adapters served: name, path, rank, modules, digest."""
+        return self.scheduler.lora.listing()
+
     def unpin(self, rid: int) -> bool:
         """Let the radix cache evict the prefix a pinned request kept; False if none was kept."""
         return self.scheduler.unpin(rid)
@@ -192,8 +215,11 @@ class Engine:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         priority: int = 0,
         tenant: str = "",
+        lora: str | None | Sequence[str | None] = None,
     ) -> list[RequestOutput]:
-        """Generate for one prompt or a list of prompts; returns one output per prompt."""
+        """Generate for one prompt or a list of prompts; returns one output per prompt. lora:
+        a LoRA adapter's name for every prompt, or one per prompt (None: the base model); the
+        prompts of different adapters run in the same forward passes."""
         batch = [prompts] if is_single_prompt(prompts) else list(prompts)  # type: ignore[list-item]
         if params is None or isinstance(params, SamplingParams):
             params_list = [params or SamplingParams()] * len(batch)
@@ -201,10 +227,14 @@ class Engine:
             params_list = list(params)
             if len(params_list) != len(batch):
                 raise ValueError(f"{len(batch)} prompts but {len(params_list)} SamplingParams")
+        loras = [lora] * len(batch) if lora is None or isinstance(lora, str) else list(lora)
+        if len(loras) != len(batch):
+            raise ValueError(f"{len(batch)} prompts but {len(loras)} LoRA adapter names")
         rids: list[int] = []
         try:
-            for prompt, p in zip(batch, params_list):
-                rids.append(self.submit(prompt, p, priority=priority, tenant=tenant))
+            for prompt, p, adapter in zip(batch, params_list, loras):
+                rids.append(self.submit(prompt, p, priority=priority, tenant=tenant,
+                                        lora=adapter))
         except Exception:
             for rid in rids:
                 self.abort(rid)
@@ -217,7 +247,7 @@ class Engine:
     async def generate_stream(
         self, prompt: Prompt, params: SamplingParams | None = None, pin: bool = False,
         priority: int = 0, tenant: str = "", timeout: float | None = None,
-        extra_key: str | None = None,
+        extra_key: str | None = None, lora: str | None = None,
     ) -> AsyncIterator[StreamChunk]:
         """Yield text as it is generated. Several streams may run at once in one event loop:
         whichever is waiting drives the engine's steps, on the event loop's thread (a step
@@ -225,7 +255,7 @@ class Engine:
         worker thread, but planning and folding still run here). With pin, the final chunk says
         whether the prefix was pinned; a stream closed before that chunk was taken unpins it."""
         scheduling = Scheduling(priority=priority, tenant=tenant, extra_key=extra_key,
-                                timeout_s=timeout)
+                                timeout_s=timeout, lora=lora)
         rid = self.front.submit(self.front.encode(prompt), params or SamplingParams(),
                                 scheduling, pin, stream=True)
         handed = False  # the chunk that hands the pin over was taken

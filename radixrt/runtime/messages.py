@@ -41,6 +41,7 @@ class WorkerRequest(msgspec.Struct, frozen=True):
     max_tokens: int  # resolved once at admission (params.max_tokens None: the default rule)
     seed_offset: int = 0  # which of the n samples of its prompt this request is
     prefix_slots: list[int] = []  # slots of the cached prefix it starts from (radix cache hit)
+    lora: str | None = None  # the LoRA adapter it runs under (LoraAdapter.key); None: the base
 
 
 class Run(msgspec.Struct, frozen=True):
@@ -117,6 +118,15 @@ class PrefixGroup(msgspec.Struct, frozen=True):
     length: int
 
 
+class LoraAdapter(msgspec.Struct, frozen=True):
+    """A LoRA adapter's folder (PEFT's format), checked by the scheduler against the model, and
+    the key requests name it by in the worker (its files' digest: the same files, the same
+    key, whatever names they are served under)."""
+
+    key: str
+    path: str
+
+
 class StepPlan(msgspec.Struct, frozen=True, tag=True):
     """The worker applies the parts in field order: swap_out reads KV before anything in this
     step can overwrite the slots the scheduler just freed; moves run in the order the scheduler
@@ -134,6 +144,10 @@ class StepPlan(msgspec.Struct, frozen=True, tag=True):
     runs: list[Run] = []
     prefix_groups: list[PrefixGroup] = []  # over decode runs of `runs`; empty: no cascade
     flush_disk: bool = False  # answer once the disk KV tier's writes are done (a shutdown's)
+    # LoRA adapters the worker may be asked for from this step on, and ones it may forget
+    # (no request uses them any more); both before the plan's new requests
+    lora_loads: list[LoraAdapter] = []
+    lora_unloads: list[str] = []
 
 
 class TokenLogprob(msgspec.Struct, frozen=True):
@@ -216,6 +230,17 @@ class CpuCompute(msgspec.Struct, frozen=True):
     openmp_wait: str
 
 
+class LoraModuleShapes(msgspec.Struct, frozen=True):
+    """The full (unsharded) shapes of the projections an adapter may adapt, by the decoder's
+    module name (qkv_proj, o_proj, gate_up_proj, down_proj): each part's output rows (q, k, v /
+    gate, up), the input columns, and the layers that have the module (an MoE layer has no
+    dense MLP)."""
+
+    parts: dict[str, list[int]]
+    inputs: dict[str, int]
+    layers: dict[str, list[int]]
+
+
 class WorkerReady(msgspec.Struct, frozen=True, tag=True):
     num_pages: int
     page_size: int
@@ -231,6 +256,9 @@ class WorkerReady(msgspec.Struct, frozen=True, tag=True):
     # bytes of weights per format ("u4/g32/f16": packed 4-bit codes, "float32", ...), one rank's
     weight_formats: dict[str, int] = {}
     cpu: CpuCompute | None = None  # on the CPU: its threads and kernels (None: a GPU)
+    # the projections LoRA adapters may adapt (None: the worker serves no adapters)
+    lora_shapes: LoraModuleShapes | None = None
+    lora_max_rank: int = 0  # the adapter slots' rank (--max-lora-rank, resolved)
 
 
 # --- tokenizer <-> scheduler ---------------------------------------------------------------------
@@ -245,6 +273,8 @@ class Scheduling(msgspec.Struct, frozen=True):
       keys never share cached KV;
     - timeout_s: a request still waiting (never admitted) this many seconds after it was queued
       ends with an error.
+    - lora: the LoRA adapter it runs under, by the name it was loaded as; its KV lives in the
+      adapter's own namespace of the radix tree (with extra_key inside it).
 
     Every field is bounded here, so a bad value is refused before anything is queued."""
 
@@ -252,17 +282,20 @@ class Scheduling(msgspec.Struct, frozen=True):
     tenant: str = ""
     extra_key: str | None = None
     timeout_s: float | None = None
+    lora: str | None = None  # the name of the LoRA adapter it runs under (None: the base model)
 
     def __post_init__(self) -> None:
         if not -MAX_PRIORITY <= self.priority <= MAX_PRIORITY:
             raise ValueError(f"priority={self.priority} is out of range: use an integer in "
                              f"[{-MAX_PRIORITY}, {MAX_PRIORITY}] (lower is more urgent)")
-        for name in ("tenant", "extra_key"):
+        for name in ("tenant", "extra_key", "lora"):
             value = getattr(self, name)
+            shown = "cache_salt" if name == "extra_key" else name
             if value is not None and len(value) > MAX_NAME_CHARS:
-                shown = "cache_salt" if name == "extra_key" else name
                 raise ValueError(f"{shown} has {len(value)} characters; at most "
                                  f"{MAX_NAME_CHARS} are allowed")
+            if value is not None and "\0" in value:
+                raise ValueError(f"{shown} contains a NUL character")
         timeout = self.timeout_s
         if timeout is not None and not (math.isfinite(timeout)
                                         and 0 < timeout <= MAX_QUEUE_TIMEOUT_S):
@@ -300,6 +333,15 @@ class AbortRequest(msgspec.Struct, frozen=True, tag=True):
 class ControlRequest(msgspec.Struct, frozen=True, tag=True):
     call_id: int
     op: str  # "info" | "flush_cache"
+
+
+class LoraRequest(msgspec.Struct, frozen=True, tag=True):
+    """Load the LoRA adapter in folder `path` as `name` (path None: unload `name`). Answered
+    with a ControlReply: {"ok": true, "adapter": {...}} or {"ok": false, "error": message}."""
+
+    call_id: int
+    name: str
+    path: str | None = None
 
 
 class DeltaBatch(msgspec.Struct, frozen=True, tag=True):
@@ -404,6 +446,7 @@ class DslSample(msgspec.Struct, frozen=True):
     content: str | None = None
 
 
-ToScheduler = SubmitRequest | GrammarReady | AbortRequest | ControlRequest | UnpinRequest
+ToScheduler = (SubmitRequest | GrammarReady | AbortRequest | ControlRequest | UnpinRequest
+               | LoraRequest)
 ToTokenizer = DeltaBatch | SubmitError | ControlReply | SchedulerReady
 FromWorker = WorkerReady | StepResult

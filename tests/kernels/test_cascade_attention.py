@@ -17,8 +17,6 @@ import torch
 if not torch.cuda.is_available():  # before any Triton kernel is defined (see radixrt.kernels)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 
 import pytest  # noqa: E402
@@ -29,6 +27,7 @@ from test_extend_attention import (  # noqa: E402
     TOLERANCE,
     _compile_for_hopper,
     _LaunchRecorder,
+    compile_module_for_hopper,
     indptr,
     poisoned_pool,
     rel_err,
@@ -218,12 +217,4 @@ def compile_launches_for_hopper() -> None:
 def test_cascade_kernels_compile_for_hopper() -> None:
     """The launcher's GPU settings (64-row query blocks, bfloat16/float16 dots, float32 'ieee'
     dots, a logit cap, sinks) compile for sm_90: catches what the interpreter lets through."""
-    pytest.importorskip("triton.backends.nvidia")
-    code = "import test_cascade_attention as t; t.compile_launches_for_hopper()"
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=os.path.dirname(__file__), env=env,
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "compiled 15 launches for sm_90" in proc.stdout
+    compile_module_for_hopper("test_cascade_attention", 15)

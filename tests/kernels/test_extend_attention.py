@@ -331,12 +331,18 @@ def test_kernels_compile_for_hopper() -> None:
     """The launchers' GPU settings (block sizes, bfloat16 dots, float32 'ieee' dots, sliding
     window, logit cap and sinks variants) compile for sm_90: catches what the interpreter lets
     through (tl.dot shapes and dtypes, loop types)."""
+    compile_module_for_hopper("test_extend_attention", 18)
+
+
+def compile_module_for_hopper(module: str, launches: int) -> None:
+    """Run `module`.compile_launches_for_hopper() in a process without the interpreter (the
+    kernels defined for real), and check that it compiled `launches` launches."""
     pytest.importorskip("triton.backends.nvidia")
-    code = "import test_extend_attention as t; t.compile_launches_for_hopper()"
+    code = f"import {module} as t; t.compile_launches_for_hopper()"
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
     proc = subprocess.run(
         [sys.executable, "-c", code], cwd=os.path.dirname(__file__), env=env,
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "compiled 18 launches for sm_90" in proc.stdout
+    assert f"compiled {launches} launches for sm_90" in proc.stdout

@@ -16,14 +16,17 @@ import torch
 if not torch.cuda.is_available():  # before any Triton kernel is defined (see radixrt.kernels)
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import subprocess  # noqa: E402
-import sys  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from test_extend_attention import DEVICE, _compile_for_hopper, _LaunchRecorder  # noqa: E402
+from test_extend_attention import (  # noqa: E402
+    DEVICE,
+    _compile_for_hopper,
+    _LaunchRecorder,
+    compile_module_for_hopper,
+)
 from torch import Tensor  # noqa: E402
 
 from radixrt.kernels import fused_moe as moe_mod  # noqa: E402
@@ -284,12 +287,4 @@ def compile_launches_for_hopper() -> None:
 def test_fused_moe_kernels_compile_for_hopper() -> None:
     """The launcher's GPU settings (block sizes, bfloat16/float16 dots, float32 'ieee' dots,
     biases, both activations) compile for sm_90: catches what the interpreter lets through."""
-    pytest.importorskip("triton.backends.nvidia")
-    code = "import test_fused_moe as t; t.compile_launches_for_hopper()"
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="1")
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=os.path.dirname(__file__), env=env,
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert f"compiled {HOPPER_LAUNCHES} launches for sm_90" in proc.stdout
+    compile_module_for_hopper("test_fused_moe", HOPPER_LAUNCHES)

@@ -8,6 +8,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from radixrt.runtime.forward.lora_batch import LoraBatch
+
 IntSeq = Sequence[int] | Tensor
 
 
@@ -38,6 +40,7 @@ class ForwardBatch:
     seq_lens: list[int]  # prefix_len + extend_len per request
     extend_lens: list[int]  # new tokens per request
     prefix_groups: list[PrefixGroup] = field(default_factory=list)  # over decode requests
+    lora: LoraBatch | None = None  # the rows' LoRA adapters (None: the base model alone)
 
     @classmethod
     def build(

@@ -101,7 +101,7 @@ class Attention(nn.Module):
                 batch: ForwardBatch) -> Tensor:
         # x: [num_tokens, hidden]; rope: cos, sin [num_tokens, 1, rotary_dim // 2] or None
         n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.shard_sizes, dim=-1)
+        q, k, v = self.qkv_proj(x, batch.lora).split(self.shard_sizes, dim=-1)
         if self.all_heads_norm and self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q = q.view(n, self.num_heads, self.head_dim)  # [num_tokens, num_heads, head_dim]
@@ -113,7 +113,7 @@ class Attention(nn.Module):
             q, k = apply_rotary(q, *rope), apply_rotary(k, *rope)
         spec = self.spec if self.sinks is None else replace(self.spec, sinks=self.sinks)
         o = self.backend.forward(q, k, v, spec, kv_cache, batch)
-        return self.o_proj(o.reshape(n, self.num_heads * self.head_dim))
+        return self.o_proj(o.reshape(n, self.num_heads * self.head_dim), batch.lora)
 
     @torch.no_grad()
     def load(self, shard: object, full: Weight, name: str) -> None:
@@ -158,7 +158,9 @@ class DecoderLayer(nn.Module):
         # h: [num_tokens, hidden] residual stream
         attn = self._norm(1, self.self_attn(self._norm(0, h), rope, kv_cache, batch))
         h = h + attn * self.residual_scale if self.residual_scale != 1.0 else h + attn
-        mlp = self._norm(3, self.mlp(self._norm(2, h)))
+        x = self._norm(2, h)
+        mlp = self._norm(3, self.mlp(x, batch.lora) if isinstance(self.mlp, GatedMLP)
+                         else self.mlp(x))
         return h + mlp * self.residual_scale if self.residual_scale != 1.0 else h + mlp
 
 

@@ -125,9 +125,11 @@ class FusedDecode:
 
     def applies(self, batch: ForwardBatch) -> bool:
         """A pass of at most MAX_GEMM_ROWS new tokens (decode rows, speculative drafts, short
-        chunks), no shared-prefix group, with the model's attention on the CPU kernels (another
-        backend swapped in runs its own)."""
+        chunks), no shared-prefix group, no LoRA adapter (the C++ step has no LoRA product),
+        with the model's attention on the CPU kernels (another backend swapped in runs its
+        own)."""
         return (0 < batch.num_tokens <= MAX_GEMM_ROWS and not batch.prefix_groups
+                and batch.lora is None
                 and getattr(self.model.attn_backend, "native", False))
 
     def _layer_args(self, kv_cache: KVCache) -> ctypes.Array[LayerArg]:

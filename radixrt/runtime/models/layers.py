@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from radixrt.kernels.cpu_norm import act_mul_cpu, rms_norm_cpu
 from radixrt.runtime.distributed.group import TPGroup
+from radixrt.runtime.forward.lora_batch import LoraBatch
 from radixrt.runtime.models.parallel import ColumnParallelLinear, RowParallelLinear
 
 
@@ -79,15 +80,15 @@ class GatedMLP(nn.Module):
                                                  packed=packed)
         self.down_proj = RowParallelLinear(rows, hidden_size, tp, bias=bias, packed=packed)
 
-    def forward(self, x: Tensor) -> Tensor:
-        # x: [num_tokens, hidden]
-        gate_up = self.gate_up_proj(x)  # [num_tokens, 2 * intermediate]
+    def forward(self, x: Tensor, lora: LoraBatch | None = None) -> Tensor:
+        # x: [num_tokens, hidden]; lora: the rows' adapters (None: the base weights alone)
+        gate_up = self.gate_up_proj(x, lora)  # [num_tokens, 2 * intermediate]
         if self.native and self.act_kind is not None and gate_up.dtype == torch.float32:
             both = act_mul_cpu(gate_up, self.act_kind)
             if both is not None:
-                return self.down_proj(both)
+                return self.down_proj(both, lora)
         gate, up = gate_up.split(self.intermediate_size, dim=-1)
-        return self.down_proj(self.act(gate) * up)
+        return self.down_proj(self.act(gate) * up, lora)
 
 
 def soft_cap(x: Tensor, cap: float) -> Tensor:

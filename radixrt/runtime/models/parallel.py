@@ -27,7 +27,9 @@ from torch import Tensor, nn
 from radixrt.kernels.packed_reference import PackedTensors
 from radixrt.runtime.config import LINEAR_BLOCK_ROWS
 from radixrt.runtime.distributed.group import TPGroup
+from radixrt.runtime.forward.lora_batch import LoraBatch
 from radixrt.runtime.models.linear import BlockedLinear, LinearWeight, small_batch_linear
+from radixrt.runtime.models.lora_layer import LoraSlots
 from radixrt.runtime.models.packed_weight import select_rows, slice_cols
 from radixrt.runtime.models.shard_plan import Slice
 from radixrt.runtime.models.tensor_source import (
@@ -98,6 +100,13 @@ class ColumnParallelLinear(BlockedLinear):
         self.sizes = [len(r) for r in self.rows]
         super().__init__(in_features, sum(self.sizes), bias=bias, block_rows=block_rows,
                          packed=packed)
+        self.lora: LoraSlots | None = None  # LoRA adapters' slots (worker/lora_manager.py)
+
+    def forward(self, x: Tensor, lora: LoraBatch | None = None) -> Tensor:
+        # x: [num_tokens, in_features] -> [num_tokens, this rank's rows], plus the rows'
+        # adapters' products
+        y = super().forward(x)
+        return y if self.lora is None or lora is None else self.lora.add(x, y, lora)
 
     @torch.no_grad()
     def load(self, shard: int, full: Weight, name: str = "weight") -> None:
@@ -122,10 +131,15 @@ class RowParallelLinear(BlockedLinear):
                          packed=packed)
         self.cols = list(cols)
         self.tp = tp
+        self.lora: LoraSlots | None = None  # LoRA adapters' slots (worker/lora_manager.py)
 
-    def forward(self, x: Tensor) -> Tensor:
-        # x: [num_tokens, local in_features] -> [num_tokens, out_features], summed over ranks
-        out = self.tp.all_reduce(self.product(x))
+    def forward(self, x: Tensor, lora: LoraBatch | None = None) -> Tensor:
+        # x: [num_tokens, local in_features] -> [num_tokens, out_features], summed over ranks;
+        # an adapter's A holds this rank's columns: its partial products are summed with them
+        out = self.product(x)
+        if self.lora is not None and lora is not None:
+            out = self.lora.add(x, out, lora)
+        out = self.tp.all_reduce(out)
         return out if self.bias is None else out + self.bias
 
     @torch.no_grad()

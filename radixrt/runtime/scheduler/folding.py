@@ -171,6 +171,7 @@ class ResultFolder:
                 max_tokens=parent.max_tokens,
                 arrival=parent.arrival,
                 extra_key=parent.extra_key,
+                lora=parent.lora,
                 priority=parent.priority,
                 tenant=parent.tenant,
                 seed_offset=i,

@@ -26,6 +26,7 @@ from radixrt.runtime.messages import (
     ControlRequest,
     DeltaBatch,
     GrammarReady,
+    LoraRequest,
     SubmitError,
     SubmitRequest,
     ToScheduler,
@@ -58,6 +59,8 @@ class SchedulerIntake:
             return []
         if isinstance(msg, ControlRequest):
             return [ControlReply(call_id=msg.call_id, result=self.control(msg.op))]
+        if isinstance(msg, LoraRequest):
+            return [ControlReply(call_id=msg.call_id, result=self.lora(msg.name, msg.path))]
         raise TypeError(f"not a message for the scheduler: {type(msg).__name__}")
 
     def _submit(self, msg: SubmitRequest) -> list[ToTokenizer]:
@@ -87,6 +90,18 @@ class SchedulerIntake:
             return {"ok": True}
         return self.info()
 
+    def lora(self, name: str, path: str | None) -> dict[str, Any]:
+        """Load adapter `name` from folder `path` (None: unload it): {"ok": True, "adapter":
+        {...}} or {"ok": False, "error": message, "status": 400 | 404}."""
+        table = self.scheduler.lora
+        try:
+            loaded = table.unload(name) if path is None else table.load(name, path)
+        except KeyError as exc:
+            return {"ok": False, "error": str(exc.args[0]), "status": 404}
+        except ValueError as exc:
+            return {"ok": False, "error": str(exc), "status": 400}
+        return {"ok": True, "adapter": loaded.describe()}
+
     def info(self) -> dict[str, Any]:
         """Config and live counters: what /server_info and the DSL's op "info" report."""
         sched, ready = self.scheduler, self.ready
@@ -105,5 +120,8 @@ class SchedulerIntake:
             tensor_parallel=msgspec.to_builtins(ready.tp) if ready.tp else None,
             weight_formats=dict(ready.weight_formats),
             cpu=msgspec.to_builtins(ready.cpu) if ready.cpu else None,
+            lora_adapters=sched.lora.listing() if sched.lora.enabled else None,
+            max_loras_per_batch=sched.config.max_loras_per_batch,
+            max_lora_rank=ready.lora_max_rank,
         )
         return info

@@ -292,6 +292,27 @@ class KVManager:
             self.pool.decref(self.tree.evict(short))
         return self.pool.num_free >= num_pages
 
+    def drop_namespaces(self, prefix: str) -> int:
+        """Drop the cached KV of every namespace whose key begins with `prefix` (an unloaded
+        LoRA adapter's), in every tier, but for what requests or pins still lock and what is
+        being loaded up a tier; returns the tokens dropped."""
+        dropped = 0
+        for root in self.tree.namespaces(prefix):
+            for child in list(root.children.values()):
+                subtree = [child]
+                for node in subtree:
+                    subtree.extend(node.children.values())
+                if child.lock_count or (self.tiers is not None
+                                        and any(self.tiers.loading(n) for n in subtree)):
+                    continue
+                for tier, pages in self.tree.drop(child):
+                    dropped += len(pages) * self.page_size
+                    if self.tiers is not None:
+                        self.tiers.free([(tier, pages)])
+                    else:
+                        self.pool.decref(pages)
+        return dropped
+
     def flush(self) -> int:
         """Drop every unlocked cached page; returns how many tokens were freed."""
         if self.tiers is not None:

@@ -15,7 +15,8 @@ from __future__ import annotations
 import time
 
 from radixrt.runtime.config import PLACEHOLDER_TOKEN, QUEUE_TIMEOUT, EngineConfig
-from radixrt.runtime.messages import PrefixGroup, Run, StepPlan, WorkerRequest
+from radixrt.runtime.messages import LoraAdapter, PrefixGroup, Run, StepPlan, WorkerRequest
+from radixrt.runtime.models.lora_format import lora_namespace_of
 from radixrt.runtime.scheduler.in_flight import (
     SYNC_FORK,
     SYNC_PREEMPT,
@@ -23,6 +24,7 @@ from radixrt.runtime.scheduler.in_flight import (
     InFlightLedger,
 )
 from radixrt.runtime.scheduler.kv_manager import KVManager
+from radixrt.runtime.scheduler.lora_table import LoraTable
 from radixrt.runtime.scheduler.policy import SchedulePolicy
 from radixrt.runtime.scheduler.preemption import Preemptor
 from radixrt.runtime.scheduler.prefix_groups import prefix_groups
@@ -60,8 +62,10 @@ class Planner:
         stats: SchedulerStats,
         context_length: int,
         speculator: Speculator | None = None,
+        lora: LoraTable | None = None,
     ) -> None:
-        """speculator: drafts for decoding requests (speculative decoding; None: off)."""
+        """speculator: drafts for decoding requests (speculative decoding; None: off); lora:
+        the LoRA adapters (how many one step may mix; what the worker must be told)."""
         self.config = config
         self.table = table
         self.kv = kv
@@ -70,6 +74,7 @@ class Planner:
         self.context_length = context_length
         self.preemptor = Preemptor(config, table, kv, policy, stats)  # makes room in a step
         self.speculator = speculator
+        self.lora = lora
 
     def schedule(self, in_flight: InFlightLedger) -> StepPlan | None:
         """The next step's plan, or None when there is nothing to do. `in_flight`: the steps
@@ -115,7 +120,10 @@ class Planner:
         in_flight.record_plan(self.stats.steps,
                               {run.rid: table.requests[run.rid].epoch for run in draft.runs},
                               draft.prefilling)
+        loads, unloads = self._lora_changes()
         return StepPlan(
+            lora_loads=loads,
+            lora_unloads=unloads,
             step_id=self.stats.steps,
             swap_out=draft.swap_out,
             moves=moves,
@@ -126,6 +134,16 @@ class Planner:
             runs=draft.runs,
             prefix_groups=self._prefix_groups(draft),
         )
+
+    def _lora_changes(self) -> tuple[list[LoraAdapter], list[str]]:
+        """Adapters the worker must know from this plan on, and unloaded ones no request uses
+        any more (their cached KV dropped here)."""
+        if self.lora is None:
+            return [], []
+        unloads = self.lora.take_unloads(r.lora for r in self.table.requests.values())
+        for key in unloads:
+            self.stats.lora_dropped_tokens += self.kv.drop_namespaces(lora_namespace_of(key))
+        return self.lora.take_loads(), unloads
 
     def _prefix_groups(self, draft: StepDraft) -> list[PrefixGroup]:
         """Decode runs that share a prefix of pages (after this plan's copies), for cascade
@@ -205,6 +223,9 @@ class Planner:
             if (draft.budget <= 0
                     or len(table.running) + reserved >= self.config.max_running_requests):
                 break
+            if self.lora is not None and not self.lora.fits(
+                    [r.lora for r in (*table.running, *table.swapped)], req.lora):
+                continue  # every adapter slot is taken by other adapters' requests
             if self._shares_prefill_in_progress(req, draft):
                 held.append(req)
                 continue  # next step its prefix is in the tree: compute it once
@@ -240,6 +261,7 @@ class Planner:
                     max_tokens=req.max_tokens,
                     seed_offset=req.seed_offset,
                     prefix_slots=self.kv.slots(req, 0, req.kv_len - len(slots)),
+                    lora=req.lora,
                 )
             )
             self._add_run(req, len(slots), slots, draft, draft_ids)

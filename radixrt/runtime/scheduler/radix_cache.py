@@ -306,6 +306,11 @@ class RadixCache:
             self.listener.cleared()
         return released
 
+    def namespaces(self, prefix: str) -> list[RadixNode]:
+        """The roots of the namespaces whose key begins with `prefix` (those with nodes)."""
+        return [root for key, root in self._roots.items()
+                if key is not None and key.startswith(prefix)]
+
     def pages(self, tier: int = DEVICE_TIER) -> list[int]:
         """Every page the tree owns in ``tier`` (walks the tree; for integrity checks)."""
         return [page for node in self._walk() if node.tier == tier for page in node.pages]

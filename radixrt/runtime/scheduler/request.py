@@ -41,6 +41,7 @@ class Request:
     max_tokens: int  # params.max_tokens resolved at admission (0: prefill only)
     arrival: int  # monotonically increasing submission counter (fcfs order)
     extra_key: str | None = None  # radix-cache namespace: different keys never share KV
+    lora: str | None = None  # the LoRA adapter it runs under (the worker's key); None: base
     priority: int = 0  # lower is more urgent
     tenant: str = ""  # whose request it is (fair share between tenants)
     deadline_s: float | None = None  # monotonic seconds: still never admitted by then -> error

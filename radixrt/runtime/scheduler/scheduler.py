@@ -19,10 +19,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from radixrt.runtime.config import EngineConfig, parse_tenant_weights
+from radixrt.runtime.config import MAX_LORA_ADAPTERS, EngineConfig, parse_tenant_weights
 from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.messages import (
     TIER_NAMES,
+    LoraModuleShapes,
     OutputDelta,
     Scheduling,
     StepPlan,
@@ -35,6 +36,7 @@ from radixrt.runtime.scheduler.fair_share import FairShare
 from radixrt.runtime.scheduler.folding import ResultFolder
 from radixrt.runtime.scheduler.in_flight import InFlightLedger
 from radixrt.runtime.scheduler.kv_manager import KVManager
+from radixrt.runtime.scheduler.lora_table import LoraTable
 from radixrt.runtime.scheduler.planner import Planner
 from radixrt.runtime.scheduler.policy import make_policy
 from radixrt.runtime.scheduler.request import Request
@@ -58,11 +60,15 @@ class Scheduler:
         kv_bytes_per_token: int = 0,
         vocab_size: int | None = None,
         tier_pages: tuple[int, int] = (0, 0),
+        lora_shapes: LoraModuleShapes | None = None,
+        lora_max_rank: int = 0,
     ) -> None:
         """kv_bytes_per_token: what one token costs in the pool (0: unknown, no capacity);
         vocab_size: the model's (WorkerReady), against which every request's token ids are
         checked at add_request (None: the simulation's scheduler, which has no model);
-        tier_pages: the host and disk KV tiers' pages (0: none). With a disk tier in
+        tier_pages: the host and disk KV tiers' pages (0: none). lora_shapes / lora_max_rank:
+        the projections LoRA adapters may adapt and the slots' rank (None: no adapters; with
+        them, config.lora_paths are loaded here). With a disk tier in
         config.disk_cache_dir, what it holds is restored into the tree (a warm restart)."""
         self.config = config
         self.context_length = context_length
@@ -87,8 +93,12 @@ class Scheduler:
         self.table = RequestTable(
             self.kv, int(config.max_pinned_fraction * self.kv.capacity_tokens),
             FairShare(parse_tenant_weights(config.tenant_weights), config.fair_share_quantum))
+        self.lora = LoraTable(lora_shapes, lora_max_rank, config.max_loras_per_batch,
+                              MAX_LORA_ADAPTERS)
+        for name, path in config.lora_adapters().items():
+            self.lora.load(name, path)
         self.planner = Planner(config, self.table, self.kv, self.policy, self.stats,
-                               context_length, self.speculator)
+                               context_length, self.speculator, self.lora)
         self.folder = ResultFolder(self.table, self.kv, self.stats, context_length,
                                    eos_token_ids, self.speculator)
 
@@ -97,7 +107,7 @@ class Scheduler:
         """The scheduler sized by what the worker reported at start-up."""
         return cls(config, ready.num_pages, ready.context_length, ready.eos_token_ids,
                    ready.kv_bytes_per_token, ready.vocab_size,
-                   (ready.host_pages, ready.disk_pages))
+                   (ready.host_pages, ready.disk_pages), ready.lora_shapes, ready.lora_max_rank)
 
     # --- the views the engine, the loop and the tests read ----------------------------------
     @property
@@ -148,6 +158,9 @@ class Scheduler:
         prompt_ids = [int(t) for t in prompt_ids]
         max_tokens = self.check_limits(prompt_ids, params)
         self.check_queue(scheduling.tenant)
+        lora, extra_key = None, scheduling.extra_key
+        if scheduling.lora is not None:
+            lora, extra_key = self.lora.resolve(scheduling.lora, scheduling.extra_key)
         req = Request(
             rid=self.table.new_rid() if rid is None else rid,
             prompt_ids=prompt_ids,
@@ -155,7 +168,8 @@ class Scheduler:
             max_tokens=max_tokens,
             arrival=self.table.next_arrival(),
             grammar_ready=grammar_ready,
-            extra_key=scheduling.extra_key,
+            extra_key=extra_key,
+            lora=lora,
             priority=scheduling.priority,
             tenant=scheduling.tenant,
             pin=pin,

@@ -27,6 +27,7 @@ class SchedulerStats:
     cached_tokens: int = 0  # of which served from the radix cache
     computed_tokens: int = 0  # tokens through the model (prefill + decode)
     generated_tokens: int = 0
+    lora_dropped_tokens: int = 0  # cached KV dropped with unloaded LoRA adapters
     preemptions: int = 0
     preemptions_by_cause: dict[str, int] = field(
         default_factory=lambda: dict.fromkeys(PREEMPTION_CAUSES, 0))

@@ -74,6 +74,10 @@ class TierMover:
                 return lower
         return None
 
+    def loading(self, node: RadixNode) -> bool:
+        """Is a load of this node's pages up a tier under way?"""
+        return id(node) in self._loading
+
     def free(self, released: Iterable[tuple[int, list[int]]]) -> None:
         """Give back pages the tree let go of (drop, an insert over a lower tier)."""
         for tier, pages in released:

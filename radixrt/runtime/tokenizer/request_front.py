@@ -39,6 +39,7 @@ from radixrt.runtime.messages import (
     ControlRequest,
     DeltaBatch,
     GrammarReady,
+    LoraRequest,
     Scheduling,
     SubmitError,
     SubmitRequest,
@@ -163,11 +164,19 @@ class RequestFront:
     def call(self, op: str) -> Future:
         """A control call ("info", "flush_cache", "check_integrity"); its result arrives with
         the ControlReply (at once for the Engine)."""
+        return self._call(lambda call_id: ControlRequest(call_id=call_id, op=op))
+
+    def call_lora(self, name: str, path: str | None) -> Future:
+        """Load LoRA adapter `name` from folder `path` (None: unload it); the scheduler's
+        answer ({"ok": ...}, SchedulerIntake.lora) arrives with the ControlReply."""
+        return self._call(lambda call_id: LoraRequest(call_id=call_id, name=name, path=path))
+
+    def _call(self, message: Callable[[int], ToScheduler]) -> Future:
         call_id = next(self._call_ids)
         future: Future = Future()
         self._calls[call_id] = future
         try:
-            self._send(ControlRequest(call_id=call_id, op=op))
+            self._send(message(call_id))
         except BaseException:
             del self._calls[call_id]
             raise

@@ -78,6 +78,7 @@ class TokenizerManager:
         self._client_ids = ClientIds()
         self._callbacks: list[Callable[[RequestMetrics], None]] = []
         self._pin_callbacks: list[Callable[[int], None]] = []
+        self._loras: dict[str, dict[str, Any]] | None = None  # name -> the scheduler's listing
 
     @property
     def context_length(self) -> int:
@@ -170,6 +171,30 @@ class TokenizerManager:
     async def flush_cache(self) -> int:
         """Drop every unlocked cached KV page; returns the tokens freed."""
         return int((await self._call("flush_cache"))["freed_tokens"])
+
+    @property
+    def loras(self) -> dict[str, dict[str, Any]]:
+        """The LoRA adapters served (name -> path, rank, modules, digest): what the scheduler
+        said at start, kept current by load_lora / unload_lora."""
+        if self._loras is None:
+            listed = self.link.info.get("lora_adapters") or []
+            self._loras = {a["name"]: a for a in listed}
+        return self._loras
+
+    async def load_lora(self, name: str, path: str) -> dict[str, Any]:
+        """Serve the adapter in folder `path` as `name`: {"ok": True, "adapter": {...}} or
+        {"ok": False, "error": message, "status": 400 | 404}."""
+        result = dict(await asyncio.wrap_future(self.front.call_lora(name, path)))
+        if result.get("ok"):
+            self.loras[name] = result["adapter"]
+        return result
+
+    async def unload_lora(self, name: str) -> dict[str, Any]:
+        """Stop serving adapter `name` (requests already under it finish with it)."""
+        result = dict(await asyncio.wrap_future(self.front.call_lora(name, None)))
+        if result.get("ok"):
+            self.loras.pop(name, None)
+        return result
 
     async def server_info(self) -> dict[str, Any]:
         """Config and live counters: running, waiting, kv_total/free/evictable/locked/private,

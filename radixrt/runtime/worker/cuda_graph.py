@@ -132,8 +132,8 @@ class CudaGraphRunner:
     def bucket_for(self, batch: ForwardBatch) -> int | None:
         """The bucket that replays this batch, or None when it must run eagerly."""
         bs = batch.batch_size
-        if bs == 0 or bs > self.max_bs or not batch.is_decode_only:
-            return None
+        if bs == 0 or bs > self.max_bs or not batch.is_decode_only or batch.lora is not None:
+            return None  # (the graphs were captured without LoRA products)
         if batch.shared_reads_saved >= CASCADE_GRAPH_MIN_SAVED_READS:
             return None  # worth the cascade kernel, eagerly (the graph ignores prefix groups)
         bucket = next(b for b in self.batch_sizes if b >= bs)

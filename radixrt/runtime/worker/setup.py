@@ -10,12 +10,18 @@ import logging
 import psutil
 import torch
 
-from radixrt.runtime.config import HICACHE_HOST_RATIO, MAX_TIER_TOKENS, EngineConfig
+from radixrt.runtime.config import (
+    HICACHE_HOST_RATIO,
+    MAX_LORA_RANK,
+    MAX_TIER_TOKENS,
+    EngineConfig,
+)
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.forward.attention import resolve_attention_backend
-from radixrt.runtime.messages import CpuCompute, TPLayout, WorkerReady
+from radixrt.runtime.messages import CpuCompute, LoraModuleShapes, TPLayout, WorkerReady
 from radixrt.runtime.models.loader import LoadedModel, inspect_model, load_model, resolve_dtype
+from radixrt.runtime.models.lora_format import module_shapes, read_spec
 from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.shard_plan import check_tp_size
 from radixrt.runtime.worker.capacity import kv_bytes_per_token, pool_tokens
@@ -30,6 +36,7 @@ from radixrt.runtime.worker.kv_tiers import (
     fingerprint,
     model_fingerprint,
 )
+from radixrt.runtime.worker.lora_manager import LoraManager
 from radixrt.runtime.worker.worker import Worker
 
 log = logging.getLogger("radixrt.worker")
@@ -39,6 +46,7 @@ log = logging.getLogger("radixrt.worker")
 CPU_MAX_POOL_TOKENS = 1 << 15
 # A host KV tier may take at most this share of the host memory available when it is made.
 HOST_TIER_MAX_FRACTION = 0.8
+DEFAULT_MAX_LORA_RANK = 16  # the adapter slots' rank when no adapter is given at start
 
 
 def resolve_device(name: str) -> torch.device:
@@ -216,6 +224,12 @@ def build_worker(
     )
     if host_pages or disk_pages:
         worker.tiers = build_tiers(config, loaded, worker, tp, host_pages, disk_pages, per_token)
+    shapes, max_rank = None, 0
+    if config.lora_enabled:
+        shapes = lora_shapes(loaded.config)
+        max_rank = lora_rank(config, shapes)
+        worker.lora = LoraManager(loaded.model, shapes, config.max_loras_per_batch, max_rank,
+                                  config.max_loaded_loras)
     ready = WorkerReady(
         num_pages=num_pages,
         page_size=config.page_size,
@@ -233,5 +247,25 @@ def build_worker(
         weight_formats=loaded.model.weight_formats(),
         cpu=CpuCompute(torch.get_num_threads(), loaded.model.cpu_kernels, openmp_wait())
         if device.type == "cpu" else None,
+        lora_shapes=shapes,
+        lora_max_rank=max_rank,
     )
     return worker, ready
+
+
+def lora_shapes(cfg: ModelConfig) -> LoraModuleShapes:
+    """The projections of the decoder `cfg` describes that LoRA adapters may adapt."""
+    dense = [i for i, moe in enumerate(cfg.moe_kinds) if not moe]
+    return module_shapes(cfg.hidden_size, cfg.num_heads * cfg.head_dim,
+                         cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size, dense,
+                         cfg.num_layers)
+
+
+def lora_rank(config: EngineConfig, shapes: LoraModuleShapes) -> int:
+    """--max-lora-rank, or the largest rank of --lora-paths' adapters (DEFAULT_MAX_LORA_RANK
+    without any)."""
+    if config.max_lora_rank:
+        return config.max_lora_rank
+    ranks = [read_spec(path, shapes, MAX_LORA_RANK, digest=False).rank
+             for path in config.lora_adapters().values()]
+    return max(ranks, default=DEFAULT_MAX_LORA_RANK)

@@ -35,6 +35,7 @@ from radixrt.runtime.worker.draft_verifier import (
 )
 from radixrt.runtime.worker.grammar_rows import MaskRow, MaskThread, after_sample
 from radixrt.runtime.worker.kv_tiers import KVTiers
+from radixrt.runtime.worker.lora_manager import LoraManager
 from radixrt.runtime.worker.sampler import (
     AllowedTokens,
     Sampler,
@@ -53,6 +54,7 @@ class _RequestState:
     slots: list[int]  # slot of every position whose K/V is computed
     seed_offset: int
     grammar: GrammarState | None = None  # where a constrained output is in its grammar
+    lora: str | None = None  # the LoRA adapter it runs under (LoraAdapter.key)
 
 
 @dataclass
@@ -116,6 +118,7 @@ class Worker:
         self.jump_forward = jump_forward
         # grammar masks beside the forward pass where it runs on an accelerator
         self.masks = MaskThread(loaded.config.vocab_size, threaded=self.device.type != "cpu")
+        self.lora: LoraManager | None = None  # LoRA adapters' slots (setup.build_worker)
         self.graph_runner = None  # decode steps from CUDA graphs (triton backend on CUDA only)
         if cuda_graph_max_bs > 0 and self.device.type == "cuda":
             from radixrt.runtime.worker.cuda_graph import CudaGraphRunner, supports_cuda_graphs
@@ -147,6 +150,11 @@ class Worker:
         for rid in plan.free:
             self.states.pop(rid, None)
             self.swapped.pop(rid, None)
+        if plan.lora_loads or plan.lora_unloads:
+            if self.lora is None:
+                raise RuntimeError("a plan names LoRA adapters, but this worker serves none")
+            self.lora.register(plan.lora_loads)
+            self.lora.forget(plan.lora_unloads)
         for new in plan.new_requests:
             self.states[new.rid] = self._new_state(new)
         for copy in plan.copies:
@@ -176,6 +184,7 @@ class Worker:
             slots=list(new.prefix_slots),
             seed_offset=new.seed_offset,
             grammar=grammar,
+            lora=new.lora,
         )
 
     def _grammar(self, params: SamplingParams) -> Grammar:
@@ -193,6 +202,7 @@ class Worker:
         prefix_lens: list[int] = []
         tables: list[list[int]] = []
         entry: dict[int, int] = {}  # rid -> its (first) batch entry
+        adapters: list[str | None] = []  # each entry's LoRA adapter
         for run in plan.runs:
             state = self.states[run.rid]
             if len(state.slots) != run.start:
@@ -206,8 +216,13 @@ class Worker:
                 tokens.append(ids)
                 prefix_lens.append(prefix_len)
                 tables.append(table)
+                adapters.append(state.lora)
         batch = ForwardBatch.build(tokens, prefix_lens, tables, device=self.device,
                                    prefix_groups=self._prefix_groups(plan, entry))
+        if self.lora is not None:
+            batch.lora = self.lora.batch(adapters, batch.extend_lens, self.device)
+        elif any(adapters):
+            raise RuntimeError("a request names a LoRA adapter, but this worker serves none")
         wanted = self._logit_rows(plan.runs, batch)
         draws = self._draws(wanted)
         pending = self.masks.start(draws.grammars)  # built while the forward pass runs
