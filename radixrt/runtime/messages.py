@@ -388,6 +388,7 @@ class DslRequest(msgspec.Struct, frozen=True, tag=True):
     api_key: str | None = None  # required (compared in constant time) when the server has one
     pin_ids: list[int] = []  # op "renew": the pins whose leases to extend
     priority: int = 0  # op "generate": lower is more urgent (Scheduling.priority)
+    lora: str | None = None  # op "generate": the LoRA adapter it runs under (Scheduling.lora)
     # op "generate" with the server's --reasoning-parser: the thinking apart (DslSample.reasoning)
     # and constraints after it
     separate_reasoning: bool = False

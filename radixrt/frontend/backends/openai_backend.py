@@ -32,6 +32,7 @@ from radixrt.frontend.lang.backend import (
     constraint_of,
 )
 from radixrt.frontend.lang.runners import spawn
+from radixrt.frontend.lang.sglang_names import LORA
 from radixrt.runtime.config import DEFAULT_MAX_TOKENS
 from radixrt.runtime.sampling_params import CONSTRAINT_FIELDS
 
@@ -41,7 +42,7 @@ CHAT_FORMATS = {
     "llama-3": ChatFormat({r: (f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>")
                            for r in ("system", "user", "assistant")}),
 }
-_NOT_SENT = ("logprobs", "top_logprobs", "prompt_logprobs_start", "n",
+_NOT_SENT = ("logprobs", "top_logprobs", "prompt_logprobs_start", "n", LORA,
              *CONSTRAINT_FIELDS)  # a constraint: sent as constraint_fields says
 HTTP_TIMEOUT_S = 600.0
 
@@ -82,7 +83,9 @@ class OpenAICompatible:
         if params.get("logprobs"):
             body["logprobs"] = max(top, 1)  # OpenAI's: the top k, the sampled token's as well
         body.setdefault("max_tokens", DEFAULT_MAX_TOKENS)  # the runtime's rule, as far as it goes
-        body.update(model=self.model, prompt=text, **constraint_fields(params))
+        # a LoRA adapter is served as a model of its own (OpenAI's way: vLLM, radixrt)
+        body.update(model=params.get(LORA) or self.model, prompt=text,
+                    **constraint_fields(params))
         if on_piece is None or "logprobs" in body:
             data = self._post(body)
             choice = data["choices"][0]

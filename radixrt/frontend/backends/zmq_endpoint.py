@@ -26,6 +26,7 @@ from radixrt.frontend.lang.backend import (
     PieceMeta,
     TokenUsage,
 )
+from radixrt.frontend.lang.sglang_names import LORA
 from radixrt.runtime.config import DSL_CONNECT_TIMEOUT_S, PIN_LEASE_TTL_S, PIN_RENEWALS_PER_TTL
 from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.sampling_params import SamplingParams
@@ -143,12 +144,13 @@ class ZmqRuntimeEndpoint:
         # separate_reasoning is the request's own field
         fields = dict(params)
         separate = bool(fields.pop(SEPARATE_REASONING, False))
+        lora = fields.pop(LORA, None)
         forward = None if on_piece is None else (lambda reply: on_piece(reply.text, PieceMeta(
             len(reply.token_ids), logprob_meta(reply.logprobs, []))))
         return forward, dict(op="generate", text=text,
                              params=SamplingParams.from_fields(fields),
                              stream=on_piece is not None, priority=priority,
-                             separate_reasoning=separate)
+                             separate_reasoning=separate, lora=lora)
 
     @staticmethod
     def _gen_result(reply: Any) -> GenResult:

@@ -82,7 +82,8 @@ def gen(
     meta["reasoning"] the thinking (the transcript keeps both); constraints apply after it.
 
     priority: lower is more urgent in the runtime's queue (default: the run's, run(priority=...),
-    itself 0 by default)."""
+    itself 0 by default). lora="name": the gen runs under that LoRA adapter of the runtime
+    (--lora-paths; default: the run's, run(lora=...), itself the base model)."""
     sglang_options = {
         "max_tokens": max_tokens, "min_tokens": min_tokens, "n": n, "stop": stop,
         "stop_token_ids": stop_token_ids, "stop_regex": stop_regex,

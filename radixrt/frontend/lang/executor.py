@@ -41,7 +41,7 @@ from radixrt.frontend.lang.ir import (
 )
 from radixrt.frontend.lang.runners import LoopCondition, LoopRunner, ThreadRunner
 from radixrt.frontend.lang.select_methods import pick
-from radixrt.frontend.lang.sglang_names import TOKEN_TEXTS
+from radixrt.frontend.lang.sglang_names import LORA, TOKEN_TEXTS
 from radixrt.frontend.lang.speculation import Speculation, Taken, speculates
 from radixrt.frontend.lang.stream_meta import GenStream, with_token_texts
 from radixrt.frontend.lang.tools import parse_calls
@@ -348,6 +348,9 @@ class StreamExecutor:
         return with_token_texts(meta, getattr(self.backend, "token_texts", None))
 
     def _select(self, leaf: Select) -> None:
+        if self.defaults.get(LORA):
+            raise BackendError("select scores its choices with the base model; in a run under "
+                               "a LoRA adapter use gen(choices=...), which decodes them under it")
         unconditional = leaf.method == "unconditional_likelihood_normalized"
         scored = self.runner.call(self.backend, "score", self.transcript.text,
                                   list(leaf.choices), unconditional,

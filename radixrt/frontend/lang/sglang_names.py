@@ -7,8 +7,9 @@ SamplingParams fields by `sampling_fields`; `dtype=` becomes a regex constraint 
 the patterns SGLang's runtime backend uses, with its stop strings for numbers); SGLang options
 radixrt does not have are refused with a message that names them and says what to use instead.
 `DSL_OPTIONS` are options of the DSL itself (not SamplingParams fields): they travel in a gen's
-params and the executor takes them out before the backend call (`return_text_in_logprobs`:
-decode the token ids of the meta info's logprob entries). `REGEX_INT` ... `REGEX_STR` are
+params and the executor or the backend takes them out (`return_text_in_logprobs`: decode
+the token ids of the meta info's logprob entries; `lora`: the LoRA adapter the gen runs under,
+which the backend sends as its request's adapter). `REGEX_INT` ... `REGEX_STR` are
 sglang.lang.ir's regex building blocks, with SGLang's exact values (`radixrt.lang.ir` exports
 them).
 """
@@ -29,7 +30,8 @@ SAMPLING_ALIASES = {
 }
 # the DSL's own options (a gen's or a run's): not sent to the runtime
 TOKEN_TEXTS = "return_text_in_logprobs"  # logprob entries (logprob, token_id, token_text)
-DSL_OPTIONS = frozenset({TOKEN_TEXTS})
+LORA = "lora"  # the name of the LoRA adapter the gen runs under (the backend's request field)
+DSL_OPTIONS = frozenset({TOKEN_TEXTS, LORA})
 # sglang.lang.ir's regex building blocks, SGLang's values (an int or a float may end in spaces
 # and newlines)
 REGEX_INT = r"[-+]?[0-9]+[ \n]*"
@@ -72,8 +74,10 @@ def sampling_fields(options: dict[str, Any], where: str) -> dict[str, Any]:
         if name in UNSUPPORTED:
             raise TypeError(f"{where}: SGLang's {name}= is not supported here: "
                             f"{UNSUPPORTED[name]}")
-        if name in DSL_OPTIONS and not isinstance(value, bool):
+        if name == TOKEN_TEXTS and not isinstance(value, bool):
             raise TypeError(f"{where}: {name} must be a bool, got {value!r}")
+        if name == LORA and not isinstance(value, str):
+            raise TypeError(f"{where}: {name} must be a LoRA adapter's name, got {value!r}")
         if field in out:
             raise TypeError(f"{where}: {_spellings(field)} name the same option: give one")
         out[field] = value

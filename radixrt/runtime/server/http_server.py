@@ -44,6 +44,7 @@ from radixrt.runtime.server.core.http_replica import (
     add_router_routes,
     router_metadata,
 )
+from radixrt.runtime.server.core.lora_routes import add_lora_routes
 from radixrt.runtime.server.core.operations_routes import add_operations_routes
 from radixrt.runtime.server.core.tenants import ApiKeys
 from radixrt.runtime.server.core.text_check import CheckedTextRoute
@@ -107,9 +108,11 @@ def create_app(manager: TokenizerManager, api_key: str | None = None,
     add_native_routes(app, native, manager, pins)
     add_info_routes(app, manager, native, pins, features, store)
     add_operations_routes(app, manager, metrics)
+    add_lora_routes(app, manager)
     add_router_routes(app, manager)
+    # with LoRA adapters, `model` may name any adapter loaded while serving: no list
     install_openapi(app, keys is not None, UNAUTHENTICATED_PATHS,
-                    [manager.model_name, MODEL_ALIAS])
+                    None if manager.lora_enabled else [manager.model_name, MODEL_ALIAS])
     return app
 
 

@@ -173,6 +173,11 @@ class TokenizerManager:
         return int((await self._call("flush_cache"))["freed_tokens"])
 
     @property
+    def lora_enabled(self) -> bool:
+        """Does the runtime serve LoRA adapters (--lora-paths, --enable-lora)?"""
+        return self.link.info.get("lora_adapters") is not None
+
+    @property
     def loras(self) -> dict[str, dict[str, Any]]:
         """The LoRA adapters served (name -> path, rank, modules, digest): what the scheduler
         said at start, kept current by load_lora / unload_lora."""

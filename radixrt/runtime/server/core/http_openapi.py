@@ -89,11 +89,11 @@ def documented(ok: Any = None, errors: Sequence[int] = (), stream: bool = False,
 
 
 def install_openapi(app: FastAPI, keys_required: bool, unauthenticated: frozenset[str],
-                    model_names: Sequence[str]) -> None:
+                    model_names: Sequence[str] | None) -> None:
     """The app's schema: 422s removed; 401 (with keys, on every path but the unauthenticated
     ones) and 413 (on every operation with a body) added, in each path's error shape; `model`
-    fields list the names served (any other is a 400); a created response links to the
-    operations on its id."""
+    fields list the names served (any other is a 400; None: any name, with LoRA adapters); a
+    created response links to the operations on its id."""
 
     def build() -> dict[str, Any]:
         if app.openapi_schema is not None:
@@ -104,8 +104,8 @@ def install_openapi(app: FastAPI, keys_required: bool, unauthenticated: frozense
         shapes = components.setdefault("schemas", {})
         for shape in shapes.values():
             model = shape.get("properties", {}).get("model")
-            if model is not None and model.get("type") == "string" and "model" in shape.get(
-                    "required", ()):
+            if model_names is not None and model is not None and model.get(
+                    "type") == "string" and "model" in shape.get("required", ()):
                 model["enum"] = list(dict.fromkeys(model_names))
         link_responses(schema.get("paths", {}))
         for name in VALIDATION_SCHEMAS:

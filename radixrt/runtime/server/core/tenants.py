@@ -124,15 +124,17 @@ def tenant_of(request: Request, user: str | None) -> str:
     return user or ""
 
 
-def scheduling_for(request: Request, body: Any) -> Scheduling:
+def scheduling_for(request: Request, body: Any, lora: str | None = None) -> Scheduling:
     """The Scheduling of a request body with optional priority / cache_salt / timeout / user
-    fields (the OpenAI bodies' extras and /generate's)."""
+    fields (the OpenAI bodies' extras and /generate's), under LoRA adapter `lora` (None: the
+    base model)."""
     try:
         return Scheduling(
             priority=body.priority if body.priority is not None else 0,
             tenant=tenant_of(request, body.user),
             extra_key=body.cache_salt or None,
             timeout_s=body.timeout,
+            lora=lora,
         )
     except ValueError as exc:
         message = str(exc)

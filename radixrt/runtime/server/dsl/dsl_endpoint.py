@@ -118,7 +118,8 @@ class DslEndpoint:
         reply."""
         try:
             if req.op in ("generate", "score"):
-                await handler(identity, req, Scheduling(priority=req.priority, tenant=tenant))
+                await handler(identity, req, Scheduling(priority=req.priority, tenant=tenant,
+                                                        lora=req.lora))
             else:
                 await handler(identity, req)
         except (ValueError, TypeError, QueueFull) as exc:

@@ -54,6 +54,7 @@ SAMPLING_OFF: dict[str, tuple[Any, ...]] = {
 
 Int64 = Annotated[int, Field(ge=INT64_MIN, le=INT64_MAX)]
 Rid = Annotated[str, Field(min_length=1, max_length=MAX_RID_CHARS)]
+LoraName = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 
 
 class GenerateRequest(BaseModel):
@@ -74,12 +75,13 @@ class GenerateRequest(BaseModel):
     cache_salt: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     timeout: float | None = None
     user: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    # the LoRA adapter's name (SGLang's field; a list gives one per prompt, all the same here)
+    lora_path: LoraName | list[LoraName | None] | None = None
     # SGLang's fields that radixrt does not serve: only their "off" values (see unused_fields)
     image_data: Any = None
     video_data: Any = None
     audio_data: Any = None
     input_embeds: Any = None
-    lora_path: Any = None
     lora_id: Any = None
     session_id: Any = None
     session_params: Any = None
@@ -101,7 +103,7 @@ class GenerateRequest(BaseModel):
 # GenerateRequest fields and the value that means "not used", beside the one it has by default
 UNSERVED_OFF: dict[str, tuple[Any, ...]] = {
     "image_data": (None, []), "video_data": (None, []), "audio_data": (None, []),
-    "input_embeds": (None,), "lora_path": (None, [], ""), "lora_id": (None, [], ""),
+    "input_embeds": (None,), "lora_id": (None, [], ""),
     "session_id": (None, ""), "session_params": (None, {}), "custom_logit_processor": (None,),
     "token_ids_logprob": (None, []), "return_hidden_states": (False,),
     "return_routed_experts": (False,), "return_prompt_token_ids": (False,),
@@ -144,7 +146,7 @@ def check_unserved(body: GenerateRequest) -> None:
     for name, off in UNSERVED_OFF.items():
         value = getattr(body, name)
         if not is_off(value, off):
-            raise APIError(f"'{name}' is not supported by radixrt (text-only models, no LoRA, "
+            raise APIError(f"'{name}' is not supported by radixrt (text-only models, no "
                            f"sessions or hidden states): leave it out", param=name)
 
 

@@ -184,6 +184,24 @@ class NativeServing:
                 fields["prompt_logprobs_start"] = first + 1
         return NativePrompt(ids, build_sampling_params(fields), rid or uuid.uuid4().hex, first)
 
+    def lora_of(self, body: GenerateRequest, num_prompts: int) -> str | None:
+        """The LoRA adapter `lora_path` names (None or "": the base model); a list names one
+        per prompt, and here one for all."""
+        given = body.lora_path if isinstance(body.lora_path, list) else [body.lora_path]
+        if isinstance(body.lora_path, list) and len(given) != num_prompts:
+            raise APIError(f"lora_path has {len(given)} entries for {num_prompts} prompts",
+                           param="lora_path")
+        names = {name or None for name in given}
+        if len(names) > 1:
+            raise APIError("the prompts of one request run under one LoRA adapter here: send "
+                           "a request per adapter", param="lora_path")
+        name = names.pop()
+        if name is not None and name not in self.manager.loras:
+            loaded = ", ".join(repr(n) for n in self.manager.loras) or "none"
+            raise APIError(f"no LoRA adapter named {name!r} is loaded (loaded: {loaded}); load "
+                           "it with POST /load_lora_adapter or --lora-paths", param="lora_path")
+        return name
+
     @staticmethod
     def check_pin(params: list[SamplingParams]) -> None:
         if len(params) != 1 or params[0].n != 1:
@@ -197,7 +215,7 @@ class NativeServing:
     # --- generate ----------------------------------------------------------------------------
     async def generate(self, body: GenerateRequest, request: Request) -> Response:
         prompts = self.prompts(body)
-        scheduling = scheduling_for(request, body)
+        scheduling = scheduling_for(request, body, lora=self.lora_of(body, len(prompts)))
         started = time.monotonic()
         streams = await until_disconnected(request, open_streams(
             self.manager, [p.ids for p in prompts], [p.params for p in prompts],

@@ -25,6 +25,8 @@ class ModelCard(BaseModel):
     object: Literal["model"]
     created: int
     owned_by: str
+    parent: str | None = None  # a LoRA adapter's base model
+    root: str | None = None  # a LoRA adapter's folder
 
 
 class ModelList(BaseModel):
@@ -45,4 +47,6 @@ def add_openai_routes(app: FastAPI, serving: OpenAIServing, manager: TokenizerMa
 
     @app.get("/v1/models", response_model=ModelList)
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [model_card(manager.model_name)]}
+        adapters = [model_card(name, manager.model_name, a["path"])
+                    for name, a in manager.loras.items()]
+        return {"object": "list", "data": [model_card(manager.model_name), *adapters]}

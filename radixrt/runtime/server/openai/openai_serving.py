@@ -76,12 +76,20 @@ class OpenAIServing:
     # --- shared steps ----------------------------------------------------------------------
 
     def check_model(self, model: str) -> None:
-        if model not in (self.manager.model_name, MODEL_ALIAS):
+        if model not in (self.manager.model_name, MODEL_ALIAS) and model not in self.manager.loras:
+            adapters = ", ".join(repr(name) for name in self.manager.loras)
             raise APIError(
                 f"model {model!r} is not served here: use {self.manager.model_name!r} "
-                f"(or {MODEL_ALIAS!r}); GET /v1/models lists it",
+                f"(or {MODEL_ALIAS!r})" + (f" or a LoRA adapter ({adapters})" if adapters
+                                           else "") + "; GET /v1/models lists them",
                 param="model", code="model_not_found",
             )
+
+    def adapter_of(self, model: str) -> str | None:
+        """The LoRA adapter a request's `model` names (None: the base model)."""
+        if model in (self.manager.model_name, MODEL_ALIAS):
+            return None
+        return model if model in self.manager.loras else None
 
     def encode(self, prompt: Prompt, param: str) -> list[int]:
         try:  # the limits that need the model are checked where the request is queued
@@ -106,7 +114,7 @@ class OpenAIServing:
     ) -> list[PrimedStream]:
         """pin: each finished prompt and output stay cached under a pin (the pin service's
         lease); its final chunk says whether (the stream's rid is the pin id)."""
-        scheduling = scheduling_for(request, body)
+        scheduling = scheduling_for(request, body, lora=self.adapter_of(body.model))
         opening = open_streams(self.manager, ids_list, params_list, rid, scheduling, pin)
         return await until_disconnected(request, opening)
 
@@ -373,5 +381,11 @@ class StreamTally:
         return Usage.of(sum(self.prompt_tokens), self.completion_tokens, sum(self.cached))
 
 
-def model_card(name: str) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": 0, "owned_by": "radixrt"}
+def model_card(name: str, parent: str | None = None,
+               root: str | None = None) -> dict[str, Any]:
+    """An entry of /v1/models; a LoRA adapter's names its base model as `parent` and its
+    folder as `root` (vLLM's fields)."""
+    card = {"id": name, "object": "model", "created": 0, "owned_by": "radixrt"}
+    if parent is not None:
+        card.update(parent=parent, root=root)
+    return card
