@@ -23,6 +23,12 @@ the loop waits for a result.
 
 from __future__ import annotations
 
+import atexit
+import functools
+import json
+import os
+import shutil
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -37,6 +43,7 @@ from radixrt.runtime.messages import (
     TokenLogprob,
     WorkerRequest,
 )
+from radixrt.runtime.models.lora_format import module_shapes
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.scheduler.loop import StepLoop
 from radixrt.runtime.scheduler.planner import POOL_TOO_SMALL as PLANNER_POOL_TOO_SMALL
@@ -44,6 +51,10 @@ from radixrt.runtime.scheduler.request import Phase, Request
 from radixrt.runtime.scheduler.scheduler import Scheduler
 
 VOCAB = 24
+LORA_NAMES = ("l0", "l1", "l2")  # make_sim(loras=k): the first k, Scheduling(lora=name)
+SIM_LORA_RANK = 2
+SIM_LORA_SHAPES = module_shapes(hidden=8, q_rows=8, kv_rows=4, intermediate=16,
+                                dense_mlp_layers=[0], num_layers=1)
 EOS = 0
 CONTEXT = 256
 MAX_STEPS = 3000
@@ -73,9 +84,19 @@ def _mix(h: int, token: int) -> int:
     return (h * 1_000_003 + token + 7) & _MASK
 
 
-def prefix_hashes(ids: Sequence[int], into: list[int]) -> list[int]:
-    """into[p] = hash of ids[:p + 1] (extended in place: only the new positions are hashed)."""
-    h = into[-1] if into else 0x9E3779B9
+BASE_SEED = 0x9E3779B9  # the hash of the empty sequence under the base model
+
+
+def lora_seed(key: str | None) -> int:
+    """The hash of the empty sequence under LoRA adapter `key`: another adapter's KV of the
+    same tokens is other KV (and samples other tokens)."""
+    return BASE_SEED if key is None else _mix(BASE_SEED, int(key[:12], 16))
+
+
+def prefix_hashes(ids: Sequence[int], into: list[int], seed: int = BASE_SEED) -> list[int]:
+    """into[p] = hash of ids[:p + 1] (extended in place: only the new positions are hashed);
+    seed: the hash before the first token (the adapter's, lora_seed)."""
+    h = into[-1] if into else seed
     for t in ids[len(into) :]:
         h = _mix(h, t)
         into.append(h)
@@ -118,19 +139,20 @@ def finish_reason(output: list[int], num_tokens: int, params: SamplingParams) ->
 
 
 def oracle_logprobs(
-    prompt: list[int], params: SamplingParams, seed_offset: int
+    prompt: list[int], params: SamplingParams, seed_offset: int, seed: int = BASE_SEED
 ) -> tuple[list[int], str, list[float]]:
     """What sample `seed_offset` of `prompt` must produce (tokens, finish reason, logprobs: 0.0
     where forced), computed without a scheduler."""
     ids, lps = list(prompt), []
     hashes: list[int] = []
     while True:
-        prefix_hashes(ids, hashes)
+        prefix_hashes(ids, hashes, seed)
         ids.append(sample_token(hashes[-1], len(ids) - len(prompt), seed_offset, params))
         lps.append(SAMPLED)
         forced = []
         if ids[-1] != EOS and (params.n == 1 or len(lps) > 1 or FORCE_AFTER_FORK):
-            forced = forced_chain(prefix_hashes(ids, hashes)[-1], len(lps), seed_offset, params)
+            forced = forced_chain(prefix_hashes(ids, hashes, seed)[-1], len(lps), seed_offset,
+                                  params)
         for token in [None, *forced]:
             if token is not None:
                 ids.append(token)
@@ -154,10 +176,12 @@ class SimState:
     slots: list[int]
     hashes: list[int] = field(default_factory=list)
     forced_at: int = -1  # where the last forced chain starts, until the request's next run
+    seed: int = BASE_SEED  # its LoRA adapter's (lora_seed)
+    lora: str | None = None  # its LoRA adapter's key
 
     def expected(self, end: int) -> list[int]:
         """The KV content positions 0 .. end-1 must hold."""
-        return prefix_hashes(self.token_ids, self.hashes)[:end]
+        return prefix_hashes(self.token_ids, self.hashes, self.seed)[:end]
 
 
 class SimWorker:
@@ -181,6 +205,9 @@ class SimWorker:
         self.accepted = 0
         self.trees = 0  # drafts with branches, and tokens accepted off their main line
         self.branch_accepted = 0
+        self.loras: set[str] = set()  # LoRA adapters the plans registered (keys)
+        self.max_loras_per_batch = 0  # 0: no adapters
+        self.adapters_per_batch = 0  # the most one plan's runs mixed
 
     def _check_table(self, rid: int, upto: int | None = None) -> None:
         state = self.states[rid]
@@ -216,6 +243,10 @@ class SimWorker:
             self.host[swap.rid] = [self.kv[s] for s in swap.slots]
             state.slots = []
         self._move(plan)
+        self.loras |= {a.key for a in plan.lora_loads}
+        for key in plan.lora_unloads:
+            assert not any(st.lora == key for st in self.states.values()), f"{key} in use"
+            self.loras.discard(key)
         for rid in plan.free:
             assert rid in self.states or rid in self.host, f"free of unknown request {rid}"
             self.states.pop(rid, None)
@@ -293,14 +324,19 @@ class SimWorker:
         assert len(new.prefix_slots) < len(ids), f"{new.rid}: prefix leaves nothing to compute"
         resolved = new.params.resolved_max_tokens(len(new.prompt_ids), CONTEXT)
         assert new.max_tokens == resolved, f"{new.rid}: max_tokens {new.max_tokens} != {resolved}"
+        assert new.lora is None or new.lora in self.loras, f"{new.rid}: adapter not loaded"
         self.states[new.rid] = SimState(
-            new.params, ids, len(new.prompt_ids), new.seed_offset, list(new.prefix_slots)
+            new.params, ids, len(new.prompt_ids), new.seed_offset, list(new.prefix_slots),
+            seed=lora_seed(new.lora), lora=new.lora,
         )
         self._check_table(new.rid)
 
     def _forward(self, plan: StepPlan, owners: dict[int, tuple[int, int]]) -> StepResult:
         written: set[int] = set()
         assert len({r.rid for r in plan.runs}) == len(plan.runs), "a request runs twice"
+        adapters = {self.states[r.rid].lora for r in plan.runs} - {None}
+        assert len(adapters) <= self.max_loras_per_batch, f"{len(adapters)} adapters in a step"
+        self.adapters_per_batch = max(self.adapters_per_batch, len(adapters))
         for run in plan.runs:
             state = self.states.get(run.rid)
             assert state is not None and run.rid not in self.host, f"run of {run.rid}"
@@ -330,11 +366,12 @@ class SimWorker:
             state = self.states[run.rid]
             state.slots.extend(run.new_slots)
             known = run.known_end - run.start
-            hashes = prefix_hashes(state.token_ids, list(state.expected(run.start)))
+            hashes = prefix_hashes(state.token_ids, list(state.expected(run.start)), state.seed)
             for i, slot in enumerate(run.new_slots[:known]):
                 self.kv[slot] = hashes[run.start + i]
             for i, slot in enumerate(run.new_slots[known:]):  # a draft node: its path's KV
-                self.kv[slot] = prefix_hashes(state.token_ids + _path(run, i), list(hashes))[-1]
+                self.kv[slot] = prefix_hashes(state.token_ids + _path(run, i), list(hashes),
+                                               state.seed)[-1]
             self.tokens_computed += run.num_new
             results += self._results(run, state)
         return StepResult(plan.step_id, results, sum(r.num_new for r in plan.runs))
@@ -361,7 +398,7 @@ class SimWorker:
         """after_sample: the grammar's forced tokens after the one just appended."""
         if state.token_ids[-1] == EOS:
             return []
-        last_hash = prefix_hashes(state.token_ids, state.hashes)[-1]
+        last_hash = prefix_hashes(state.token_ids, state.hashes, state.seed)[-1]
         num_out = len(state.token_ids) - state.prompt_len
         forced = forced_chain(last_hash, num_out, state.seed_offset, state.params)
         state.forced_at = len(state.token_ids)
@@ -381,8 +418,8 @@ class SimWorker:
         nodes: list[int] = []  # the accepted path through the draft tree
         parents = run.draft_parents or list(range(-1, len(run.draft) - 1))
         while True:
-            token = sample_token(prefix_hashes(ids, hashes)[-1], len(ids) - state.prompt_len,
-                                 state.seed_offset, state.params)
+            token = sample_token(prefix_hashes(ids, hashes, state.seed)[-1],
+                                 len(ids) - state.prompt_len, state.seed_offset, state.params)
             ids.append(token)
             drawn.append(token)
             at = nodes[-1] if nodes else -1
@@ -390,8 +427,8 @@ class SimWorker:
                           if p == at and t == token), None)
             if child is None or token in stops:
                 break
-            after = forced_chain(prefix_hashes(ids, hashes)[-1], len(ids) - state.prompt_len,
-                                 state.seed_offset, state.params)
+            after = forced_chain(prefix_hashes(ids, hashes, state.seed)[-1],
+                                 len(ids) - state.prompt_len, state.seed_offset, state.params)
             if after:
                 break
             nodes.append(child)
@@ -441,7 +478,8 @@ class SimWorker:
             params = state.params.with_(n=1)
             token = TokenLogprob(sample_token(last_hash, num_out, i, params), SAMPLED)
             ids = state.token_ids + [token.token_id]
-            self.states[child] = SimState(params, ids, state.prompt_len, i, list(state.slots))
+            self.states[child] = SimState(params, ids, state.prompt_len, i, list(state.slots),
+                                          seed=state.seed, lora=state.lora)
             self.produced[child] = [token]
             forced = self._jump(child, self.states[child]) if FORCE_AFTER_FORK else []
             results.append(RunResult(child, token, forced=forced))
@@ -504,20 +542,51 @@ class Sim:
 
 
 def make_sim(pool_tokens: int, overlap: bool = False, disk_tier_tokens: int = 0,
-             **options: object) -> Sim:
+             loras: int = 0, **options: object) -> Sim:
     """disk_tier_tokens: a disk KV tier of this size (its pages are bookkeeping and the
     simulated worker's dict, no directory; the host tier is config.host_cache_tokens).
+    loras: LoRA adapters served (LORA_NAMES' first ones; real PEFT folders, tiny, checked
+    against SIM_LORA_SHAPES), at most config.max_loras_per_batch in a step.
     Speculative decoding is off unless asked for (EngineConfig's default is on): tests that
     assert plans run for run check other mechanisms; the simulation's properties draw it."""
     options.setdefault("speculative_algorithm", None)
+    if loras:
+        folders = lora_folders()
+        options["lora_paths"] = tuple(f"{n}={folders[n]}" for n in LORA_NAMES[:loras])
     config = EngineConfig(max_total_tokens=pool_tokens, **options)  # type: ignore[arg-type]
     num_pages = max(pool_tokens // config.page_size, 2)
     tiers = (config.host_cache_tokens // config.page_size, disk_tier_tokens // config.page_size)
-    sched = Scheduler(config, num_pages, CONTEXT, [EOS], tier_pages=tiers)
+    sched = Scheduler(config, num_pages, CONTEXT, [EOS], tier_pages=tiers,
+                      lora_shapes=SIM_LORA_SHAPES if loras else None, lora_max_rank=SIM_LORA_RANK)
     sched.kv.tree._clock = lambda: 0.0  # LRU by access order only: reproducible runs
     worker = SimWorker(num_pages * config.page_size, config.page_size)
+    worker.max_loras_per_batch = config.max_loras_per_batch if loras else 0
     executor = SimExecutor(worker)
     return Sim(sched, worker, StepLoop(sched, executor, overlap), executor)
+
+
+@functools.lru_cache(maxsize=1)
+def lora_folders() -> dict[str, str]:
+    """LORA_NAMES as PEFT adapter folders (rank SIM_LORA_RANK on layer 0's q_proj of a model
+    of SIM_LORA_SHAPES, each with its own weights: its own digest), in a directory that lives
+    as long as the test process."""
+    import torch
+    from safetensors.torch import save_file
+
+    root = tempfile.mkdtemp(prefix="radixrt-sim-lora-")
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    folders = {}
+    for i, name in enumerate(LORA_NAMES):
+        folder = os.path.join(root, name)
+        os.makedirs(folder)
+        with open(os.path.join(folder, "adapter_config.json"), "w") as f:
+            json.dump({"peft_type": "LORA", "r": SIM_LORA_RANK, "lora_alpha": 4}, f)
+        key = "base_model.model.model.layers.0.self_attn.q_proj.lora_{}.weight"
+        save_file({key.format("A"): torch.full((SIM_LORA_RANK, 8), float(i)),
+                   key.format("B"): torch.full((8, SIM_LORA_RANK), float(i))},
+                  os.path.join(folder, "adapter_model.safetensors"))
+        folders[name] = folder
+    return folders
 
 
 def forking_in_flight(sim: Sim) -> dict[int, list[int]]:
@@ -653,7 +722,7 @@ def check_sample(sim: Sim, sample: Request, prompt: list[int], params: SamplingP
                  index: int) -> None:
     """One sample's outputs (those known: an abort may leave a placeholder) are what the worker
     produced and the oracle's (a prefix of it if aborted or failed), logprobs included."""
-    want, want_reason, want_lps = oracle_logprobs(prompt, params, index)
+    want, want_reason, want_lps = oracle_logprobs(prompt, params, index, lora_seed(sample.lora))
     got, reason = sample.output_ids[: sample.num_known_outputs], sample.finish_reason or ""
     lps = sample.output_logprobs
     assert len(got) <= params.max_tokens, f"request {sample.rid}: past max_tokens"

@@ -190,3 +190,18 @@ def test_refusals_name_the_fix(tiny: dict[str, Any], tmp_path: Path) -> None:
             plain.generate(PROMPT, PARAMS, lora="a")
     finally:
         plain.close()
+
+
+@pytest.mark.slow  # a second rank as a process
+def test_tensor_parallel_ranks_shard_the_adapters(tiny: dict[str, Any]) -> None:
+    """TP 2 = TP 1 with adapters: each rank holds its rows of B (q, k, v; gate, up) and its
+    columns of A (o, down), and the ranks' partial products sum to the whole one."""
+    which = ["a", "b", "c", None]
+    engine = Engine(str(tiny["root"] / "base"), tp_size=2, check_integrity=True,
+                    max_total_tokens=2048, lora_paths=paths(tiny, "a", "b", "c"))
+    try:
+        outs = engine.generate([PROMPT] * len(which), PARAMS, lora=which)
+    finally:
+        engine.close()
+    for lora, out in zip(which, outs):
+        assert_matches(out, tiny["scorers"][lora], f"tp2 {lora}")

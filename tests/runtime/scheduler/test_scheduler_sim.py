@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
+import msgspec
 import pytest
 import sim_worker
 from hypothesis import HealthCheck, event, given, reject, settings
@@ -19,6 +21,7 @@ from hypothesis import strategies as st
 from sim_worker import (
     EOS,
     JUMP,
+    LORA_NAMES,
     POOL_TOO_SMALL,
     TOLERATE_SWAP_IN_PREEMPTED,
     VOCAB,
@@ -65,7 +68,8 @@ def request_sets(draw: st.DrawFn, max_requests: int = 10, min_requests: int = 2)
             regex=regex,
         )
         scheduling = Scheduling(priority=draw(st.sampled_from([0, 0, 0, 1, -1])),
-                                tenant=draw(st.sampled_from(["", "", "a", "b"])))
+                                tenant=draw(st.sampled_from(["", "", "a", "b"])),
+                                lora=draw(st.sampled_from([None, None, *LORA_NAMES])))
         arrivals.append(Arrival(draw(st.integers(0, 20)), prompt, params, scheduling))
     return arrivals
 
@@ -96,6 +100,10 @@ def configs(draw: st.DrawFn) -> dict:
         # KV tiers: evicted prefixes demoted to host / disk and loaded back on a match
         host_cache_tokens=draw(st.sampled_from([0, 0, 32, 256])),
         disk_tier_tokens=draw(st.sampled_from([0, 0, 64, 512])),
+        # LoRA adapters: each its own namespace of the tree (the simulated KV of a token
+        # depends on the adapter), at most max_loras_per_batch of them in a step
+        loras=draw(st.sampled_from([0, len(LORA_NAMES), len(LORA_NAMES)])),
+        max_loras_per_batch=draw(st.sampled_from([1, 2, 8])),
     )
     if config["disable_radix_cache"]:  # tiers hold the radix cache's pages: none without it
         config.update(host_cache_tokens=0, disk_tier_tokens=0)
@@ -111,6 +119,9 @@ aborts_at = st.tuples(st.integers(0, 40), st.integers(0, 99), st.booleans())
 
 
 def check_scenario(arrivals: list[Arrival], config: dict, pool_tokens: int, aborts: list) -> Sim:
+    if not config.get("loras"):  # no adapters served: every request on the base model
+        arrivals = [replace(a, scheduling=msgspec.structs.replace(a.scheduling, lora=None))
+                    for a in arrivals]
     sim = make_sim(max(pool_tokens, 2 * config["page_size"]), **config)
     try:
         top = run(sim, arrivals, aborts)
@@ -174,6 +185,8 @@ def record_coverage(sim: Sim) -> None:
     forced_stop = any(r.finish_reason == "stop" and r.output_logprobs[-1].logprob == 0.0
                       for r in sim.sched.requests.values())
     event("forced stop" if forced_stop else "no forced stop")
+    event("adapters mixed in a step" if sim.worker.adapters_per_batch > 1
+          else "one adapter a step" if sim.worker.adapters_per_batch else "no adapter")
 
 
 def test_tight_pools_with_swapping_keep_every_invariant() -> None:
@@ -263,16 +276,19 @@ def outputs_of(arrivals: list[Arrival], pool_tokens: int, config: dict) -> list:
 def test_outputs_are_identical_across_configurations(
     arrivals: list[Arrival], variants: list[tuple[dict, int]]
 ) -> None:
-    """Page size, radix cache on/off, policy, preemption mode, budget, pool size and overlap
-    scheduling change how a request set is run, never what it produces."""
+    """Page size, radix cache on/off, policy, preemption mode, budget, pool size, overlap
+    scheduling and the adapter slots change how a request set is run, never what it
+    produces."""
     def need(a: Arrival) -> int:
         return len(a.prompt) + a.params.n * (a.params.max_tokens + 16)
 
     fits = max(need(a) for a in arrivals)
     fits = max(-(-fits // 16) * 16, 32)  # whole pages of every page size
-    reference = outputs_of(arrivals, 1 << 12, dict(page_size=1, disable_radix_cache=True))
+    served = dict(loras=len(LORA_NAMES))  # the adapters the requests name, in every run
+    reference = outputs_of(arrivals, 1 << 12, dict(page_size=1, disable_radix_cache=True,
+                                                   **served))
     for config, extra in variants:
-        got = outputs_of(arrivals, fits + extra, config)
+        got = outputs_of(arrivals, fits + extra, {**config, **served})
         for i, (want, have) in enumerate(zip(reference, got)):
             reasons = {r for sample in have[:-1] for r in sample[1:]} | {have[-1]}
             if sim_worker.TOLERATE_POOL_TOO_SMALL and POOL_TOO_SMALL in reasons:
