@@ -8,6 +8,7 @@ is transformers + PEFT on the same GGUF weights."""
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -135,6 +136,11 @@ def test_load_and_unload_while_serving(server: Server, adapters: dict[str, Any])
     missing = post(server, "/v1/unload_lora_adapter", {"lora_name": "poet"})
     assert missing.status_code == 404 and "no LoRA adapter named 'poet'" in missing.text
     server.wait_idle()
+    metrics = httpx.get(f"{server.url}/metrics", headers=server.headers(), timeout=30).text
+    for adapter in ("poet", "sql", ""):
+        assert re.search(rf'radixrt_lora_requests_total{{adapter="{adapter}"}} [1-9]', metrics)
+    assert re.search(r'radixrt_lora_tokens_total{adapter="poet",kind="generated"} [1-9]',
+                     metrics)
 
 
 @pytest.mark.parametrize(("body", "status", "message"), [

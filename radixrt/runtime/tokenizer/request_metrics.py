@@ -18,6 +18,7 @@ class RequestMetrics:
     prompt_tokens: int = 0
     priority: int = 0
     tenant: str = ""
+    lora: str = ""  # the LoRA adapter it ran under ("": the base model)
     cached_tokens: int = 0
     completion_tokens: int = 0
     queue: float | None = None  # submission to first admission, as the scheduler measured it

@@ -123,7 +123,8 @@ class TokenizerManager:
                            on_pinned=self._pinned)
         self._client_ids.add(rid_hint, rid)
         metrics = RequestMetrics(arrival=time.monotonic(), prompt_tokens=len(prompt_ids),
-                                 priority=scheduling.priority, tenant=scheduling.tenant)
+                                 priority=scheduling.priority, tenant=scheduling.tenant,
+                                 lora=scheduling.lora or "")
         refused = False
         try:
             grammar = front.grammar(rid)

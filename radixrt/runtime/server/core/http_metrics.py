@@ -11,7 +11,8 @@ fair share), and running requests by tenant. Grammar masks: how many the worker 
 seconds they took and the seconds sampling waited for them after the forward pass. Speculative
 decoding: drafts verified, tokens drafted and accepted, draft lookups and their seconds, and the
 acceptance-length histogram (verified runs by how many drafted tokens they kept). KV tiers: each
-tier's size, cached and hit tokens, tokens moved each way, seconds moving them.
+tier's size, cached and hit tokens, tokens moved each way, seconds moving them. LoRA adapters:
+finished requests and their prompt, cached and generated tokens by adapter.
 
 The same load figures are also exported under the names a Kubernetes inference gateway reads
 (GATEWAY_GAUGES): the Gateway API Inference Extension's endpoint picker (llm-d-router) scrapes
@@ -198,7 +199,14 @@ class HTTPMetrics:
         self.cache_info = [Gauge(name, "KV cache shape: page size and page count (value 1)",
                                  [size, count], registry=r)
                            for name, size, count in GATEWAY_CACHE_INFO]
-        self._labels: dict[str, set[str]] = {"priority": set(), "tenant": set()}
+        # by LoRA adapter ("" the base model; at most MAX_METRIC_LABELS adapters named)
+        self.lora_requests = Counter(f"{PREFIX}_lora_requests",
+                                     "Finished requests by LoRA adapter (\"\": the base model)",
+                                     ["adapter"], registry=r)
+        self.lora_tokens = Counter(f"{PREFIX}_lora_tokens",
+                                   "Prompt, cached and generated tokens of finished requests, by "
+                                   "LoRA adapter", ["adapter", "kind"], registry=r)
+        self._labels: dict[str, set[str]] = {"priority": set(), "tenant": set(), "adapter": set()}
         manager.on_finish(self.record)
 
     def _label(self, kind: str, value: str) -> str:
@@ -218,6 +226,11 @@ class HTTPMetrics:
         tenant = self._label("tenant", m.tenant)
         self.class_requests.labels(priority, tenant).inc()
         self.class_tokens.labels(priority, tenant, "generated").inc(m.completion_tokens)
+        adapter = self._label("adapter", m.lora)
+        self.lora_requests.labels(adapter).inc()
+        for kind, count in (("prompt", m.prompt_tokens), ("cached", m.cached_tokens),
+                            ("generated", m.completion_tokens)):
+            self.lora_tokens.labels(adapter, kind).inc(count)
         if m.queue is not None:
             self.class_queue.labels(priority, tenant).inc(m.queue)
             self.class_queue_time.labels(priority).observe(m.queue)
