@@ -30,12 +30,14 @@ def targets_of(kind: str, fused: bool) -> list[str]:
     return {"attention": ATTENTION, "mlp": MLP, "all": ATTENTION + MLP}[kind]
 
 
-def make_adapter(base: Any, folder: Path, kind: str, seed: int, std: float = 0.2) -> Any:
+def make_adapter(base: Any, folder: Path | str, kind: str | dict[str, Any], seed: int,
+                 std: float = 0.2) -> Any:
     """Wrap `base` (a transformers model, changed in place) in a random PEFT LoRA adapter of
-    `kind` (ADAPTERS), save it in `folder`, and return the PEFT model (eval mode)."""
+    `kind` (a name of ADAPTERS, or such a dict), save it in `folder`, and return the PEFT model
+    (eval mode)."""
     import peft
 
-    spec = dict(ADAPTERS[kind])
+    spec = dict(ADAPTERS[kind] if isinstance(kind, str) else kind)
     fused = getattr(base.config, "model_type", "") == "phi3"
     targets = targets_of(spec.pop("targets"), fused)
     if fused:  # Phi-3's patterns name its fused modules

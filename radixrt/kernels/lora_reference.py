@@ -101,13 +101,64 @@ def lora_dense_ref(x: Tensor, a: Tensor, b: Tensor, token_slot: Tensor, y: Tenso
         raise ValueError(f"b {tuple(b.shape)} and token_slot {tuple(token_slot.shape)} do not fit "
                          f"a {tuple(a.shape)} and x {tuple(x.shape)}")  # fmt: skip
     n = b.shape[1]
-    t = x.float() @ a.reshape(num_slots * rank, k).float().T  # [T, S * R]
-    column_slot = torch.arange(num_slots * rank, device=x.device) // rank  # [S * R]
-    own = column_slot[None, :] == token_slot.to(x.device).long()[:, None]  # [T, S * R]
-    t = torch.where(own, t, 0.0)
+    own = slot_columns(token_slot.to(x.device), num_slots, rank)  # [T, S * R]
     b_all = b.permute(1, 0, 2).reshape(n, num_slots * rank).float()  # [N, S * R]
-    y.copy_((y.float() + t @ b_all.T).to(y.dtype))
+    out = lora_dense(x.float(), a.reshape(num_slots * rank, k).float(), b_all, own, y.float())
+    y.copy_(out.to(y.dtype))
     return y
+
+
+def slot_columns(token_slot: Tensor, num_slots: int, rank: int) -> Tensor:
+    """[T, S * R] float32: 1.0 where column j (slot j // R) is row i's slot, else 0.0."""
+    column_slot = torch.arange(num_slots * rank, device=token_slot.device) // rank
+    return (column_slot[None, :] == token_slot.long()[:, None]).float()
+
+
+def lora_dense(x: Tensor, a_flat: Tensor, b_flat: Tensor, own: Tensor, y: Tensor) -> Tensor:
+    """lora_dense_ref's products on matrices laid out for them (the CPU path keeps its slots
+    so): x [T, K], a_flat [S * R, K] (a.reshape), b_flat [N, S * R] (b.permute(1, 0, 2)
+    .reshape), own [T, S * R] (slot_columns), y [T, N], all one dtype; y += in place:
+
+        y += ((x @ a_flat.T) * own) @ b_flat.T
+
+    Returns y."""
+    t = x @ a_flat.T  # [T, S * R]
+    t.mul_(own)
+    return y.addmm_(t, b_flat.T)
+
+
+def segment_rows(seg_indptr: Tensor, seg_slot: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """The segments with an adapter as a padded table for lora_padded: (rows [G', L] int64,
+    each segment's row indices, padded with T: a zero row; slots [G'] int64; valid [G' * L]
+    bool, the entries that are rows). L is the longest segment."""
+    bounds, slots = seg_indptr.tolist(), seg_slot.tolist()
+    total = bounds[-1] if bounds else 0
+    kept = [(bounds[g], bounds[g + 1], s) for g, s in enumerate(slots)
+            if s >= 0 and bounds[g + 1] > bounds[g]]
+    longest = max((hi - lo for lo, hi, _ in kept), default=0)
+    rows = torch.full((len(kept), longest), total, dtype=torch.int64)
+    for i, (lo, hi, _) in enumerate(kept):
+        rows[i, : hi - lo] = torch.arange(lo, hi)
+    valid = (rows != total).reshape(-1)
+    slot_t = torch.tensor([s for _, _, s in kept], dtype=torch.int64)
+    device = seg_indptr.device
+    return rows.to(device), slot_t.to(device), valid.to(device)
+
+
+def lora_padded(x: Tensor, a: Tensor, b: Tensor, rows: Tensor, slots: Tensor, valid: Tensor,
+                y: Tensor) -> Tensor:
+    """sgmv_shrink_ref then sgmv_expand_ref as two batched products over the segments padded to
+    the longest (segment_rows' table), for prefill's long segments: a handful of operations
+    whatever the number of segments. x [T, K], a [S, R, K], b [S, N, R], y [T, N] (one dtype);
+    y += in place; returns y."""
+    if rows.numel() == 0:
+        return y
+    g, length = rows.shape
+    padded = torch.cat([x, x.new_zeros(1, x.shape[1])])[rows]  # [G', L, K]
+    t = torch.bmm(padded, a[slots].transpose(1, 2))  # [G', L, R]
+    u = torch.bmm(t, b[slots].transpose(1, 2))  # [G', L, N]
+    flat = rows.reshape(-1)[valid]
+    return y.index_add_(0, flat, u.reshape(g * length, -1)[valid])
 
 
 def segments_of(token_slot: Tensor) -> tuple[Tensor, Tensor]:

@@ -33,6 +33,8 @@ from radixrt.kernels import lora_triton as lora_mod  # noqa: E402
 from radixrt.kernels import triton_utils  # noqa: E402
 from radixrt.kernels.lora_reference import (  # noqa: E402
     lora_dense_ref,
+    lora_padded,
+    segment_rows,
     segments_of,
     sgmv_expand_ref,
     sgmv_shrink_ref,
@@ -204,3 +206,18 @@ def test_lora_kernels_compile_for_hopper() -> None:
     """The launchers' GPU settings (block sizes, bfloat16/float16 dots, float32 'ieee' and 'tf32'
     dots) compile for sm_90: catches what the interpreter lets through."""
     compile_module_for_hopper("test_lora_kernels", HOPPER_LAUNCHES)
+
+
+@pytest.mark.parametrize("seg_lens,seg_slots", [
+    ([64, 64, 64], [0, 1, 2]),  # prefill of three requests, three adapters
+    ([5, 30, 1, 12], [3, -1, 3, 0]),  # uneven, one without an adapter, a slot twice
+    ([7], [-1]),  # no adapter at all
+])
+def test_padded_form_equals_the_segment_form(seg_lens: list[int], seg_slots: list[int]) -> None:
+    """lora_padded (the CPU's prefill form) on segment_rows' table = shrink then expand."""
+    case = make_case(seg_lens, seg_slots, k=24, n=18, rank=6, nan_unused=False)
+    want = sgmv_expand_ref(sgmv_shrink_ref(case.x, case.a, case.seg_indptr, case.seg_slot),
+                           case.b, case.seg_indptr, case.seg_slot, case.y.clone())
+    rows, slots, valid = segment_rows(case.seg_indptr, case.seg_slot)
+    got = lora_padded(case.x, case.a, case.b, rows, slots, valid, case.y.clone())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

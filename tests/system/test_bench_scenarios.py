@@ -230,3 +230,19 @@ def test_agent_apis_quick(tmp_path: Path) -> None:
     later_turns = 2 * stateful["sessions"]
     assert stateful["later_cached_tokens"] >= stateless["later_cached_tokens"] - later_turns
     check_png(tmp_path / "agent_apis.png")
+
+
+@pytest.mark.slow  # a process that builds a model, adapters and a merged model, and runs them
+def test_lora_quick(tmp_path: Path) -> None:
+    """benchmarks/lora.py: every configuration decodes; the merged model and the base read the
+    same bytes; adapters read more, more adapters more."""
+    results_path = tmp_path / "lora.json"
+    out = run_quick("lora.py", tmp_path, "--json", str(results_path))
+    results = json.loads(results_path.read_text())["results"]
+    assert list(results) == ["base", "merged", "1 adapter", "2 mixed"], out
+    assert all(r["tok_s"] > 0 and r["step_ms"] > 0 and r["ttft_p50_s"] > 0
+               for r in results.values()), results
+    assert results["merged"]["bytes_bound"] == results["base"]["bytes_bound"] == 1.0
+    assert 1.0 < results["1 adapter"]["bytes_bound"] < results["2 mixed"]["bytes_bound"]
+    assert "| 2 mixed |" in out
+    check_png(tmp_path / "lora.png")

@@ -18,7 +18,12 @@ from radixrt.frontend.lang.ir import (
     as_expr,
 )
 from radixrt.frontend.lang.select_methods import SelectMethod, method_name
-from radixrt.frontend.lang.sglang_names import dtype_regex, sampling_fields, sampling_params_of
+from radixrt.frontend.lang.sglang_names import (
+    LORA,
+    dtype_regex,
+    sampling_fields,
+    sampling_params_of,
+)
 from radixrt.frontend.lang.tools import tool_call_spec, tools_listing
 from radixrt.runtime.messages import Scheduling
 
@@ -49,6 +54,7 @@ def gen(
     json_schema: Any = None,
     *,
     priority: int | None = None,
+    lora: str | None = None,
     tools: Sequence[Any] | None = None,
     tool_choice: str = "required",
     parallel_tool_calls: bool = True,
@@ -94,7 +100,7 @@ def gen(
         "return_text_in_logprobs": return_text_in_logprobs,
     }
     if choices_method is not None:
-        others = {**sglang_options, **sampling, "dtype": dtype, "regex": regex,
+        others = {**sglang_options, **sampling, "lora": lora, "dtype": dtype, "regex": regex,
                   "json_schema": json_schema, "tools": tools, "temperature": None}
         given = sorted(k for k, v in others.items() if v is not None)
         if given or separate_reasoning:
@@ -106,7 +112,7 @@ def gen(
     check_priority(priority)
     if not isinstance(separate_reasoning, bool):
         raise TypeError(f"separate_reasoning must be a bool, got {separate_reasoning!r}")
-    sampling = sampling_fields({**sglang_options, **sampling}, "gen()")
+    sampling = sampling_fields({**sglang_options, **sampling, LORA: lora}, "gen()")
     if dtype is not None:
         if regex is not None:
             raise ValueError("give one of dtype= and regex= (dtype is a regex constraint)")

@@ -9,7 +9,8 @@ product for the whole batch, small products per segment (the SGMV idea).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -25,6 +26,9 @@ class LoraBatch:
     slots: frozenset[int]  # the adapter slots the batch uses
     num_segments: int
     max_segment: int  # rows of the longest segment (a kernel grid's extent)
+    # what every layer's product reads, made once a step: own()'s masks by (slots, rank),
+    # padded()'s table
+    masks: dict[object, Any] = field(default_factory=dict, compare=False)
 
     @classmethod
     def build(cls, entry_slots: Sequence[int], extend_lens: Sequence[int],
@@ -52,6 +56,24 @@ class LoraBatch:
             num_segments=len(slots),
             max_segment=max(lengths),
         )
+
+    def padded(self) -> tuple[Tensor, Tensor, Tensor]:
+        """segment_rows' table of the batch (kernels/lora_reference.py), made once a step."""
+        table = self.masks.get("padded")
+        if table is None:
+            from radixrt.kernels.lora_reference import segment_rows
+
+            table = self.masks["padded"] = segment_rows(self.seg_indptr, self.seg_slot)
+        return table
+
+    def own(self, num_slots: int, rank: int) -> Tensor:
+        """[num_tokens, num_slots * rank] float32: 1.0 on each row's own slot's columns."""
+        mask = self.masks.get((num_slots, rank))
+        if mask is None:
+            column_slot = torch.arange(num_slots * rank, device=self.token_slot.device) // rank
+            mask = (column_slot[None, :] == self.token_slot[:, None]).float()
+            self.masks[(num_slots, rank)] = mask
+        return mask
 
     @property
     def num_tokens(self) -> int:
