@@ -6,7 +6,7 @@
 1. runs tests/kernels/test_extend_attention.py, tests/kernels/test_cascade_attention.py,
    tests/kernels/test_decode_attention_windows.py, tests/kernels/test_decode_attention_sinks.py,
    tests/kernels/test_fused_moe.py, tests/kernels/test_packed_triton.py,
-   tests/kernels/test_lora_kernels.py (the LoRA SGMV shrink / expand) and
+   tests/kernels/test_lora_triton.py (the LoRA SGMV shrink / expand) and
    tests/runtime/forward/attention/test_triton_backend.py
    natively (pytest);
 2. measures device-to-device copy bandwidth (the yardstick of "achieved bandwidth");
@@ -72,7 +72,7 @@ def run_kernel_tests(sizes: Sizes, report: Report, timeout_s: float) -> None:
            "tests/kernels/test_extend_attention.py", "tests/kernels/test_cascade_attention.py",
            "tests/kernels/test_decode_attention_windows.py",
            "tests/kernels/test_decode_attention_sinks.py", "tests/kernels/test_fused_moe.py",
-           "tests/kernels/test_packed_triton.py", "tests/kernels/test_lora_kernels.py",
+           "tests/kernels/test_packed_triton.py", "tests/kernels/test_lora_triton.py",
            "tests/runtime/forward/attention/test_triton_backend.py"]  # fmt: skip
     if sizes.test_filter:
         cmd += ["-k", sizes.test_filter]

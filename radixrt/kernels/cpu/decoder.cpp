@@ -12,6 +12,7 @@
 //   x = rmsnorm(h)                       post_attention_layernorm
 //   g = act(x @ Wg.T) * (x @ Wu.T)       gate_up (+ bias), SiLU or GELU-tanh
 //   h = h + (g @ Wd.T (+ bias)) * rs     down_proj, residual
+// and, on a step with LoRA adapters, each product plus its rows' adapters' (lora_add)
 // all inside one OpenMP parallel region: row loops and products are work-shared (`omp for`),
 // each ending at its barrier, so a layer costs a handful of barriers instead of a dozen
 // parallel regions and Python calls.
@@ -25,6 +26,14 @@ struct PackedArg {
   const void* biases;
   int32_t code, group, f16, unused;
   int64_t rows, cols;
+};
+
+// A projection's LoRA adapter slots (runtime/models/lora_layer.py's LoraSlots; a null: none):
+// the slots' A stacked [slots * rank, cols] and B in its layout [rows, slots * rank].
+struct LoraArg {
+  const float* a;
+  const float* b;
+  int64_t rank, slots;
 };
 
 struct LayerArg {
@@ -44,6 +53,7 @@ struct LayerArg {
   float scale, logit_cap, residual_scale;
   int32_t act;   // ACT_SILU, ACT_GELU_TANH
   int32_t rope;  // -1: none, else which of the step's cos / sin tables
+  LoraArg qkv_lora, o_lora, gate_up_lora, down_lora;
 };
 
 struct StepArg {
@@ -58,6 +68,8 @@ struct StepArg {
   const int64_t* kv_indices;  // the requests' whole slot lists
   int64_t requests;
   float* scratch;             // B * (qkv rows + H * D + 2 * inter + inter + hidden) floats
+  const int64_t* lora_slot;   // [B] each row's LoRA slot (-1: none); null: no adapter this step
+  float* lora_t;              // B * the largest LoRA slot rank floats
 };
 
 static inline Packed unpack(const PackedArg& p) {
@@ -67,6 +79,30 @@ static inline Packed unpack(const PackedArg& p) {
 static void product(const PackedArg& p, const float* x, int64_t B, float* y) {
   const Packed w = unpack(p);
   PACKED_DISPATCH(p.code, p.group, p.f16, gemm_team, w, x, B, p.rows, y);
+}
+
+// y [B, N] += each row's adapter's (x_b A_s^T) B_s^T, s its slot: the row's own slot only (the
+// PyTorch path, lora_layer.py, takes the same sum over every slot, the others' terms zero)
+static void lora_add(const LoraArg& L, const StepArg& s, const float* x, int64_t K, float* y,
+                     int64_t N) {
+  if (!L.a || !s.lora_slot) return;
+  const int64_t B = s.B, R = L.rank, ld = L.slots * R;
+#pragma omp for schedule(static)
+  for (int64_t i = 0; i < B * R; ++i) {
+    const int64_t b = i / R, slot = s.lora_slot[b];
+    s.lora_t[i] = slot < 0 ? 0.f : dot(x + b * K, L.a + (slot * R + i % R) * K, (int)K);
+  }
+#pragma omp for schedule(static)
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t slot = s.lora_slot[b];
+      if (slot < 0) continue;
+      const float* row = L.b + n * ld + slot * R;
+      const float* t = s.lora_t + b * R;
+      float acc = 0.f;
+      for (int64_t r = 0; r < R; ++r) acc += t[r] * row[r];
+      y[b * N + n] += acc;
+    }
 }
 
 static inline void add_bias(float* y, const float* bias, int64_t n) {
@@ -89,6 +125,7 @@ static void layer(const LayerArg& L, const StepArg& s, float* x, float* qkv, flo
   for (int64_t b = 0; b < B; ++b) rmsnorm_row(s.h + b * Dm, L.in_norm, x + b * Dm, Dm, s.eps,
                                               s.norm_offset);
   product(L.qkv, x, B, qkv);
+  lora_add(L.qkv_lora, s, x, Dm, qkv, nqkv);
 #pragma omp for schedule(static)
   for (int64_t b = 0; b < B; ++b) {
     float* row = qkv + b * nqkv;
@@ -117,6 +154,7 @@ static void layer(const LayerArg& L, const StepArg& s, float* x, float* qkv, flo
                      s.requests, H, Hkv, D, L.scale, L.logit_cap, L.window, L.sinks, nullptr, B};
   decode_team(a);
   product(L.o, out, B, y);
+  lora_add(L.o_lora, s, out, qd, y, Dm);
 #pragma omp for schedule(static)
   for (int64_t b = 0; b < B; ++b) {
     add_bias(y + b * Dm, L.o_bias, Dm);
@@ -124,6 +162,7 @@ static void layer(const LayerArg& L, const StepArg& s, float* x, float* qkv, flo
     rmsnorm_row(s.h + b * Dm, L.post_norm, x + b * Dm, Dm, s.eps, s.norm_offset);
   }
   product(L.gate_up, x, B, gu);
+  lora_add(L.gate_up_lora, s, x, Dm, gu, 2 * s.inter);
   const int64_t I = s.inter;
 #pragma omp for schedule(static)
   for (int64_t b = 0; b < B; ++b) {
@@ -131,6 +170,7 @@ static void layer(const LayerArg& L, const StepArg& s, float* x, float* qkv, flo
     act_mul_row(L.act, gu + b * 2 * I, I, act + b * I);
   }
   product(L.down, act, B, y);
+  lora_add(L.down_lora, s, act, s.inter, y, Dm);
 #pragma omp for schedule(static)
   for (int64_t b = 0; b < B; ++b) {
     add_bias(y + b * Dm, L.down_bias, Dm);

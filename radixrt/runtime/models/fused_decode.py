@@ -11,7 +11,9 @@ two side by side).
 
 What it supports (FusedDecode.build says why not, and the layers then run one by one): tp_size
 1, float32 on the CPU with the CPU kernels, every projection one packed part, pre-norm layers
-(Llama's layout) with an optional per-head q/k norm, no experts, SiLU or GELU-tanh.
+(Llama's layout) with an optional per-head q/k norm, no experts, SiLU or GELU-tanh; LoRA
+adapters (each row's own slot's products added after each projection, lora_add: the same sums
+as models/lora_layer.py's in another order, so equal to float rounding, not bit for bit).
 """
 
 from __future__ import annotations
@@ -51,6 +53,11 @@ class PackedArg(ctypes.Structure):
                 ("unused", _C.c_int32), ("rows", _C.c_int64), ("cols", _C.c_int64)]
 
 
+class LoraArg(ctypes.Structure):  # a projection's LoRA slots (LoraSlots); a null: none
+    _fields_ = [("a", _C.c_void_p), ("b", _C.c_void_p), ("rank", _C.c_int64),
+                ("slots", _C.c_int64)]
+
+
 class LayerArg(ctypes.Structure):
     _fields_ = [("qkv", PackedArg), ("o", PackedArg), ("gate_up", PackedArg),
                 ("down", PackedArg), ("qkv_bias", _C.c_void_p), ("o_bias", _C.c_void_p),
@@ -59,7 +66,8 @@ class LayerArg(ctypes.Structure):
                 ("k_norm", _C.c_void_p), ("k_cache", _C.c_void_p), ("v_cache", _C.c_void_p),
                 ("sinks", _C.c_void_p), ("window", _C.c_int64), ("scale", _C.c_float),
                 ("logit_cap", _C.c_float), ("residual_scale", _C.c_float), ("act", _C.c_int32),
-                ("rope", _C.c_int32)]
+                ("rope", _C.c_int32), ("qkv_lora", LoraArg), ("o_lora", LoraArg),
+                ("gate_up_lora", LoraArg), ("down_lora", LoraArg)]
 
 
 class StepArg(ctypes.Structure):
@@ -69,13 +77,27 @@ class StepArg(ctypes.Structure):
                 ("h", _C.c_void_p), ("cos", _C.c_void_p * 2), ("sin", _C.c_void_p * 2),
                 ("out_slots", _C.c_void_p), ("qo_indptr", _C.c_void_p),
                 ("kv_indptr", _C.c_void_p), ("kv_indices", _C.c_void_p),
-                ("requests", _C.c_int64), ("scratch", _C.c_void_p)]
+                ("requests", _C.c_int64), ("scratch", _C.c_void_p),
+                ("lora_slot", _C.c_void_p), ("lora_t", _C.c_void_p)]
 
 
 def _packed_arg(weight: PackedTensors) -> PackedArg:
     return PackedArg(weight.codes.data_ptr(), weight.scales.data_ptr(), weight.biases.data_ptr(),
                      _CODES[weight.kind], weight.group,
                      int(weight.scales.dtype == torch.float16), 0, weight.rows, weight.cols)
+
+
+def _lora_arg(module: torch.nn.Module) -> LoraArg:
+    slots = getattr(module, "lora", None)
+    if slots is None or slots.b_flat is None:
+        return LoraArg(None, None, 0, 0)
+    return LoraArg(slots.a.data_ptr(), slots.b_flat.data_ptr(), slots.a.shape[1],
+                   slots.a.shape[0])
+
+
+def _projections(layer: DecoderLayer) -> list[torch.nn.Module]:
+    return [layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj,
+            layer.mlp.down_proj]
 
 
 def _ptr(t: Tensor | None) -> int | None:
@@ -118,6 +140,8 @@ class FusedDecode:
         self.model = model
         self._layers: ctypes.Array[LayerArg] | None = None
         self._cache_ptr = -1
+        # the LoRA slots the arguments point into (held: their memory stays while pointed at)
+        self._lora: list[Any] = []
 
     @classmethod
     def build(cls, model: CausalLM) -> FusedDecode | None:
@@ -125,15 +149,29 @@ class FusedDecode:
 
     def applies(self, batch: ForwardBatch) -> bool:
         """A pass of at most MAX_GEMM_ROWS new tokens (decode rows, speculative drafts, short
-        chunks), no shared-prefix group, no LoRA adapter (the C++ step has no LoRA product),
-        with the model's attention on the CPU kernels (another backend swapped in runs its
-        own)."""
+        chunks), no shared-prefix group, LoRA adapters only where every projection holds float32
+        slots, with the model's attention on the CPU kernels (another backend swapped in runs
+        its own)."""
         return (0 < batch.num_tokens <= MAX_GEMM_ROWS and not batch.prefix_groups
-                and batch.lora is None
+                and (batch.lora is None or self._lora_slots() is not None)
                 and getattr(self.model.attn_backend, "native", False))
 
+    def _lora_slots(self) -> list[Any] | None:
+        """Every projection's LoRA slots, float32 on the CPU (None: the model has none, or
+        some the kernels cannot read)."""
+        slots = [getattr(m, "lora", None) for layer in self.model.layers
+                 for m in _projections(layer)]
+        if any(s is None or s.b_flat is None or s.a.dtype != torch.float32 for s in slots):
+            return None
+        return slots
+
     def _layer_args(self, kv_cache: KVCache) -> ctypes.Array[LayerArg]:
-        if self._layers is None or self._cache_ptr != kv_cache.buffer.data_ptr():
+        lora = [getattr(m, "lora", None) for layer in self.model.layers
+                for m in _projections(layer)]
+        if (self._layers is None or self._cache_ptr != kv_cache.buffer.data_ptr()
+                or len(lora) != len(self._lora)
+                or any(a is not b for a, b in zip(lora, self._lora))):
+            self._lora = lora
             cfg = self.model.config
             args = (LayerArg * len(self.model.layers))()
             for i, (layer, kind) in enumerate(zip(self.model.layers, cfg.rope_kinds)):
@@ -156,7 +194,7 @@ class FusedDecode:
             kv_cache.k[spec.layer_id].data_ptr(), kv_cache.v[spec.layer_id].data_ptr(),
             _ptr(attn.sinks), spec.sliding_window or 0, spec.softmax_scale(attn.head_dim),
             spec.logit_cap, cfg.residual_scale, FUSED_ACTIVATIONS[cfg.hidden_act],
-            ROPE_TABLES[rope])
+            ROPE_TABLES[rope], *(_lora_arg(m) for m in _projections(layer)))
 
     def run(self, h: Tensor, ropes: dict[str, tuple[Tensor, Tensor] | None], kv_cache: KVCache,
             batch: ForwardBatch) -> Tensor | None:
@@ -171,6 +209,11 @@ class FusedDecode:
         inter = model.layers[0].mlp.intermediate_size
         scratch = torch.empty(b * (cfg.hidden_size + nqkv + attn0.num_heads * attn0.head_dim
                                    + 3 * inter + cfg.hidden_size), dtype=torch.float32)
+        lora_slot, lora_t = None, None
+        if batch.lora is not None:
+            lora_slot = batch.lora.token_slot.to(torch.int64).contiguous()
+            rank = max(s.a.shape[1] for s in self._lora)
+            lora_t = torch.empty(b * rank, dtype=torch.float32)
         tables = [ropes.get("global"), ropes.get("local")]
         cos = [(t[0].reshape(b, -1).contiguous() if t is not None else None) for t in tables]
         sin = [(t[1].reshape(b, -1).contiguous() if t is not None else None) for t in tables]
@@ -185,7 +228,7 @@ class FusedDecode:
                        (ctypes.c_void_p * 2)(*(_ptr(c) for c in cos)),
                        (ctypes.c_void_p * 2)(*(_ptr(s) for s in sin)), slots.data_ptr(),
                        qo.data_ptr(), indptr.data_ptr(), indices.data_ptr(),
-                       batch.batch_size, scratch.data_ptr())
+                       batch.batch_size, scratch.data_ptr(), _ptr(lora_slot), _ptr(lora_t))
         status = native_library().rx_decode_layers(ctypes.addressof(layers), len(layers),
                                                    ctypes.addressof(step))
         if status != 0:

@@ -205,7 +205,7 @@ def compile_launches_for_hopper() -> None:
 def test_lora_kernels_compile_for_hopper() -> None:
     """The launchers' GPU settings (block sizes, bfloat16/float16 dots, float32 'ieee' and 'tf32'
     dots) compile for sm_90: catches what the interpreter lets through."""
-    compile_module_for_hopper("test_lora_kernels", HOPPER_LAUNCHES)
+    compile_module_for_hopper("test_lora_triton", HOPPER_LAUNCHES)
 
 
 @pytest.mark.parametrize("seg_lens,seg_slots", [
