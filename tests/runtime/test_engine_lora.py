@@ -121,6 +121,24 @@ def test_fewer_slots_and_host_copies_than_adapters(tiny: dict[str, Any]) -> None
         assert_matches(out, tiny["scorers"][lora], lora)
 
 
+def test_samples_of_a_prompt_stay_under_its_adapter(tiny: dict[str, Any]) -> None:
+    """n = 2: the prompt is computed once and each sample forks from it; every token of every
+    sample is the adapter's (seeded sampling, its logprobs against PEFT's distribution)."""
+    engine = engine_of(tiny, lora_paths=paths(tiny, "b"))
+    try:
+        params = SamplingParams(n=2, max_tokens=8, temperature=1.0, seed=5, ignore_eos=True,
+                                logprobs=True)
+        out = engine.generate(PROMPT, params, lora="b")[0]
+    finally:
+        engine.close()
+    scorer = tiny["scorers"]["b"]
+    for sample in out.samples:
+        ref = scorer(out.prompt_token_ids + sample.token_ids)
+        n = out.prompt_tokens
+        for i, (token, lp) in enumerate(zip(sample.token_ids, sample.logprobs, strict=True)):
+            assert abs(lp.logprob - ref[n - 1 + i][token].item()) < TOLERANCE, i
+
+
 def test_a_grammar_under_an_adapter(tiny: dict[str, Any]) -> None:
     engine = engine_of(tiny, lora_paths=paths(tiny, "b"))
     try:

@@ -40,11 +40,25 @@ MODULE_TARGETS: dict[str, tuple[str, int | None]] = {
     "gate_up_proj": ("gate_up_proj", None), "down_proj": ("down_proj", None),
 }
 LORA_MODULES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # the decoder's, in order
+MAX_PATTERNS = 4096  # rank_pattern / alpha_pattern entries
+MAX_PATTERN_CHARS = 256
+MAX_DIM = 1 << 20  # a LoRA tensor's dimension
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_.]+")
+_FLOAT_BITS = {"F32": 32, "F16": 16, "BF16": 16}
+_EXPONENT_MASKS = {"F32": 0x7F800000, "F16": 0x7C00, "BF16": 0x7F80}  # all ones: NaN or inf
 _KEY = re.compile(r"(?:.*\.)?layers\.(\d+)\.(?:self_attn|mlp)\.(\w+)\.lora_([AB])\.weight")
 _REFUSED_KEYS = (("lora_magnitude_vector", "DoRA (use_dora)"),
                  ("lora_embedding_", "LoRA on the embedding"), (".bias", "a LoRA bias"))
 _REFUSED_FLAGS = (("use_dora", "DoRA (use_dora)"), ("fan_in_fan_out", "fan_in_fan_out (Conv1D)"),
                   ("lora_bias", "a LoRA bias (lora_bias)"))
+
+
+@dataclass(frozen=True)
+class Tensorinfo:
+    shape: list[int]
+    dtype: str
+    start: int  # its first byte in the file
+    nbytes: int
 
 
 @dataclass(frozen=True)
@@ -96,6 +110,8 @@ def read_spec(path: str, shapes: LoraModuleShapes, max_rank: int,
     if not pairs:
         raise ValueError(f"{path} holds no LoRA weights")
     _check_overlaps(path, pairs)
+    if digest:  # the scheduler's check, before the adapter is served
+        _check_finite(os.path.join(path, WEIGHTS_FILE), header)
     return LoraSpec(path, tuple(pairs), max(p.rank for p in pairs),
                     _digest(path) if digest else "",
                     frozenset(p.module for p in pairs))
@@ -127,14 +143,29 @@ def _read_config(path: str) -> dict:
         raise ValueError(f"modules_to_save={config['modules_to_save']!r} is not supported "
                          f"({path}): only LoRA pairs on the projections")
     for name in ("r", "lora_alpha"):
-        value = config.get(name, 8)
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-            raise ValueError(f"{name}={value!r} in {file} must be a positive number")
+        _check_number(config.get(name, 8), name, file)
+    for name in ("rank_pattern", "alpha_pattern"):
+        patterns = config.get(name) or {}
+        if not isinstance(patterns, dict) or len(patterns) > MAX_PATTERNS:
+            raise ValueError(f"{name} in {file} must be an object of at most {MAX_PATTERNS} "
+                             "module names")
+        for key, value in patterns.items():
+            if len(key) > MAX_PATTERN_CHARS or not _PLAIN_KEY.fullmatch(key):
+                raise ValueError(f"{name} key {key[:64]!r} in {file}: give a module's name or "
+                                 "dotted path (regular expressions are not supported)")
+            _check_number(value, f"{name}[{key!r}]", file)
     return config
 
 
-def _read_header(file: str) -> dict[str, list[int]]:
-    """The safetensors header: tensor name -> shape (float tensors only)."""
+def _check_number(value: object, name: str, file: str) -> None:
+    if (not isinstance(value, (int, float)) or isinstance(value, bool)
+            or not math.isfinite(value) or not value > 0):
+        raise ValueError(f"{name}={value!r} in {file} must be a positive finite number")
+
+
+def _read_header(file: str) -> dict[str, Tensorinfo]:
+    """The safetensors header: tensor name -> its shape, dtype and bytes (float tensors only,
+    every one within the file)."""
     try:
         with open(file, "rb") as f:
             raw = f.read(8)
@@ -144,17 +175,44 @@ def _read_header(file: str) -> dict[str, list[int]]:
             header = json.loads(f.read(size))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, struct.error) as exc:
         raise ValueError(f"{file} is not a readable safetensors file: {exc}") from None
+    if not isinstance(header, dict):
+        raise ValueError(f"{file} is not a safetensors file (its header is not an object)")
     header.pop("__metadata__", None)
-    out: dict[str, list[int]] = {}
+    data_bytes = os.path.getsize(file) - 8 - size
+    out: dict[str, Tensorinfo] = {}
     for key, info in header.items():
-        if not isinstance(info, dict) or info.get("dtype") not in ("F32", "F16", "BF16"):
+        if not isinstance(info, dict) or info.get("dtype") not in _FLOAT_BITS:
             raise ValueError(f"tensor {key!r} of {file} is not float32/16 or bfloat16")
-        out[key] = [int(d) for d in info.get("shape", [])]
+        shape, offsets = info.get("shape"), info.get("data_offsets")
+        if (not isinstance(shape, list) or len(shape) > 2
+                or not all(isinstance(d, int) and 0 <= d <= MAX_DIM for d in shape)
+                or not isinstance(offsets, list) or len(offsets) != 2
+                or not all(isinstance(o, int) for o in offsets)
+                or not 0 <= offsets[0] <= offsets[1] <= data_bytes
+                or offsets[1] - offsets[0] != math.prod(shape) * _FLOAT_BITS[info["dtype"]] // 8):
+            raise ValueError(f"tensor {key!r} of {file} has a malformed shape or offsets")
+        out[key] = Tensorinfo(shape, info["dtype"], 8 + size + offsets[0],
+                              offsets[1] - offsets[0])
     return out
 
 
+def _check_finite(file: str, tensors: dict[str, Tensorinfo]) -> None:
+    """Every value a finite float (one NaN or infinity would reach every row of a batch
+    that mixes adapters): read from the raw bits, without torch."""
+    import numpy as np
+
+    with open(file, "rb") as f:
+        for key, info in tensors.items():
+            f.seek(info.start)
+            bits = _FLOAT_BITS[info.dtype]
+            raw = np.frombuffer(f.read(info.nbytes), dtype=f"<u{bits // 8}")
+            exponent = _EXPONENT_MASKS[info.dtype]
+            if bool(((raw & exponent) == exponent).any()):
+                raise ValueError(f"tensor {key!r} of {file} holds a NaN or an infinity")
+
+
 def _pair(path: str, layer: int, name: str, sides: dict[str, str],
-          header: dict[str, list[int]], config: dict, shapes: LoraModuleShapes,
+          header: dict[str, Tensorinfo], config: dict, shapes: LoraModuleShapes,
           max_rank: int) -> LoraPair:
     where = f"layer {layer}'s {name} in {path}"
     if name not in MODULE_TARGETS:
@@ -165,7 +223,7 @@ def _pair(path: str, layer: int, name: str, sides: dict[str, str],
         raise ValueError(f"LoRA on {where}: the model has no such layer or module there")
     if set(sides) != {"A", "B"}:
         raise ValueError(f"{where} has lora_{''.join(sides)} without its other half")
-    a, b = header[sides["A"]], header[sides["B"]]
+    a, b = header[sides["A"]].shape, header[sides["B"]].shape
     parts = shapes.parts[module]
     out = sum(parts) if part is None else parts[part]
     cols = shapes.inputs[module]
@@ -184,12 +242,12 @@ def _pair(path: str, layer: int, name: str, sides: dict[str, str],
 
 
 def _pattern(patterns: object, module_path: str, default: object) -> object:
-    """PEFT's alpha_pattern: the first key (a regex) that matches the end of the module's
-    path, after a dot."""
+    """PEFT's alpha_pattern: the first key that is the module's path or its end after a dot
+    (PEFT's rule for a key that names modules; keys are checked plain in _read_config)."""
     if not isinstance(patterns, dict):
         return default
     for key, value in patterns.items():
-        if re.match(rf"(.*\.)?({key})$", module_path):
+        if module_path == key or module_path.endswith("." + key):
             return value
     return default
 

@@ -100,6 +100,10 @@ class SchedulerIntake:
             return {"ok": False, "error": str(exc.args[0]), "status": 404}
         except ValueError as exc:
             return {"ok": False, "error": str(exc), "status": 400}
+        except Exception as exc:  # a folder malformed past the checks: refused, never fatal
+            return {"ok": False, "status": 400,
+                    "error": f"{path}: not a readable LoRA adapter ({type(exc).__name__}: "
+                             f"{str(exc)[:200]})"}
         return {"ok": True, "adapter": loaded.describe()}
 
     def info(self) -> dict[str, Any]:

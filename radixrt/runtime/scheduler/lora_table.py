@@ -8,7 +8,7 @@ A request's KV under an adapter lives in the adapter's namespace of the radix tr
 reused only under the same adapter, and a name loaded again with other files never meets the
 old files' KV. Unloading a name refuses new requests at once; the requests already queued or
 running under it finish with it; then the worker forgets the adapter and the tree drops its
-cached KV (what is still locked by a pin goes when the pin does).
+cached KV (what a pin still locks stays until the pin is released, then ages out).
 """
 
 from __future__ import annotations

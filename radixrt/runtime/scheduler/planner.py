@@ -72,7 +72,7 @@ class Planner:
         self.policy = policy
         self.stats = stats
         self.context_length = context_length
-        self.preemptor = Preemptor(config, table, kv, policy, stats)  # makes room in a step
+        self.preemptor = Preemptor(config, table, kv, policy, stats, lora)  # room in a step
         self.speculator = speculator
         self.lora = lora
 
@@ -224,8 +224,8 @@ class Planner:
                     or len(table.running) + reserved >= self.config.max_running_requests):
                 break
             if self.lora is not None and not self.lora.fits(
-                    [r.lora for r in (*table.running, *table.swapped)], req.lora):
-                continue  # every adapter slot is taken by other adapters' requests
+                    [r.lora for r in table.running], req.lora):
+                continue  # every adapter slot is taken by other adapters' running requests
             if self._shares_prefill_in_progress(req, draft):
                 held.append(req)
                 continue  # next step its prefix is in the tree: compute it once

@@ -21,6 +21,7 @@ from radixrt.runtime.messages import Swap
 from radixrt.runtime.scheduler.fair_share import Holdings, over_share_victim
 from radixrt.runtime.scheduler.in_flight import SYNC_PREEMPT
 from radixrt.runtime.scheduler.kv_manager import KVManager
+from radixrt.runtime.scheduler.lora_table import LoraTable
 from radixrt.runtime.scheduler.policy import SchedulePolicy
 from radixrt.runtime.scheduler.queue_order import admission_order, most_urgent
 from radixrt.runtime.scheduler.request import Request
@@ -40,6 +41,7 @@ class Preemptor:
     kv: KVManager
     policy: SchedulePolicy
     stats: SchedulerStats
+    lora: LoraTable | None = None  # LoRA adapters: a step mixes at most so many
 
     def preempt_for_urgent(self, draft: StepDraft) -> None:
         """Priority preemption, before anything is planned: make room for waiting requests by
@@ -190,12 +192,14 @@ class Preemptor:
         table.preempt_recompute(victim)
 
     def _swap_in_room(self, req: Request) -> bool:
-        """A running slot for `req`, and pages to swap it back in plus one for each running
-        request to grow by."""
+        """A running slot for `req`, pages to swap it back in plus one for each running
+        request to grow by, and an adapter slot for its LoRA adapter."""
         table = self.table
         need = self.kv.pages_for(req.kv_len_swapped) + len(table.running)
         return (len(table.running) < self.config.max_running_requests
-                and self.kv.available_pages() >= need)
+                and self.kv.available_pages() >= need
+                and (self.lora is None
+                     or self.lora.fits([r.lora for r in table.running], req.lora)))
 
     def swap_back(self, draft: StepDraft, urgent: int | None) -> None:
         """Swapped-out requests come back, most urgent then oldest first, unless a more urgent

@@ -46,8 +46,12 @@ class LoraManager:
         return len(self.slot_key)
 
     def register(self, adapters: Sequence[LoraAdapter]) -> None:
+        """Adapters requests may name from now on; read at once while host memory has room
+        (--max-loaded-loras), so that a folder removed after its load costs nothing."""
         for adapter in adapters:
             self.paths[adapter.key] = adapter.path
+            if self.max_loaded is None or len(self.host) < self.max_loaded:
+                self._weights(adapter.key)
 
     def forget(self, keys: Sequence[str]) -> None:
         """Adapters no request uses any more: out of host memory and their slots."""
@@ -87,7 +91,12 @@ class LoraManager:
         if weights is None:
             if key not in self.paths:
                 raise RuntimeError(f"LoRA adapter {key} was never registered with the worker")
-            spec = read_spec(self.paths[key], self.shapes, self.max_rank, digest=False)
+            path = self.paths[key]
+            spec = read_spec(path, self.shapes, self.max_rank)  # checked again, hashed
+            if not spec.digest.startswith(key):
+                raise RuntimeError(f"the files of the LoRA adapter in {path} changed since it "
+                                   "was loaded: an adapter's folder must stay as it was while "
+                                   "it is served (unload it, then load the new files)")
             weights = load_lora(spec, key, self.shapes.parts, self.modules)
             self.loads += 1
             self.host[key] = weights

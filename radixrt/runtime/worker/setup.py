@@ -208,6 +208,12 @@ def build_worker(
     shard = loaded.model.shard
     per_token = kv_bytes_per_token(shard.kv_shape(loaded.config),
                                    torch.empty((), dtype=dtype).element_size())
+    shapes, max_rank, lora = None, 0, None
+    if config.lora_enabled:  # its slots first: the pool is sized from the memory left
+        shapes = lora_shapes(loaded.config)
+        max_rank = lora_rank(config, shapes)
+        lora = LoraManager(loaded.model, shapes, config.max_loras_per_batch, max_rank,
+                           config.max_loaded_loras)
     num_pages = tp.min_int(pool_pages(config, per_token, device))
     host_pages, disk_pages = tier_pages(config, num_pages, per_token, tp)
     worker = Worker(
@@ -224,12 +230,7 @@ def build_worker(
     )
     if host_pages or disk_pages:
         worker.tiers = build_tiers(config, loaded, worker, tp, host_pages, disk_pages, per_token)
-    shapes, max_rank = None, 0
-    if config.lora_enabled:
-        shapes = lora_shapes(loaded.config)
-        max_rank = lora_rank(config, shapes)
-        worker.lora = LoraManager(loaded.model, shapes, config.max_loras_per_batch, max_rank,
-                                  config.max_loaded_loras)
+    worker.lora = lora
     ready = WorkerReady(
         num_pages=num_pages,
         page_size=config.page_size,

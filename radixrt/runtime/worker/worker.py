@@ -454,4 +454,5 @@ class Worker:
                 slots=list(parent.slots),
                 seed_offset=i,
                 grammar=grammars.get(child),
+                lora=parent.lora,  # the samples of a prompt run under its adapter
             )

@@ -19,6 +19,7 @@ from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.forward.kv_cache import KVCache
 from radixrt.runtime.messages import LoraAdapter
 from radixrt.runtime.models import load_model
+from radixrt.runtime.models.lora_format import read_spec
 from radixrt.runtime.worker.lora_manager import LoraManager
 from radixrt.runtime.worker.setup import lora_shapes
 
@@ -31,7 +32,9 @@ TOLERANCE = 1e-5  # the same sums in another order: C++ dot products against MKL
 
 
 @pytest.fixture(scope="module")
-def packed_with_adapters(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, LoraManager]:
+def packed_with_adapters(tmp_path_factory: pytest.TempPathFactory,
+                         ) -> tuple[Any, LoraManager, dict[str, str]]:
+    """The tiny packed model, its LoRA manager, and each adapter's key (its files' digest)."""
     import transformers
 
     root = tmp_path_factory.mktemp("lora_fused")
@@ -43,14 +46,17 @@ def packed_with_adapters(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any,
     assert loaded.model.fused is not None
     manager = LoraManager(loaded.model, lora_shapes(loaded.config), num_slots=4, max_rank=8,
                           max_loaded=None)
+    keys = {}
     for i, kind in enumerate(KINDS):
         make_adapter(copy.deepcopy(hf), root / kind, kind, seed=i, std=0.1)
-        manager.register([LoraAdapter(kind, str(root / kind))])
-    return loaded, manager
+        keys[kind] = read_spec(str(root / kind), manager.shapes, 8).digest[:16]
+        manager.register([LoraAdapter(keys[kind], str(root / kind))])
+    return loaded, manager, keys
 
 
 def steps(loaded: Any, manager: LoraManager, fused: bool,
           adapters: list[str | None]) -> tuple[list[torch.Tensor], KVCache, int]:
+    # adapters: the worker's keys (None: the base model)
     """Prefill four prompts (layers one by one), then 5 decode steps with the fused step on or
     off; each step's hidden states, the KV pool, and how often the layers ran one by one."""
     model, config = loaded.model, loaded.config
@@ -90,9 +96,11 @@ def steps(loaded: Any, manager: LoraManager, fused: bool,
     [None, "attn-r4", "all-r8-rslora", "mlp-patterns"],  # the base and every adapter mixed
     ["all-r8-rslora"],  # one request under one adapter
 ])
-def test_fused_lora_step_equals_the_layers(packed_with_adapters: tuple[Any, LoraManager],
-                                           adapters: list[str | None]) -> None:
-    loaded, manager = packed_with_adapters
+def test_fused_lora_step_equals_the_layers(
+        packed_with_adapters: tuple[Any, LoraManager, dict[str, str]],
+        adapters: list[str | None]) -> None:
+    loaded, manager, keys = packed_with_adapters
+    adapters = [None if a is None else keys[a] for a in adapters]
     fused, kv_fused, fused_calls = steps(loaded, manager, True, adapters)
     layers, kv_layers, layer_calls = steps(loaded, manager, False, adapters)
     assert fused_calls == 0 and layer_calls > 0  # the fused step took every decode step

@@ -91,6 +91,11 @@ def changed_copy(src: Path, dst: Path, config: dict[str, Any] | None = None,
     (dict(config={"fan_in_fan_out": True}), "fan_in_fan_out"),
     (dict(config={"peft_type": "IA3"}), "only LoRA"),
     (dict(config={"lora_alpha": -1}), "lora_alpha=-1"),
+    (dict(config={"lora_alpha": float("inf")}), "positive finite"),
+    (dict(config={"alpha_pattern": {"(\\w|\\w)*!": 2}}), "regular expressions"),
+    (dict(config={"rank_pattern": {"q_proj": None}}), "positive finite"),
+    (dict(tensors=lambda w: {k: torch.full_like(v, float("nan")) if i == 0 else v
+                             for i, (k, v) in enumerate(w.items())}), "NaN or an infinity"),
     (dict(tensors=lambda w: {**w, "base_model.model.model.embed_tokens.lora_embedding_A":
                              next(iter(w.values())).clone()}), "embedding"),
     (dict(tensors=lambda w: {**w, "base_model.model.lm_head.lora_A.weight":
@@ -142,3 +147,22 @@ def test_the_table_tells_the_worker_what_it_needs(adapters: dict[str, Any]) -> N
     assert table.fits([key_b], key) and not table.fits([key_b, "other"], key)
     with pytest.raises(ValueError, match="serves no LoRA adapters"):
         LoraTable(None, 16, 2, 3).load("a", a)
+
+
+@pytest.mark.parametrize("header", [
+    {"x.lora_A.weight": {"dtype": "F32", "shape": None, "data_offsets": [0, 0]}},
+    {"x.lora_A.weight": {"dtype": "F32", "shape": [2, 64], "data_offsets": [0, 10**9]}},
+    ["not", "an", "object"],
+])
+def test_a_malformed_weights_file_is_refused(adapters: dict[str, Any], tmp_path: Path,
+                                             header: Any) -> None:
+    """A header of the wrong shape is a ValueError naming the file (never another exception
+    out of the scheduler)."""
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(
+        (adapters["root"] / "attn-r4" / "adapter_config.json").read_text())
+    raw = json.dumps(header).encode()
+    (folder / "adapter_model.safetensors").write_bytes(len(raw).to_bytes(8, "little") + raw)
+    with pytest.raises(ValueError, match="adapter_model.safetensors"):
+        read_spec(str(folder), SHAPES, max_rank=16)
