@@ -139,7 +139,9 @@ class FusedDecode:
     def __init__(self, model: CausalLM) -> None:
         self.model = model
         self._layers: ctypes.Array[LayerArg] | None = None
-        self._cache_ptr = -1
+        # the KV pool the arguments point into: its address and shape (a pool freed and
+        # another of another size allocated at the same address moves every layer's K and V)
+        self._cache_key: tuple[int, tuple[int, ...]] | None = None
         # the LoRA slots the arguments point into (held: their memory stays while pointed at)
         self._lora: list[Any] = []
 
@@ -168,7 +170,8 @@ class FusedDecode:
     def _layer_args(self, kv_cache: KVCache) -> ctypes.Array[LayerArg]:
         lora = [getattr(m, "lora", None) for layer in self.model.layers
                 for m in _projections(layer)]
-        if (self._layers is None or self._cache_ptr != kv_cache.buffer.data_ptr()
+        key = (kv_cache.buffer.data_ptr(), tuple(kv_cache.buffer.shape))
+        if (self._layers is None or self._cache_key != key
                 or len(lora) != len(self._lora)
                 or any(a is not b for a, b in zip(lora, self._lora))):
             self._lora = lora
@@ -176,7 +179,7 @@ class FusedDecode:
             args = (LayerArg * len(self.model.layers))()
             for i, (layer, kind) in enumerate(zip(self.model.layers, cfg.rope_kinds)):
                 args[i] = self._layer_arg(layer, kind, kv_cache)
-            self._layers, self._cache_ptr = args, kv_cache.buffer.data_ptr()
+            self._layers, self._cache_key = args, key
         return self._layers
 
     def _layer_arg(self, layer: DecoderLayer, rope: str, kv_cache: KVCache) -> LayerArg:

@@ -141,3 +141,32 @@ def test_why_a_model_cannot_run_fused(tmp_path: Path) -> None:
     assert gemma.fused is None and "sandwich-norm" in (unsupported(gemma) or "")
     dense = load_model(str(tmp_path / "g.gguf"), weight_format="dequantized").model
     assert dense.fused is None
+
+
+def on_storage(kv: KVCache, storage: torch.Tensor) -> KVCache:
+    """kv's pool moved onto the front of `storage` (zeroed): pools of other sizes at one address,
+    as the allocator hands out after a pool is freed."""
+    shape = tuple(kv.buffer.shape)
+    kv.buffer = storage[: kv.buffer.numel()].view(shape).zero_()
+    kv.k = [kv.buffer[0, i] for i in range(kv.num_layers)]
+    kv.v = [kv.buffer[1, i] for i in range(kv.num_layers)]
+    return kv
+
+
+def test_a_pool_of_another_size_at_the_same_address(loaded_model: Any) -> None:
+    """The fused step's arguments point into the pool: after a pool of another size took the
+    freed one's address, every layer's K and V are elsewhere, and the step still matches the
+    layers run one by one (its arguments are keyed by the pool's address and shape)."""
+    model, config = loaded_model.model, loaded_model.config
+    # 21 prompt rows: the prefill runs layer by layer (past MAX_GEMM_ROWS), the decode fused
+    prompts = [[100 + j for j in range(12)], [200 + j for j in range(9)]]
+    storage = torch.empty(KVCache.from_config(config, 256, torch.float32, "cpu").buffer.numel())
+    small = on_storage(KVCache.from_config(config, 128, torch.float32, "cpu"), storage)
+    decode_steps(model, small, prompts, 2, fused=True)
+    large = on_storage(KVCache.from_config(config, 256, torch.float32, "cpu"), storage)
+    assert large.buffer.data_ptr() == small.buffer.data_ptr()
+    fused, _ = decode_steps(model, large, prompts, 3, fused=True)
+    layers, _ = decode_steps(model, KVCache.from_config(config, 256, torch.float32, "cpu"),
+                             prompts, 3, fused=False)
+    for a, b in zip(fused, layers):
+        assert torch.equal(a, b), (a - b).abs().max()
