@@ -16,6 +16,7 @@ import math
 import msgspec
 
 from radixrt.runtime.config import MAX_NAME_CHARS
+from radixrt.runtime.lora_messages import LoraAdapter, LoraModuleShapes, LoraRequest
 from radixrt.runtime.sampling_params import SamplingParams
 
 # Priorities (lower = more urgent, default 0, vLLM's convention) are bounded to this magnitude.
@@ -116,15 +117,6 @@ class PrefixGroup(msgspec.Struct, frozen=True):
 
     rids: list[int]
     length: int
-
-
-class LoraAdapter(msgspec.Struct, frozen=True):
-    """A LoRA adapter's folder (PEFT's format), checked by the scheduler against the model, and
-    the key requests name it by in the worker (its files' digest: the same files, the same
-    key, whatever names they are served under)."""
-
-    key: str
-    path: str
 
 
 class StepPlan(msgspec.Struct, frozen=True, tag=True):
@@ -230,17 +222,6 @@ class CpuCompute(msgspec.Struct, frozen=True):
     openmp_wait: str
 
 
-class LoraModuleShapes(msgspec.Struct, frozen=True):
-    """The full (unsharded) shapes of the projections an adapter may adapt, by the decoder's
-    module name (qkv_proj, o_proj, gate_up_proj, down_proj): each part's output rows (q, k, v /
-    gate, up), the input columns, and the layers that have the module (an MoE layer has no
-    dense MLP)."""
-
-    parts: dict[str, list[int]]
-    inputs: dict[str, int]
-    layers: dict[str, list[int]]
-
-
 class WorkerReady(msgspec.Struct, frozen=True, tag=True):
     num_pages: int
     page_size: int
@@ -333,15 +314,6 @@ class AbortRequest(msgspec.Struct, frozen=True, tag=True):
 class ControlRequest(msgspec.Struct, frozen=True, tag=True):
     call_id: int
     op: str  # "info" | "flush_cache"
-
-
-class LoraRequest(msgspec.Struct, frozen=True, tag=True):
-    """Load the LoRA adapter in folder `path` as `name` (path None: unload `name`). Answered
-    with a ControlReply: {"ok": true, "adapter": {...}} or {"ok": false, "error": message}."""
-
-    call_id: int
-    name: str
-    path: str | None = None
 
 
 class DeltaBatch(msgspec.Struct, frozen=True, tag=True):

@@ -44,6 +44,7 @@ GROUND = [
     "radixrt.runtime.config",
     "radixrt.runtime.server_options",
     "radixrt.runtime.messages",
+    "radixrt.runtime.lora_messages",
     "radixrt.runtime.errors",
     "radixrt.runtime.sampling_params",
     "radixrt.runtime.outputs",

@@ -51,6 +51,7 @@ WITHOUT_TEST_FILE = (
     "radixrt/runtime/helper_main.py",
     "radixrt/runtime/ipc.py",
     "radixrt/runtime/launcher.py",
+    "radixrt/runtime/lora_messages.py",
     "radixrt/runtime/messages.py",
     "radixrt/runtime/models/families/family.py",
     "radixrt/runtime/models/families/gemma.py",

@@ -25,7 +25,7 @@ import re
 import struct
 from dataclasses import dataclass, field
 
-from radixrt.runtime.messages import LoraModuleShapes
+from radixrt.runtime.lora_messages import LoraModuleShapes
 
 CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"

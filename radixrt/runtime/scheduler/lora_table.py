@@ -17,7 +17,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from radixrt.runtime.messages import LoraAdapter, LoraModuleShapes
+from radixrt.runtime.lora_messages import LoraAdapter, LoraModuleShapes
 from radixrt.runtime.models.lora_format import LoraSpec, lora_namespace, read_spec
 
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 
 from radixrt.runtime.forward.lora_batch import NO_ADAPTER, LoraBatch
-from radixrt.runtime.messages import LoraAdapter, LoraModuleShapes
+from radixrt.runtime.lora_messages import LoraAdapter, LoraModuleShapes
 from radixrt.runtime.models.lora_format import read_spec
 from radixrt.runtime.models.lora_layer import LoraSlots
 from radixrt.runtime.models.lora_weights import LoraWeights, adapted_modules, load_lora

@@ -17,7 +17,7 @@ from tiny_models import randomize_weights
 
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.forward.kv_cache import KVCache
-from radixrt.runtime.messages import LoraAdapter
+from radixrt.runtime.lora_messages import LoraAdapter
 from radixrt.runtime.models import load_model
 from radixrt.runtime.models.lora_format import read_spec
 from radixrt.runtime.worker.lora_manager import LoraManager
