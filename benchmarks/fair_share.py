@@ -188,7 +188,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_plot_dir(p)
     args = p.parse_args(argv)
     if args.quick:
-        args.flood, args.flood_output, args.calm, args.gap, args.calm_at = 6, 48, 2, 0.5, 0.3
+        args.flood, args.flood_output, args.calm, args.gap, args.calm_at = 6, 128, 2, 0.5, 0.3
     return args
 
 
