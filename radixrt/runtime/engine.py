@@ -18,10 +18,18 @@ from radixrt.runtime.engine_link import EngineLink
 from radixrt.runtime.messages import Scheduling, ToScheduler, ToTokenizer
 from radixrt.runtime.models.loader import LoadedModel
 from radixrt.runtime.outputs import RequestOutput, StreamChunk
+from radixrt.runtime.pooling_params import PoolingInfo
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.scheduler.intake import SchedulerIntake
 from radixrt.runtime.scheduler.loop import StepLoop
 from radixrt.runtime.scheduler.scheduler import Scheduler
+from radixrt.runtime.tokenizer.pooling_inputs import (
+    class_probs,
+    embed_params,
+    rerank_ids,
+    rerank_score,
+    score_params,
+)
 from radixrt.runtime.tokenizer.prompts import Prompt, is_single_prompt
 from radixrt.runtime.tokenizer.request_front import RequestFront, refusal_error
 from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
@@ -243,6 +251,37 @@ class Engine:
         while not all(self.front.finished(rid) for rid in rids):
             self.step()
         return [self.front.take(rid) for rid in rids]
+
+    # --- pooling: embeddings and scores (tokenizer/pooling_inputs.py) ---------------------
+    @property
+    def pooling(self) -> PoolingInfo:
+        """What pooling requests the model serves (its pooling, head, task)."""
+        assert self.scheduler.pooling is not None
+        return self.scheduler.pooling
+
+    def embed(self, inputs: Prompt | Sequence[Prompt], dimensions: int | None = None,
+              normalize: bool | None = None) -> list[list[float]]:
+        """One embedding per input (text or token ids): the model's pooling of its final
+        hidden states, cut to `dimensions`, unit length unless normalize=False (the default is
+        the checkpoint's)."""
+        params = embed_params(self.pooling, dimensions, normalize)
+        return [out.pooled for out in self.generate(inputs, params)]
+
+    def rerank(self, query: str, documents: Sequence[str],
+               instruction: str | None = None) -> list[float]:
+        """Each document's relevance to the query in [0, 1], in the documents' order (a
+        cross-encoder, or a language model served with task="rerank")."""
+        ids = rerank_ids(self.tokenizer, self.pooling, query, documents, instruction)
+        outs = self.generate(ids, score_params(self.pooling)) if ids else []
+        return [rerank_score(self.pooling, out.pooled) for out in outs]
+
+    def classify(self, inputs: Prompt | Sequence[Prompt]) -> list[list[float]]:
+        """Per input, the classification head's probabilities over its labels
+        (`pooling.labels`); a head of one label (a reward model): its raw score."""
+        outs = self.generate(inputs, score_params(self.pooling))
+        if self.pooling.num_labels == 1:
+            return [out.pooled for out in outs]
+        return [class_probs(out.pooled) for out in outs]
 
     async def generate_stream(
         self, prompt: Prompt, params: SamplingParams | None = None, pin: bool = False,

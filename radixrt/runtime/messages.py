@@ -17,6 +17,7 @@ import msgspec
 
 from radixrt.runtime.config import MAX_NAME_CHARS
 from radixrt.runtime.lora_messages import LoraAdapter, LoraModuleShapes, LoraRequest
+from radixrt.runtime.pooling_params import PoolingInfo
 from radixrt.runtime.sampling_params import SamplingParams
 
 # Priorities (lower = more urgent, default 0, vLLM's convention) are bounded to this magnitude.
@@ -156,6 +157,7 @@ class RunResult(msgspec.Struct, frozen=True):
     # speculative decoding: the run's drafted tokens that verification kept, in order before
     # `token` (each is the token sampled at its position; `token` is sampled after the last)
     accepted: list[TokenLogprob] = []
+    pooled: bytes = b""  # a pooling request's output, float32 little-endian (pooling_params.py)
 
 
 class MaskTiming(msgspec.Struct, frozen=True):
@@ -195,6 +197,7 @@ class OutputDelta(msgspec.Struct, frozen=True):
     prefill_s: float = -1.0
     pinned: bool = False  # the final delta of a pin request: its prefix is pinned (rid = pin id)
     pin_error: str | None = None  # ... or why the pin was refused
+    pooled: bytes = b""  # the final delta of a pooling request: its vector or logits
 
 
 # --- worker -> scheduler at start-up ------------------------------------------------------------
@@ -240,6 +243,7 @@ class WorkerReady(msgspec.Struct, frozen=True, tag=True):
     # the projections LoRA adapters may adapt (None: the worker serves no adapters)
     lora_shapes: LoraModuleShapes | None = None
     lora_max_rank: int = 0  # the adapter slots' rank (--max-lora-rank, resolved)
+    pooling: PoolingInfo = PoolingInfo()  # what pooling requests the model serves
 
 
 # --- tokenizer <-> scheduler ---------------------------------------------------------------------

@@ -28,6 +28,8 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     pinned: bool = False  # submitted with pin=True and its prefix is now pinned (unpin(rid))
     pin_error: str | None = None  # submitted with pin=True and the pin was refused: why
+    # a pooling request (SamplingParams.pooling): the embedding, or the head's logits
+    pooled: list[float] = field(default_factory=list)
 
     @property
     def text(self) -> str:
@@ -75,3 +77,4 @@ class StreamChunk:
     pinned: bool = False  # the final chunk of a pin=True request: its prefix is pinned
     pin_error: str | None = None  # ... or why the pin was refused
     matched_stop: str | None = None  # the final chunk of a sample a stop string ended: that string
+    pooled: list[float] = field(default_factory=list)  # the final chunk of a pooling request

@@ -29,6 +29,7 @@ from radixrt.runtime.config import (
     MAX_TOP_LOGPROBS,
     REASONING_FORMAT_NAMES,
 )
+from radixrt.runtime.pooling_params import Pooling
 
 # Bounds of the fields (with config.py's INT64_MIN / INT64_MAX, MAX_GRAMMAR_CHARS and
 # MAX_TOP_LOGPROBS, which the server shares), checked before anything is allocated: n is capped as
@@ -120,6 +121,9 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # the output starts with this reasoning format's thinking (REASONING_FORMAT_NAMES); the
     # constraint, if any, applies only after it
     reasoning_format: str | None = None
+    # a pooling request (pooling_params.py): max_tokens=0, and the pooled hidden state or a
+    # head's logits come back instead of tokens
+    pooling: Pooling | None = None
 
     def __post_init__(self) -> None:
         self._check_ints()
@@ -129,6 +133,8 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         self._normalise_stop()
         self._normalise_stop_token_ids()
         self._normalise_constraint()
+        if self.pooling is not None:
+            self._check_pooling()
 
     # --- validation --------------------------------------------------------------------------
 
@@ -284,6 +290,16 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if given and self.min_tokens:
             raise _bad("min_tokens", self.min_tokens, f"must be 0 with {given[0]}: the grammar "
                        "decides the length")
+
+    def _check_pooling(self) -> None:
+        if self.max_tokens != 0:
+            raise _bad("max_tokens", self.max_tokens, "must be 0 for a pooling request (it "
+                       "returns a vector or scores, no tokens)")
+        if self.n != 1:
+            raise _bad("n", self.n, "must be 1 for a pooling request")
+        given = [n for n in CONSTRAINT_FIELDS if getattr(self, n) is not None]
+        if given:
+            raise ValueError(f"a pooling request generates nothing: {given[0]} does not apply")
 
     @property
     def constraint(self) -> tuple[str, str | tuple[str, ...]] | None:

@@ -4,12 +4,12 @@ config.py holds only the constants two or more modules share.
 
 Layer order, top to bottom (README and docs/architecture.md): cli -> launcher -> server -> engine ->
 tokenizer -> scheduler -> worker -> constrained -> models -> forward -> kernels. The ground
-(config, server_options, messages, errors, sampling_params, outputs, ipc, helper processes,
-distributed) stands
-beneath every layer and imports only itself. The DSL frontend has layers of its own: its public API
-(radixrt.frontend) -> backends (where programs run) -> lang (the DSL, which knows no backend);
-it stands on nothing of the runtime but its wire messages and constants (and never torch).
-An import within one layer is allowed, as long as it closes no circle.
+(config, server_options, messages, errors, sampling_params, pooling_params, outputs, ipc, helper
+processes, distributed) stands beneath every layer and imports only itself. The DSL frontend has
+layers of its own: its public API (radixrt.frontend) -> backends (where programs run) -> lang
+(the DSL, which knows no backend); it stands on nothing of the runtime but its wire messages and
+constants (and never torch). An import within one layer is allowed, as long as it closes no
+circle.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ GROUND = [
     "radixrt.runtime.lora_messages",
     "radixrt.runtime.errors",
     "radixrt.runtime.sampling_params",
+    "radixrt.runtime.pooling_params",
     "radixrt.runtime.outputs",
     "radixrt.runtime.ipc",
     "radixrt.runtime.helper_process",
@@ -63,6 +64,7 @@ FRONTEND_MAY_USE = [  # the torch-free part of the ground
     "radixrt.runtime.messages",
     "radixrt.runtime.config",
     "radixrt.runtime.sampling_params",
+    "radixrt.runtime.pooling_params",
 ]
 FRONTEND_NEVER = ["torch", "triton"]
 CONFIG = "radixrt.runtime.config"

@@ -112,6 +112,8 @@ WITHOUT_TEST_FILE = (
     "radixrt/runtime/server/openai/reasoning_parsers.py",
     "radixrt/runtime/server/openai/tool_call_deltas.py",
     "radixrt/runtime/server/openai/tool_protocol.py",
+    "radixrt/runtime/server/pooling/pooling_protocol.py",
+    "radixrt/runtime/server/pooling/pooling_routes.py",
     "radixrt/runtime/server/responses/responses_routes.py",
     "radixrt/runtime/server_options.py",
     "radixrt/runtime/tokenizer/chat_roles.py",

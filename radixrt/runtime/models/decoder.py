@@ -198,8 +198,16 @@ class CausalLM(nn.Module):
         self.fused: FusedDecode | None = None  # use_cpu_kernels builds it
         self.cpu_kernels = False  # use_cpu_kernels: the CPU kernels run its norms, attention...
         self.lm_head: VocabRows | None = None
-        if not config.tie_word_embeddings:
+        self.score: nn.Parameter | None = None  # a classifier's head [num_labels, hidden]
+        if config.num_labels:
+            self.score = nn.Parameter(torch.empty(config.num_labels, config.hidden_size))
+        elif not config.tie_word_embeddings:
             self.lm_head = VocabRows(self.shard.vocab, config.hidden_size, packed)
+
+    @property
+    def generates(self) -> bool:
+        """False for a classifier: it has a classification head and no LM head."""
+        return self.score is None
 
     def rotaries(self) -> list[RotaryEmbedding]:
         return [r for r in (self.rotary, self.local_rotary) if r is not None]
@@ -228,12 +236,21 @@ class CausalLM(nn.Module):
     def compute_logits(self, hidden: Tensor) -> Tensor:
         """hidden [n, hidden] -> logits [n, vocab] float32 (divided by logits_divisor, then
         soft-capped, where the config says so)."""
+        if not self.generates:
+            raise RuntimeError(f"{self.config.architecture} with a classification head has no "
+                               "LM head: it classifies, it does not generate")
         head = self.embed_tokens if self.lm_head is None else self.lm_head
         logits = parallel_logits(hidden, head.matrix, self.shard.vocab, self.tp,
                                  LM_HEAD_BLOCK_ROWS)
         if self.config.logits_divisor != 1.0:
             logits = logits / self.config.logits_divisor
         return soft_cap(logits, self.config.final_logit_softcap)
+
+    @torch.no_grad()
+    def classify(self, hidden: Tensor) -> Tensor:
+        """hidden [n, hidden] -> the classification head's logits [n, num_labels] float32."""
+        assert self.score is not None, "a model without a classification head"
+        return (hidden @ self.score.t()).float()
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, Weight]]) -> None:
@@ -322,6 +339,8 @@ class CausalLM(nn.Module):
             return None
         if hf_name == "lm_head.weight":
             return None if self.lm_head is None else ("lm_head.weight", None)
+        if hf_name == "score.weight":
+            return "score", None
         name = hf_name.removeprefix("model.")
         expert = expert_target(name)
         if expert is not None:

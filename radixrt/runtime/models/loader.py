@@ -219,7 +219,9 @@ def iter_dummy_weights(config: ModelConfig, device: torch.device) -> Iterable[tu
                 for proj, rows in (("gate_proj", inter), ("up_proj", inter), ("down_proj", h)):
                     yield pre + f"mlp.{proj}.bias", torch.zeros(rows, device=device)
     yield "model.norm.weight", norm(h)
-    if not config.tie_word_embeddings:
+    if config.num_labels:
+        yield "score.weight", normal(config.num_labels, h)
+    elif not config.tie_word_embeddings:
         yield "lm_head.weight", normal(config.vocab_size, h)
 
 

@@ -102,6 +102,10 @@ class ModelConfig:
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
     shared_expert_intermediate_size: int = 0
+    # a classification head (`*ForSequenceClassification`: score.weight [num_labels, hidden])
+    # in place of the LM head; 0: the LM head. labels: id2label's names, in label order
+    num_labels: int = 0
+    labels: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:

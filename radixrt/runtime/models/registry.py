@@ -5,6 +5,7 @@ file, a line here and a test (tests/runtime/models/test_decoder_families.py)."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 from radixrt.runtime.models.families.family import ModelFamily
@@ -21,6 +22,11 @@ from radixrt.runtime.models.families.smollm3 import SMOLLM3
 from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.tensor_source import Weight
 
+# `XForSequenceClassification` is family X's decoder with a classification head (score.weight)
+# in place of the LM head: read as `XForCausalLM`, its head from num_labels / id2label
+CLASSIFIER_SUFFIX = "ForSequenceClassification"
+MAX_LABELS = 1 << 16
+
 FAMILIES: tuple[ModelFamily, ...] = (LLAMA, GEMMA, PHI3, OLMO2, GRANITE, SMOLLM3, MIXTRAL,
                                       QWEN_MOE, OLMOE, GPT_OSS)
 
@@ -31,11 +37,14 @@ def supported_architectures() -> tuple[str, ...]:
 
 def family_of(architecture: str) -> ModelFamily:
     """The family of an HF architecture name; refused with the list of those supported."""
+    base = causal_lm_of(architecture)
     for family in FAMILIES:
-        if architecture in family.architectures:
+        if base in family.architectures:
             return family
+    also = (f" (and their *{CLASSIFIER_SUFFIX} classifiers)"
+            if architecture.endswith(CLASSIFIER_SUFFIX) else "")
     raise ValueError(f"architecture {architecture!r} is not supported; supported: "
-                     f"{', '.join(supported_architectures())}")
+                     f"{', '.join(supported_architectures())}{also}")
 
 
 def architecture_of(cfg: Mapping[str, Any]) -> str:
@@ -51,10 +60,29 @@ def architecture_of(cfg: Mapping[str, Any]) -> str:
                      f"not supported; supported: {', '.join(supported_architectures())}")
 
 
+def causal_lm_of(architecture: str) -> str:
+    """The language model a classifier architecture is built on (others unchanged)."""
+    if architecture.endswith(CLASSIFIER_SUFFIX):
+        return architecture.removesuffix(CLASSIFIER_SUFFIX) + "ForCausalLM"
+    return architecture
+
+
 def model_config(cfg: Mapping[str, Any]) -> ModelConfig:
-    """ModelConfig of a parsed config.json, read by its family."""
+    """ModelConfig of a parsed config.json, read by its family (a classifier as its language
+    model, with the head's labels)."""
     architecture = architecture_of(cfg)
-    return family_of(architecture).read_config(cfg, architecture)
+    base = causal_lm_of(architecture)
+    config = family_of(architecture).read_config(cfg, base)
+    if base == architecture:
+        return config
+    id2label = cfg.get("id2label") or {}
+    num_labels = int(cfg.get("num_labels") or len(id2label) or 2)
+    if not 1 <= num_labels <= MAX_LABELS:
+        raise ValueError(f"num_labels={num_labels}: a classification head has 1 to "
+                         f"{MAX_LABELS} labels")
+    labels = tuple(str(id2label.get(str(i), id2label.get(i, f"LABEL_{i}")))
+                   for i in range(num_labels))
+    return replace(config, num_labels=num_labels, labels=labels)
 
 
 def checkpoint_weights(weights: Iterator[tuple[str, Weight]],

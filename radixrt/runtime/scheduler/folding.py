@@ -85,6 +85,9 @@ class ResultFolder:
                 if self._append(req, res.token) or self._append_forced(req, res.forced, in_flight):
                     continue  # finished (and released)
             if reaches_end and req.max_tokens == 0:  # prefill only: its prompt is computed
+                if res is not None and res.pooled:
+                    req.pooled = res.pooled
+                    self.stats.pooled_requests += 1
                 touched.append(req)
                 table.end(req, "length")  # into the radix tree (and pinned, if asked)
                 continue

@@ -127,5 +127,6 @@ class SchedulerIntake:
             lora_adapters=sched.lora.listing() if sched.lora.enabled else None,
             max_loras_per_batch=sched.config.max_loras_per_batch,
             max_lora_rank=ready.lora_max_rank,
+            pooling=msgspec.to_builtins(ready.pooling),
         )
         return info

@@ -130,6 +130,9 @@ class KVManager:
         start = req.prompt_logprob_from()
         if start >= 0:
             limit = min(limit, start - 1)  # prompt logprobs need the logits of earlier rows
+        pooling = req.params.pooling
+        if pooling is not None and pooling.whole_prompt:
+            limit = 0  # mean / CLS pooling reads every row's hidden state
         return ids[: max(limit, 0)]
 
     def admit(self, req: Request) -> int:

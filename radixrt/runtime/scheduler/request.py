@@ -79,6 +79,7 @@ class Request:
     # per-token outputs gathered as the worker reports them
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    pooled: bytes = b""  # a pooling request's output (RunResult.pooled), once computed
 
     @property
     def all_ids(self) -> list[int]:

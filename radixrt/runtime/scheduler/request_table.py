@@ -312,6 +312,7 @@ class RequestTable:
                     prefill_s=time.monotonic() - timed.admitted_s if timings else -1.0,
                     pinned=req.finished and req.rid in self.pins,
                     pin_error=req.pin_error if req.finished else None,
+                    pooled=req.pooled if req.finished else b"",
                 )
             )
             if req.finished:

@@ -30,6 +30,7 @@ from radixrt.runtime.messages import (
     StepResult,
     WorkerReady,
 )
+from radixrt.runtime.pooling_params import PoolingInfo, check_pooling
 from radixrt.runtime.sampling_params import SamplingParams, check_token_ids
 from radixrt.runtime.scheduler.draft_index import DraftIndex
 from radixrt.runtime.scheduler.fair_share import FairShare
@@ -62,6 +63,7 @@ class Scheduler:
         tier_pages: tuple[int, int] = (0, 0),
         lora_shapes: LoraModuleShapes | None = None,
         lora_max_rank: int = 0,
+        pooling: PoolingInfo | None = None,
     ) -> None:
         """kv_bytes_per_token: what one token costs in the pool (0: unknown, no capacity);
         vocab_size: the model's (WorkerReady), against which every request's token ids are
@@ -69,8 +71,10 @@ class Scheduler:
         tier_pages: the host and disk KV tiers' pages (0: none). lora_shapes / lora_max_rank:
         the projections LoRA adapters may adapt and the slots' rank (None: no adapters; with
         them, config.lora_paths are loaded here). With a disk tier in
-        config.disk_cache_dir, what it holds is restored into the tree (a warm restart)."""
+        config.disk_cache_dir, what it holds is restored into the tree (a warm restart).
+        pooling: what pooling requests the model serves (None: the simulation, no checks)."""
         self.config = config
+        self.pooling = pooling
         self.context_length = context_length
         self.vocab_size = vocab_size
         self.capacity = Capacity(kv_bytes_per_token, config.page_size, num_pages,
@@ -107,7 +111,8 @@ class Scheduler:
         """The scheduler sized by what the worker reported at start-up."""
         return cls(config, ready.num_pages, ready.context_length, ready.eos_token_ids,
                    ready.kv_bytes_per_token, ready.vocab_size,
-                   (ready.host_pages, ready.disk_pages), ready.lora_shapes, ready.lora_max_rank)
+                   (ready.host_pages, ready.disk_pages), ready.lora_shapes, ready.lora_max_rank,
+                   ready.pooling)
 
     # --- the views the engine, the loop and the tests read ----------------------------------
     @property
@@ -220,6 +225,8 @@ class Scheduler:
         if self.vocab_size is not None:
             check_token_ids(prompt_ids, self.vocab_size)
             params.validate_for_vocab(self.vocab_size)
+        if self.pooling is not None:
+            check_pooling(params.pooling, self.pooling, self.vocab_size)
         limit = self.context_length
         if len(prompt_ids) >= limit:
             raise ValueError(
@@ -300,6 +307,7 @@ class Scheduler:
             "cache_hit_rate": s.cached_tokens / s.prompt_tokens if s.prompt_tokens else 0.0,
             "computed_tokens": s.computed_tokens,
             "generated_tokens": s.generated_tokens,
+            "pooled_requests": s.pooled_requests,
             "preemptions": s.preemptions,
             "swaps": s.swaps,
             "swap_fallbacks": s.swap_fallbacks,

@@ -27,6 +27,7 @@ class SchedulerStats:
     cached_tokens: int = 0  # of which served from the radix cache
     computed_tokens: int = 0  # tokens through the model (prefill + decode)
     generated_tokens: int = 0
+    pooled_requests: int = 0  # pooling requests answered (embeddings, scores)
     lora_dropped_tokens: int = 0  # cached KV dropped with unloaded LoRA adapters
     preemptions: int = 0
     preemptions_by_cause: dict[str, int] = field(

@@ -54,6 +54,8 @@ from radixrt.runtime.server.native.native_serving import NativeServing
 from radixrt.runtime.server.openai.chat_tool_plan import ChatFeatures
 from radixrt.runtime.server.openai.openai_routes import add_openai_routes
 from radixrt.runtime.server.openai.openai_serving import MODEL_ALIAS, OpenAIServing
+from radixrt.runtime.server.pooling.pooling_routes import add_pooling_routes
+from radixrt.runtime.server.pooling.pooling_serving import PoolingServing
 from radixrt.runtime.server.responses.response_store import ResponseStore
 from radixrt.runtime.server.responses.responses_routes import add_responses_routes
 from radixrt.runtime.server.responses.responses_serving import ResponsesServing
@@ -109,6 +111,7 @@ def create_app(manager: TokenizerManager, api_key: str | None = None,
     add_info_routes(app, manager, native, pins, features, store)
     add_operations_routes(app, manager, metrics)
     add_lora_routes(app, manager)
+    add_pooling_routes(app, PoolingServing(chat))
     add_router_routes(app, manager)
     # with LoRA adapters, `model` may name any adapter loaded while serving: no list
     install_openapi(app, keys is not None, UNAUTHENTICATED_PATHS,

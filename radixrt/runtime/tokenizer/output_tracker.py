@@ -7,6 +7,7 @@ from typing import Any
 
 from radixrt.runtime.messages import OutputDelta
 from radixrt.runtime.outputs import CompletionOutput, RequestOutput, StreamChunk
+from radixrt.runtime.pooling_params import unpack_floats
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.tokenizer.detokenizer import IncrementalDetokenizer
 
@@ -39,6 +40,8 @@ class OutputTracker:
         out.pin_error = out.pin_error or delta.pin_error
         if delta.prompt_logprobs:
             out.prompt_logprobs = list(delta.prompt_logprobs)
+        if delta.pooled:
+            out.pooled = unpack_floats(delta.pooled)
         if delta.index < 0:  # n > 1 request that ended before it forked
             chunks = []
             for sample in out.samples:
@@ -87,5 +90,6 @@ class OutputTracker:
             pinned=delta.pinned,
             pin_error=delta.pin_error,
             matched_stop=sample.matched_stop,
+            pooled=out.pooled if delta.pooled else [],
         )
         return [chunk], stopped_here

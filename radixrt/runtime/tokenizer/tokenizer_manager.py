@@ -15,9 +15,12 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol
 
+import msgspec
+
 from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.messages import Scheduling
 from radixrt.runtime.outputs import StreamChunk
+from radixrt.runtime.pooling_params import PoolingInfo
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.tokenizer.prompts import Prompt
 from radixrt.runtime.tokenizer.request_front import RequestFront, Stream
@@ -87,6 +90,11 @@ class TokenizerManager:
     @property
     def vocab_size(self) -> int:
         return int(self.link.info["vocab_size"])
+
+    @property
+    def pooling(self) -> PoolingInfo:
+        """What pooling requests the model serves (WorkerReady.pooling)."""
+        return msgspec.convert(self.link.info["pooling"], PoolingInfo)
 
     async def wait_ready(self, alive: Callable[[], bool], timeout_s: float) -> None:
         """Wait for the scheduler (which waits for the worker's model load)."""

@@ -23,6 +23,7 @@ from radixrt.runtime.messages import CpuCompute, LoraModuleShapes, TPLayout, Wor
 from radixrt.runtime.models.loader import LoadedModel, inspect_model, load_model, resolve_dtype
 from radixrt.runtime.models.lora_format import module_shapes, read_spec
 from radixrt.runtime.models.model_config import ModelConfig
+from radixrt.runtime.models.pooling_config import read_pooling_info
 from radixrt.runtime.models.shard_plan import check_tp_size
 from radixrt.runtime.worker.capacity import kv_bytes_per_token, pool_tokens
 from radixrt.runtime.worker.cpu_waiting import openmp_wait
@@ -250,6 +251,9 @@ def build_worker(
         if device.type == "cpu" else None,
         lora_shapes=shapes,
         lora_max_rank=max_rank,
+        pooling=read_pooling_info(None if loaded.gguf_file else loaded.model_path,
+                                  loaded.config, config.task, loaded.tokenizer,
+                                  loaded.model.generates),
     )
     return worker, ready
 

@@ -25,6 +25,8 @@ from radixrt.runtime.messages import (
     WorkerRequest,
 )
 from radixrt.runtime.models.loader import LoadedModel
+from radixrt.runtime.models.pooler import PoolState, pooled_output
+from radixrt.runtime.pooling_params import pack_floats
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.worker.draft_verifier import (
     accepted_path,
@@ -55,6 +57,7 @@ class _RequestState:
     seed_offset: int
     grammar: GrammarState | None = None  # where a constrained output is in its grammar
     lora: str | None = None  # the LoRA adapter it runs under (LoraAdapter.key)
+    pool: PoolState | None = None  # a pooling request: what it pooled of its prompt so far
 
 
 @dataclass
@@ -185,6 +188,7 @@ class Worker:
             seed_offset=new.seed_offset,
             grammar=grammar,
             lora=new.lora,
+            pool=None if params.pooling is None else PoolState(params.pooling),
         )
 
     def _grammar(self, params: SamplingParams) -> Grammar:
@@ -240,11 +244,29 @@ class Worker:
                     waiting, pending = pending, None
                     allowed, timing = waiting.result(self.device)
                 results = self._sample(logits, wanted, prompt, draws, allowed)
+            results += self._pool(plan.runs, hidden)
         finally:
             if pending is not None:  # the pass failed: the grammars are the mask thread's
                 pending.wait()  # until it is done with them
         return StepResult(step_id=plan.step_id, results=results, num_tokens=batch.num_tokens,
                           masks=timing)
+
+    def _pool(self, runs: list[Run], hidden: torch.Tensor) -> list[RunResult]:
+        """Pooling requests: each run's rows go into its pool; a run that ends the prompt
+        returns the pooled output (models/pooler.py)."""
+        results = []
+        offset = 0
+        for run in runs:
+            state = self.states[run.rid]
+            pool = state.pool
+            if pool is not None:
+                rows = hidden[offset : offset + run.num_new]  # [num_new, hidden]
+                pool.add(rows, run.start)
+                if run.start + run.num_new == len(state.token_ids):
+                    vector = pooled_output(self.model, pool.pooled(rows[-1]), pool.spec)
+                    results.append(RunResult(rid=run.rid, pooled=pack_floats(vector.tolist())))
+            offset += run.num_new
+        return results
 
     def _prefix_groups(self, plan: StepPlan, index: dict[int, int]) -> list[PrefixGroup]:
         """The plan's prefix groups as batch indices (`index`: rid -> batch entry), each checked

@@ -194,9 +194,12 @@ class PromptOutput:
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)  # when asked for
     pinned: bool = False  # asked to pin: the prefix is pinned (its rid is the pin id) ...
     pin_error: str | None = None  # ... or why not
+    pooled: list[float] = field(default_factory=list)  # a pooling request's vector or logits
 
     def add(self, chunk: StreamChunk) -> None:
         self.samples[chunk.index].add(chunk)
+        if chunk.pooled:
+            self.pooled = chunk.pooled
         self.cached_tokens = max(self.cached_tokens, chunk.cached_tokens)
         if chunk.prompt_logprobs:
             self.prompt_logprobs = list(chunk.prompt_logprobs)

@@ -1,0 +1,92 @@
+"""Pooling requests' inputs and results, for every way in (the Engine, /v1/embeddings,
+/v1/rerank, /classify, the DSL): the SamplingParams of each task, the token ids of a rerank
+pair, and what a head's logits mean.
+
+Reranking writes each (query, document) pair so that the query comes first: every document's
+prompt starts with the same tokens, which the radix tree computes once.
+
+- a cross-encoder (a classifier of one label): the tokenizer's text pair, as
+  sentence-transformers' CrossEncoder tokenizes it; score = sigmoid(logit);
+- a language model served with `--task rerank` (Qwen3-Reranker's form): a system message that
+  asks for "yes" or "no", then `<Instruct>: ...\\n<Query>: ...\\n<Document>: ...` as the user's
+  message, through the chat template with thinking off; score = P(yes) / (P(yes) + P(no)) at
+  the last token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from radixrt.runtime.pooling_params import Pooling, PoolingInfo, sigmoid, softmax
+from radixrt.runtime.sampling_params import SamplingParams
+
+MAX_POOLING_INPUTS = 2048  # texts per embeddings / classify request (OpenAI's bound)
+MAX_RERANK_DOCUMENTS = 2048
+MAX_POOLING_TOKENS = 1 << 20  # tokens of all the inputs of one request together
+RERANK_SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the '
+                 'Instruct provided. Note that the answer can only be "yes" or "no".')
+DEFAULT_RERANK_INSTRUCTION = ("Given a web search query, retrieve relevant passages that "
+                              "answer the query")
+
+
+def embed_params(info: PoolingInfo, dimensions: int | None = None,
+                 normalize: bool | None = None) -> SamplingParams:
+    """An embedding request: the model's pooling, normalized as its checkpoint says unless
+    `normalize` is given."""
+    spec = Pooling("embed", info.mode, info.normalize if normalize is None else normalize,
+                   dimensions)
+    return SamplingParams(max_tokens=0, pooling=spec)
+
+
+def score_params(info: PoolingInfo) -> SamplingParams:
+    """A classification / reward / rerank request: the head's logits at the last token (an LM
+    reranker's: its yes/no tokens)."""
+    if not info.num_labels and not info.rerank_tokens:
+        raise ValueError("this model has no classification head and does not rerank: serve a "
+                         "*ForSequenceClassification checkpoint, or start a language model "
+                         "with --task rerank")
+    return SamplingParams(max_tokens=0, pooling=Pooling("classify",
+                                                         label_tokens=info.rerank_tokens))
+
+
+def rerank_ids(tokenizer: Any, info: PoolingInfo, query: str, documents: Sequence[str],
+               instruction: str | None = None) -> list[list[int]]:
+    """The prompt of each (query, document) pair, the query first."""
+    if not info.rerank_tokens and info.num_labels != 1:
+        raise ValueError("this model does not rerank: serve a cross-encoder (a classifier of "
+                         "one label), or start a language model with --task rerank")
+    if tokenizer is None:
+        raise ValueError("reranking needs the model's tokenizer")
+    if not info.rerank_tokens:
+        return [list(tokenizer(query, doc)["input_ids"]) for doc in documents]
+    task = DEFAULT_RERANK_INSTRUCTION if instruction is None else instruction
+    out = []
+    for doc in documents:
+        messages = [{"role": "system", "content": RERANK_SYSTEM},
+                    {"role": "user",
+                     "content": f"<Instruct>: {task}\n<Query>: {query}\n<Document>: {doc}"}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False,
+                                             add_generation_prompt=True, enable_thinking=False)
+        out.append(list(tokenizer.encode(text, add_special_tokens=False)))
+    return out
+
+
+def rerank_score(info: PoolingInfo, logits: Sequence[float]) -> float:
+    """A pair's relevance in [0, 1] from its logits (score_params)."""
+    if info.rerank_tokens:  # [no, yes]
+        return softmax(logits)[1]
+    return sigmoid(logits[0])
+
+
+def class_probs(logits: Sequence[float]) -> list[float]:
+    """A classifier's probabilities over its labels (one label: its sigmoid)."""
+    return [sigmoid(logits[0])] if len(logits) == 1 else softmax(logits)
+
+
+def check_total(inputs: Sequence[Sequence[int]], what: str = "inputs") -> None:
+    """Refuse a request whose inputs together run past MAX_POOLING_TOKENS."""
+    total = sum(len(ids) for ids in inputs)
+    if total > MAX_POOLING_TOKENS:
+        raise ValueError(f"the {what} have {total} tokens together: at most "
+                         f"{MAX_POOLING_TOKENS} per request; split them over several requests")
