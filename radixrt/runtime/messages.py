@@ -348,7 +348,8 @@ class DslRequest(msgspec.Struct, frozen=True, tag=True):
     pin_id, for as long as the client renews its lease (op "renew" with `pin_ids`, more often
     than the `pin_lease_ttl_s` that op "info" reports). op "score": the log-probability of each
     of `choices` as a continuation of `text` (and, with `unconditional`, of each choice alone)
-    in one batch. op "abort": cancel the call
+    in one batch. op "embed": the embedding of `text` (or `input_ids`), cut to `dimensions`.
+    op "abort": cancel the call
     `call_id`; op "info": server_info plus the chat template's role markers."""
 
     call_id: int
@@ -365,6 +366,7 @@ class DslRequest(msgspec.Struct, frozen=True, tag=True):
     pin_ids: list[int] = []  # op "renew": the pins whose leases to extend
     priority: int = 0  # op "generate": lower is more urgent (Scheduling.priority)
     lora: str | None = None  # op "generate": the LoRA adapter it runs under (Scheduling.lora)
+    dimensions: int | None = None  # op "embed": keep the embedding's first N entries
     # op "generate" with the server's --reasoning-parser: the thinking apart (DslSample.reasoning)
     # and constraints after it
     separate_reasoning: bool = False
@@ -390,6 +392,7 @@ class DslReply(msgspec.Struct, frozen=True, tag=True):
     pin_id: int = -1  # generate with pin: what to send back in op "unpin" (-1: not pinned)
     pin_error: str | None = None  # generate with pin: why it was not pinned (the pin budget)
     choices: list[DslChoice] = []  # op "score"
+    embedding: list[float] = []  # op "embed"
 
 
 class DslChoice(msgspec.Struct, frozen=True):

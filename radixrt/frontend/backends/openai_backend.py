@@ -156,6 +156,18 @@ class OpenAICompatible:
                 "SGLang) or has /tokenize and token-id logprobs (llama.cpp's llama-server)"
             ) from None
 
+    def embed(self, text: str, dimensions: int | None, priority: int = 0) -> list[float]:
+        """POST /v1/embeddings (the server's embedding of its model)."""
+        body: dict[str, Any] = {"model": self.model, "input": text, "encoding_format": "float"}
+        if dimensions is not None:
+            body["dimensions"] = dimensions
+        if priority:
+            body["priority"] = priority
+        data = self._post(body, self.base_url + "/embeddings")
+        usage = data.get("usage") or {}
+        self.token_usage.add(usage.get("prompt_tokens", 0), 0, usage.get("cached_tokens", 0))
+        return list(data["data"][0]["embedding"])
+
     def pin(self, text: str, priority: int = 0) -> None:
         return None
 
@@ -169,6 +181,9 @@ class OpenAICompatible:
 
     async def ascore(self, *args: Any, **kwargs: Any) -> list[ChoiceLogprobs]:
         return await spawn(functools.partial(self.score, *args, **kwargs))
+
+    async def aembed(self, *args: Any, **kwargs: Any) -> list[float]:
+        return await spawn(functools.partial(self.embed, *args, **kwargs))
 
     async def apin(self, *args: Any, **kwargs: Any) -> Any:
         return await spawn(functools.partial(self.pin, *args, **kwargs))

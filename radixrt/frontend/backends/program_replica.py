@@ -87,6 +87,15 @@ class ProgramReplica:
         with self._call(text) as (_, backend):
             return await backend.ascore(text, choices, unconditional, priority=priority)
 
+    def embed(self, text: str, dimensions: int | None, priority: int = 0) -> list[float]:
+        with self._call(text) as (_, backend):
+            return backend.embed(text, dimensions, priority=priority)
+
+    async def aembed(self, text: str, dimensions: int | None,
+                     priority: int = 0) -> list[float]:
+        with self._call(text) as (_, backend):
+            return await backend.aembed(text, dimensions, priority=priority)
+
     def pin(self, text: str, priority: int = 0) -> Any:
         with self._call(text) as (_, backend):
             return backend.pin(text, priority=priority)

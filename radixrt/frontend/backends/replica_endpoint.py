@@ -111,6 +111,13 @@ class ReplicaEndpoint:
                      priority: int = 0) -> list[ChoiceLogprobs]:
         return await self.for_program().ascore(text, choices, unconditional, priority)
 
+    def embed(self, text: str, dimensions: int | None, priority: int = 0) -> list[float]:
+        return self.for_program().embed(text, dimensions, priority)
+
+    async def aembed(self, text: str, dimensions: int | None,
+                     priority: int = 0) -> list[float]:
+        return await self.for_program().aembed(text, dimensions, priority)
+
     def pin(self, text: str, priority: int = 0) -> ReplicaPin | None:
         one = self.for_program()
         return self._replica_pin(one, one.pin(text, priority))

@@ -118,6 +118,20 @@ class ZmqRuntimeEndpoint:
             op="score", text=text, choices=choices, unconditional=unconditional,
             priority=priority))
 
+    def embed(self, text: str, dimensions: int | None, priority: int = 0) -> list[float]:
+        return self._embedded(self._client.call(op="embed", text=text, dimensions=dimensions,
+                                                priority=priority))
+
+    async def aembed(self, text: str, dimensions: int | None,
+                     priority: int = 0) -> list[float]:
+        return self._embedded(await self._client.acall(op="embed", text=text,
+                                                       dimensions=dimensions,
+                                                       priority=priority))
+
+    def _embedded(self, reply: Any) -> list[float]:
+        self.token_usage.add(reply.prompt_tokens, 0, reply.cached_tokens)  # a prefill
+        return list(reply.embedding)
+
     def pin(self, text: str, priority: int = 0) -> int | None:
         if not self._cache_on:  # nothing to keep: computing the prefix first would be waste
             return None

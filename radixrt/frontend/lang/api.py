@@ -9,6 +9,7 @@ from typing import Any
 
 from radixrt.frontend.lang.ir import (
     Concat,
+    Embed,
     Expr,
     Gen,
     RoleBegin,
@@ -204,6 +205,22 @@ def _check_choices(choices: Any) -> tuple[str, ...]:
     if any(not isinstance(c, str) or not c for c in choices):
         raise ValueError(f"every choice must be a non-empty str, got {list(choices)!r}")
     return tuple(choices)
+
+
+def embed(name: str | None = None, text: str | None = None, dimensions: int | None = None,
+          *, priority: int | None = None) -> Embed:
+    """Store in `name` the embedding (a list of floats) of `text`, or of the program's text so
+    far when text is None -- its prefix is cached in the runtime, so only what is new is
+    computed. Appends nothing. dimensions: keep the first N entries (Matryoshka; still unit
+    length where the model normalizes). The runtime pools as its model says (radixrt serve
+    reads sentence-transformers' files; a language model: its last token)."""
+    if text is not None and (not isinstance(text, str) or not text):
+        raise ValueError("embed's text must be a non-empty str, or None for the program's text")
+    if dimensions is not None and (not isinstance(dimensions, int)
+                                   or isinstance(dimensions, bool) or dimensions < 1):
+        raise ValueError(f"dimensions={dimensions!r} must be an int >= 1, or None")
+    check_priority(priority)
+    return Embed(name, text, dimensions, priority)
 
 
 def check_priority(priority: Any) -> None:

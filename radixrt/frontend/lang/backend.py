@@ -180,6 +180,10 @@ class Backend(Protocol):
         """Token log-probabilities of each choice as the continuation of text, in one batch."""
         ...
 
+    def embed(self, text: str, dimensions: int | None, priority: int = 0) -> list[float]:
+        """The embedding of `text` (the runtime's pooling), cut to `dimensions` where given."""
+        ...
+
     def pin(self, text: str, priority: int = 0) -> Any:
         """Compute `text` once (at `priority`) and keep it cached until unpin(handle); None if
         unsupported."""

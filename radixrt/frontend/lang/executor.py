@@ -27,6 +27,7 @@ from radixrt.frontend.lang.backend import (
 )
 from radixrt.frontend.lang.global_config import global_config
 from radixrt.frontend.lang.ir import (
+    Embed,
     Gen,
     RoleBegin,
     RoleEnd,
@@ -245,6 +246,8 @@ class StreamExecutor:
             self._gen(leaf)
         elif isinstance(leaf, Select):
             self._select(leaf)
+        elif isinstance(leaf, Embed):
+            self._embed(leaf)
         else:
             raise TypeError(f"cannot run {leaf!r}")
 
@@ -365,6 +368,14 @@ class StreamExecutor:
         }
         self._append(leaf.name, choice, meta=meta)
         self._set(leaf.name, choice, meta)
+
+    def _embed(self, leaf: Embed) -> None:
+        text = self.transcript.text if leaf.text is None else leaf.text
+        if not text:
+            raise BackendError("embed of an empty program: append text first, or give text=")
+        vector = self.runner.call(self.backend, "embed", text, leaf.dimensions,
+                                  priority=self._priority(leaf.priority))
+        self._set(leaf.name, list(vector), {"dimensions": len(vector)})
 
     def _priority(self, own: int | None) -> int:
         return self.priority if own is None else own

@@ -66,6 +66,18 @@ class Select(Expr):
 
 
 @dataclass(frozen=True)
+class Embed(Expr):
+    """Store in variable `name` the embedding of `text`, or of the program's text so far
+    (None: its prefix, cached in the runtime's radix tree, is not computed again); appends
+    nothing."""
+
+    name: str | None
+    text: str | None = None
+    dimensions: int | None = None
+    priority: int | None = None  # None: the run's priority
+
+
+@dataclass(frozen=True)
 class VarScopeBegin(Expr):
     """`with s.var_scope(name):` starts: remember where the text is now."""
 

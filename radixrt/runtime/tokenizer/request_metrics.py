@@ -19,6 +19,7 @@ class RequestMetrics:
     priority: int = 0
     tenant: str = ""
     lora: str = ""  # the LoRA adapter it ran under ("": the base model)
+    pooling: str = ""  # a pooling request's task ("embed", "classify"; "": it generates)
     cached_tokens: int = 0
     completion_tokens: int = 0
     queue: float | None = None  # submission to first admission, as the scheduler measured it

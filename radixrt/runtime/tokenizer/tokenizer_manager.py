@@ -132,7 +132,8 @@ class TokenizerManager:
         self._client_ids.add(rid_hint, rid)
         metrics = RequestMetrics(arrival=time.monotonic(), prompt_tokens=len(prompt_ids),
                                  priority=scheduling.priority, tenant=scheduling.tenant,
-                                 lora=scheduling.lora or "")
+                                 lora=scheduling.lora or "",
+                                 pooling=params.pooling.task if params.pooling else "")
         refused = False
         try:
             grammar = front.grammar(rid)

@@ -206,6 +206,16 @@ class HTTPMetrics:
         self.lora_tokens = Counter(f"{PREFIX}_lora_tokens",
                                    "Prompt, cached and generated tokens of finished requests, by "
                                    "LoRA adapter", ["adapter", "kind"], registry=r)
+        # pooling requests (embeddings, classification and rerank scores), by task
+        self.pooling_requests = Counter(f"{PREFIX}_pooling_requests",
+                                        "Finished pooling requests (one per input) by task",
+                                        ["task"], registry=r)
+        self.pooling_tokens = Counter(f"{PREFIX}_pooling_tokens", "Prompt and cached tokens of "
+                                      "finished pooling requests, by task", ["task", "kind"],
+                                      registry=r)
+        self.pooling_time = Histogram(f"{PREFIX}_pooling_seconds", "Pooling requests, "
+                                      "submission to result (seconds)", buckets=E2E_BUCKETS,
+                                      registry=r)
         self._labels: dict[str, set[str]] = {"priority": set(), "tenant": set(), "adapter": set()}
         manager.on_finish(self.record)
 
@@ -236,6 +246,11 @@ class HTTPMetrics:
             self.class_queue_time.labels(priority).observe(m.queue)
         for reason in m.finish_reasons:
             self.finished.labels(reason="error" if reason.startswith("error") else reason).inc()
+        if m.pooling and m.finished is not None and m.finish_reasons == ["length"]:
+            self.pooling_requests.labels(m.pooling).inc()
+            self.pooling_tokens.labels(m.pooling, "prompt").inc(m.prompt_tokens)
+            self.pooling_tokens.labels(m.pooling, "cached").inc(m.cached_tokens)
+            self.pooling_time.observe(m.finished - m.arrival)
         if m.queue is not None and m.prefill is not None:
             self.queue_time.observe(m.queue)
             self.prefill_time.observe(m.prefill)

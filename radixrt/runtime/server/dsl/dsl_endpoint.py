@@ -31,6 +31,7 @@ from radixrt.runtime.server.openai.reasoning_parsers import split_reasoning
 from radixrt.runtime.server.openai.tool_parsers import parse_tool_calls
 from radixrt.runtime.tokenizer.chat_tool_prompts import dsl_chat_info
 from radixrt.runtime.tokenizer.pin_leases import PinService
+from radixrt.runtime.tokenizer.pooling_inputs import embed_params
 from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 
 log = logging.getLogger("radixrt.dsl")
@@ -95,8 +96,8 @@ class DslEndpoint:
                 task = self._calls.get(key)
                 if task is not None:
                     task.cancel()
-            elif req.op in ("info", "generate", "score", "unpin", "renew", "flush_cache",
-                            "token_texts"):
+            elif req.op in ("info", "generate", "score", "embed", "unpin", "renew",
+                            "flush_cache", "token_texts"):
                 handler = getattr(self, f"_{req.op}")
                 task = asyncio.create_task(self._run(handler, identity, req, tenant or ""))
                 self._calls[key] = task
@@ -104,8 +105,8 @@ class DslEndpoint:
             else:
                 await self._reply(identity, DslReply(
                     call_id=req.call_id, done=True,
-                    error=f"unknown op {req.op!r}: use generate, score, unpin, renew, abort, "
-                          "flush_cache, token_texts or info"))
+                    error=f"unknown op {req.op!r}: use generate, score, embed, unpin, renew, "
+                          "abort, flush_cache, token_texts or info"))
 
     def _authorize(self, req: DslRequest) -> tuple[bool, str | None]:
         """(whether the request may run, its tenant: the name of its key, if named)."""
@@ -117,7 +118,7 @@ class DslEndpoint:
         """Run one op; a refusal (ValueError, QueueFull) or a cancel becomes the call's final
         reply."""
         try:
-            if req.op in ("generate", "score"):
+            if req.op in ("generate", "score", "embed"):
                 await handler(identity, req, Scheduling(priority=req.priority, tenant=tenant,
                                                         lora=req.lora))
             else:
@@ -177,6 +178,22 @@ class DslEndpoint:
                                       req.unconditional, prefill_first=self._cache_on,
                                       scheduling=scheduling)
         await self._reply(identity, DslReply(call_id=req.call_id, done=True, choices=choices))
+
+    async def _embed(self, identity: bytes, req: DslRequest, scheduling: Scheduling) -> None:
+        prompt: Any = req.input_ids if req.input_ids is not None else req.text
+        if prompt is None:
+            raise ValueError("give `text` or `input_ids`")
+        ids = self.manager.encode(prompt)
+        params = embed_params(self.manager.pooling, req.dimensions)
+        vector: list[float] = []
+        cached = 0
+        stream = self.manager.generate(ids, params, scheduling=scheduling)
+        async with contextlib.aclosing(stream):
+            async for chunk in stream:
+                vector = chunk.pooled or vector
+                cached = chunk.cached_tokens
+        await self._reply(identity, DslReply(call_id=req.call_id, done=True, embedding=vector,
+                                             prompt_tokens=len(ids), cached_tokens=cached))
 
     async def _generate(self, identity: bytes, req: DslRequest,
                         scheduling: Scheduling) -> None:
