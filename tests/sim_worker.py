@@ -44,6 +44,7 @@ from radixrt.runtime.messages import (
     WorkerRequest,
 )
 from radixrt.runtime.models.lora_format import module_shapes
+from radixrt.runtime.pooling_params import pack_floats
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.scheduler.loop import StepLoop
 from radixrt.runtime.scheduler.planner import POOL_TOO_SMALL as PLANNER_POOL_TOO_SMALL
@@ -58,6 +59,7 @@ SIM_LORA_SHAPES = module_shapes(hidden=8, q_rows=8, kv_rows=4, intermediate=16,
 EOS = 0
 CONTEXT = 256
 MAX_STEPS = 3000
+POOL_MODULUS = 1_000_003  # a pooled "vector": the prompt's last prefix hash, mod this
 SAMPLED = -1.0  # logprob the simulated sampler reports (forced tokens: 0.0)
 SCORED = -2.0  # logprob of a token scored, not sampled (the scheduler must skip that result)
 JUMP = "sim-jf-"  # regex prefix marking a constrained request; the digit is its forcing density
@@ -142,7 +144,9 @@ def oracle_logprobs(
     prompt: list[int], params: SamplingParams, seed_offset: int, seed: int = BASE_SEED
 ) -> tuple[list[int], str, list[float]]:
     """What sample `seed_offset` of `prompt` must produce (tokens, finish reason, logprobs: 0.0
-    where forced), computed without a scheduler."""
+    where forced), computed without a scheduler. max_tokens 0 (prefill only): nothing."""
+    if params.max_tokens == 0:
+        return [], "length", []
     ids, lps = list(prompt), []
     hashes: list[int] = []
     while True:
@@ -162,6 +166,10 @@ def oracle_logprobs(
                 return ids[len(prompt) :], reason, lps
 
 
+def pooled_value(last_hash: int) -> bytes:
+    return pack_floats([float(last_hash % POOL_MODULUS)])
+
+
 def oracle(prompt: list[int], params: SamplingParams, seed_offset: int) -> tuple[list[int], str]:
     return oracle_logprobs(prompt, params, seed_offset)[:2]
 
@@ -178,6 +186,7 @@ class SimState:
     forced_at: int = -1  # where the last forced chain starts, until the request's next run
     seed: int = BASE_SEED  # its LoRA adapter's (lora_seed)
     lora: str | None = None  # its LoRA adapter's key
+    pooled_rows: int = 0  # a pooling request: the prompt rows this state computed
 
     def expected(self, end: int) -> list[int]:
         """The KV content positions 0 .. end-1 must hold."""
@@ -352,7 +361,9 @@ class SimWorker:
             if run.sample and end < len(state.token_ids):  # planned before a jump-forward
                 assert end == state.forced_at and not run.fork_into, f"run of {run.rid}: known"
             else:
-                assert run.sample == (end == len(state.token_ids)), f"{run.rid}: sample flag"
+                reaches = end == len(state.token_ids)  # prefill only (max_tokens 0): no sample
+                assert run.sample == (reaches and state.params.max_tokens != 0), (
+                    f"{run.rid}: sample flag")
             assert not run.fork_into or run.sample
             for slot in run.new_slots:
                 assert 0 <= slot < self.num_slots, f"run of {run.rid}: slot {slot} out of range"
@@ -407,6 +418,19 @@ class SimWorker:
         self.produced[rid] += [TokenLogprob(t, 0.0) for t in forced]
         return forced
 
+    def _pooled(self, run: Run, state: SimState, whole_prompt: bool) -> list[RunResult]:
+        """A pooling request: no sampling; its prompt's end returns the pooled "vector" (the
+        last prefix hash), and a mean / CLS pooling must have computed every row itself."""
+        assert not run.sample and not run.draft and not run.fork_into, f"{run.rid} samples"
+        state.pooled_rows += run.num_new
+        if run.start + run.num_new < state.prompt_len:
+            return []
+        if whole_prompt:
+            assert state.pooled_rows == state.prompt_len, (
+                f"{run.rid}: pooled {state.pooled_rows} of {state.prompt_len} rows (a cached "
+                "prefix skipped rows that mean / CLS pooling reads)")
+        return [RunResult(run.rid, pooled=pooled_value(state.hashes[state.prompt_len - 1]))]
+
     def _verify(self, run: Run, state: SimState, prompt: list[TokenLogprob]) -> RunResult:
         """Speculative decoding, as the worker verifies (worker/draft_verifier.py), written anew:
         sample after the last known token and after each drafted one while the samples match the
@@ -448,6 +472,9 @@ class SimWorker:
                          accepted=tokens[:-1])
 
     def _results(self, run: Run, state: SimState) -> list[RunResult]:
+        pooling = state.params.pooling
+        if pooling is not None:
+            return self._pooled(run, state, pooling.whole_prompt)
         prompt: list[TokenLogprob] = []
         if run.prompt_logprob_from >= 0:
             first = max(run.start, run.prompt_logprob_from - 1)
@@ -756,6 +783,9 @@ def check_outputs(sim: Sim, arrivals: Sequence[Arrival], top: list[Request]) -> 
             if sample is not req and got_reason.startswith("error"):
                 assert TOLERATE_POOL_TOO_SMALL and got_reason == POOL_TOO_SMALL, got_reason
             check_sample(sim, sample, list(a.prompt), a.params, i)
+        if a.params.pooling is not None and reason == "length":
+            want = pooled_value(prefix_hashes(list(a.prompt), [], lora_seed(req.lora))[-1])
+            assert req.pooled == want, f"request {req.rid}: pooled {req.pooled!r} != {want!r}"
         start = a.params.prompt_logprobs_start
         stale = TOLERATE_STALE_PROMPT_LOGPROBS and sim.overlap and req.num_preemptions
         if start is not None and reason in ("length", "stop", "forked") and not stale:

@@ -300,6 +300,9 @@ class SamplingParams(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         given = [n for n in CONSTRAINT_FIELDS if getattr(self, n) is not None]
         if given:
             raise ValueError(f"a pooling request generates nothing: {given[0]} does not apply")
+        if self.prompt_logprobs_start is not None:
+            raise _bad("prompt_logprobs_start", self.prompt_logprobs_start, "must be None for a "
+                       "pooling request (it returns a vector or scores)")
 
     @property
     def constraint(self) -> tuple[str, str | tuple[str, ...]] | None:

@@ -51,6 +51,8 @@ def test_a_pooling_request_generates_nothing() -> None:
         SamplingParams(max_tokens=0, n=2, pooling=spec)
     with pytest.raises(ValueError, match="regex does not apply"):
         SamplingParams(max_tokens=0, regex="a+", pooling=spec)
+    with pytest.raises(ValueError, match="prompt_logprobs_start=0 is invalid: must be None"):
+        SamplingParams(max_tokens=0, prompt_logprobs_start=0, pooling=spec)
 
 
 def test_pooling_params_travel_typed() -> None:

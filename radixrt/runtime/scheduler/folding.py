@@ -58,13 +58,17 @@ class ResultFolder:
             if req is None or step.is_stale(req):
                 continue  # gone, or recomputed since: this run's results are stale
             res = by_rid.get(run.rid)
+            reaches_end = run.start + run.num_new == req.num_tokens
             if req.phase is Phase.SWAPPED and run.prompt_logprob_from >= 0 and res is not None:
                 req.prompt_logprobs.extend(res.prompt_logprobs)  # its KV was kept
+            if req.phase is Phase.SWAPPED and reaches_end and req.max_tokens == 0:
+                # prefill only, swapped out while its last chunk ran (overlap): it is done
+                self._end_prefill(req, res)
+                touched.append(req)
                 continue
             if req.phase is not Phase.RUNNING:
                 continue
             self.stats.computed_tokens += run.num_new
-            reaches_end = run.start + run.num_new == req.num_tokens
             if run.prompt_logprob_from >= 0 and res is not None:
                 req.prompt_logprobs.extend(res.prompt_logprobs)
                 req.prompt_logprobs_done = reaches_end
@@ -85,11 +89,8 @@ class ResultFolder:
                 if self._append(req, res.token) or self._append_forced(req, res.forced, in_flight):
                     continue  # finished (and released)
             if reaches_end and req.max_tokens == 0:  # prefill only: its prompt is computed
-                if res is not None and res.pooled:
-                    req.pooled = res.pooled
-                    self.stats.pooled_requests += 1
+                self._end_prefill(req, res)  # into the radix tree (and pinned, if asked)
                 touched.append(req)
-                table.end(req, "length")  # into the radix tree (and pinned, if asked)
                 continue
             if run.known_end - run.start > 1 or not run.sample:  # not a (drafted) decode
                 # share the computed prompt from the next step on
@@ -97,6 +98,13 @@ class ResultFolder:
                 if shared:
                     table.mark_for_dedupe(req.rid, shared)
         return touched
+
+    def _end_prefill(self, req: Request, res: RunResult | None) -> None:
+        """A prefill-only request's prompt is computed: it ends, with its pooled output."""
+        if res is not None and res.pooled:
+            req.pooled = res.pooled
+            self.stats.pooled_requests += 1
+        self.table.end(req, "length")
 
     def _append(self, req: Request, token: TokenLogprob) -> bool:
         """The sampled token replaces the oldest placeholder. True if the request finished."""

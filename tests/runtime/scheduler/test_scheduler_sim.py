@@ -40,11 +40,14 @@ from sim_worker import (
 )
 
 from radixrt.runtime.messages import Scheduling, StepPlan, StepResult
+from radixrt.runtime.pooling_params import Pooling
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.scheduler.request import Phase, Request
 
 # --- strategies --------------------------------------------------------------------------------
 prompt_tokens = st.integers(1, 8)
+POOLINGS = (Pooling("embed"), Pooling("embed", mode="mean"), Pooling("embed", mode="cls"),
+            Pooling("classify", label_tokens=(1, 2)))
 
 
 @st.composite
@@ -67,6 +70,10 @@ def request_sets(draw: st.DrawFn, max_requests: int = 10, min_requests: int = 2)
             prompt_logprobs_start=draw(st.none() | st.integers(0, 12)),
             regex=regex,
         )
+        # pooling requests (embeddings, scores): prefill only; mean pooling reads every row
+        pooling = draw(st.sampled_from([None] * 6 + list(POOLINGS)))
+        if pooling is not None:
+            params = SamplingParams(max_tokens=0, pooling=pooling)
         scheduling = Scheduling(priority=draw(st.sampled_from([0, 0, 0, 1, -1])),
                                 tenant=draw(st.sampled_from(["", "", "a", "b"])),
                                 lora=draw(st.sampled_from([None, None, *LORA_NAMES])))
