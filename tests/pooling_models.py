@@ -2,8 +2,8 @@
 downloaded), with the default model's tokenizer beside them and, for the embedders,
 sentence-transformers' files: two embedders (Qwen2 last-token normalized, Llama mean), two
 classifiers (Qwen2 of three labels, a Llama of one label: a reward model / cross-encoder whose
-tokenizer has no chat template, as sentence-transformers then tokenizes text pairs) and a Qwen3
-language model that reranks by its yes/no tokens."""
+tokenizer has no chat template, as sentence-transformers then tokenizes text pairs), a Qwen3
+reward model and a Qwen3 language model that reranks by its yes/no tokens."""
 
 from __future__ import annotations
 
@@ -28,6 +28,8 @@ POOLING_MODELS: dict[str, tuple[str, str, int, dict[str, Any]]] = {
     "qwen2-classify": ("Qwen2Config", "Qwen2ForSequenceClassification", 3,
                        dict(num_labels=3, id2label={0: "neg", 1: "neutral", 2: "pos"})),
     "llama-reward": ("LlamaConfig", "LlamaForSequenceClassification", 4, dict(num_labels=1)),
+    "qwen3-reward": ("Qwen3Config", "Qwen3ForSequenceClassification", 6,
+                     dict(num_labels=1, head_dim=16)),
     "qwen3-rerank": ("Qwen3Config", "Qwen3ForCausalLM", 5, dict(head_dim=16)),
 }
 NO_CHAT_TEMPLATE = ("llama-reward",)

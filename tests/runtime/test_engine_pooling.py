@@ -18,7 +18,11 @@ from tiny_models import TINY
 from radixrt import Engine, SamplingParams
 from radixrt.runtime.models import load_model
 from radixrt.runtime.pooling_params import Pooling
-from radixrt.runtime.tokenizer.pooling_inputs import DEFAULT_RERANK_INSTRUCTION, RERANK_SYSTEM
+from radixrt.runtime.tokenizer.pooling_inputs import (
+    DEFAULT_RERANK_INSTRUCTION,
+    RERANK_SYSTEM,
+    embed_params,
+)
 
 pytestmark = pytest.mark.model
 
@@ -114,7 +118,7 @@ def test_embeddings_share_a_prefix_and_cut_dimensions(models: dict[str, Path],
         e.close()
 
 
-@pytest.mark.parametrize("name", ["qwen2-classify", "llama-reward"])
+@pytest.mark.parametrize("name", ["qwen2-classify", "llama-reward", "qwen3-reward"])
 def test_classifier_and_reward_heads_equal_transformers(models: dict[str, Path],
                                                         name: str, tokenizer: Any) -> None:
     """A *ForSequenceClassification checkpoint: its head at the last token; probabilities over
@@ -131,6 +135,7 @@ def test_classifier_and_reward_heads_equal_transformers(models: dict[str, Path],
         e = engine(models[name], **options)
         try:
             assert e.pooling.task == ("classify" if name == "qwen2-classify" else "reward")
+            assert e.pooling.generates is False
             got = e.classify(TEXTS)
             for g, r in zip(got, refs, strict=True):
                 assert torch.allclose(torch.tensor(g), r, atol=SCORE), (g, r)
@@ -193,6 +198,41 @@ def test_yes_no_reranker_equals_transformers(models: dict[str, Path], tokenizer:
             e.check_integrity()
         finally:
             e.close()
+
+
+def test_pooling_and_generation_share_steps(models: dict[str, Path]) -> None:
+    """Embeddings and a generation submitted together run in the same forward passes (fewer
+    steps than one after the other); each equals what it gives alone."""
+    e = engine(models["qwen2-embed"], max_num_batched_tokens=32)
+    try:
+        params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+
+        def steps() -> int:
+            return int(e.stats()["steps"])
+
+        before = steps()
+        alone_text = e.generate(TEXTS[1], params)[0].token_ids
+        gen_steps = steps() - before
+        alone_vecs = e.embed(TEXTS)
+        pool_steps = steps() - before - gen_steps
+        e.flush_cache()
+        before = steps()
+        rids = [e.submit(TEXTS[1], params)] + [e.submit(t, embed_params(e.pooling))
+                                               for t in TEXTS]
+        outs: dict[int, Any] = {}
+        while len(outs) < len(rids):
+            e.step()
+            for rid in rids:
+                out = None if rid in outs else e.take_output(rid)
+                if out is not None:
+                    outs[rid] = out
+        assert steps() - before < gen_steps + pool_steps, (steps() - before, gen_steps,
+                                                           pool_steps)
+        assert outs[rids[0]].token_ids == alone_text
+        assert_close_vectors([outs[r].pooled for r in rids[1:]], torch.tensor(alone_vecs))
+        e.check_integrity()
+    finally:
+        e.close()
 
 
 def test_requests_the_model_cannot_answer_are_refused(models: dict[str, Path]) -> None:

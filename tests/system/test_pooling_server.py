@@ -1,5 +1,6 @@
 """`radixrt serve --task rerank` on the default model, as users call it: the official openai
-client's embeddings.create (float and base64) and a Cohere-shaped rerank against transformers
+client's embeddings.create (float and base64), LangChain's OpenAIEmbeddings and a Cohere-shaped
+rerank against transformers
 on the same GGUF weights, the DSL's rx.embed over ZeroMQ and over HTTP, generation from the same
 server, and the pooling figures on /metrics."""
 
@@ -74,6 +75,18 @@ def test_openai_client_embeddings_equal_transformers(server: Server, hf_model: A
     # generation from the same server and weights
     out = client.completions.create(model="default", prompt="Hello", max_tokens=4)
     assert out.usage.completion_tokens == 4
+
+
+def test_langchain_openai_embeddings(server: Server, hf_model: Any, tokenizer: Any) -> None:
+    """LangChain's OpenAIEmbeddings pointed at the server (token-length checks off: they need
+    tiktoken's files from the network)."""
+    from langchain_openai import OpenAIEmbeddings
+
+    emb = OpenAIEmbeddings(model="default", base_url=f"{server.url}/v1", api_key=API_KEY,
+                           check_embedding_ctx_length=False, max_retries=0)
+    docs = emb.embed_documents(TEXTS)
+    assert all(close(d, hf_embedding(hf_model, tokenizer, t)) for d, t in zip(docs, TEXTS))
+    assert close(emb.embed_query(QUERY), hf_embedding(hf_model, tokenizer, QUERY))
 
 
 def test_rerank_equals_transformers_yes_no(server: Server, hf_model: Any,

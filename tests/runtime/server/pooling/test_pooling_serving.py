@@ -1,7 +1,7 @@
 """The pooling surface over HTTP (an Engine served in-process): the official openai client's
-embeddings.create (float and base64), LangChain's OpenAIEmbeddings, the Cohere / Jina rerank
-shape, vLLM's /classify and SGLang's reward scoring; every bad input a 4xx that names the
-problem, after which the server goes on serving."""
+embeddings.create (float and base64), the Cohere / Jina rerank shape, vLLM's /classify and
+SGLang's reward scoring; every bad input a 4xx that names the problem, after which the server
+goes on serving."""
 
 from __future__ import annotations
 
@@ -77,16 +77,6 @@ def test_openai_client_embeddings(served: dict) -> None:
                               encoding_format="float")
     expect = torch.nn.functional.normalize(ref[:, :8], dim=-1)
     assert torch.allclose(torch.tensor([d.embedding for d in cut.data]), expect, atol=1e-5)
-
-
-def test_langchain_openai_embeddings(served: dict) -> None:
-    from langchain_openai import OpenAIEmbeddings
-
-    emb = OpenAIEmbeddings(model="tiny-embed", base_url=f"{served['urls']['qwen2-embed']}/v1",
-                           api_key="unused", check_embedding_ctx_length=False, max_retries=0)
-    ref = torch.tensor(served["refs"]["embed"])
-    assert torch.allclose(torch.tensor(emb.embed_documents(TEXTS)), ref, atol=1e-5)
-    assert torch.allclose(torch.tensor(emb.embed_query(TEXTS[1])), ref[1], atol=1e-5)
 
 
 def test_rerank_in_the_cohere_and_jina_shape(served: dict) -> None:
