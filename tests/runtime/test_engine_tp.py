@@ -17,6 +17,7 @@ import pytest
 
 from radixrt import Engine, SamplingParams
 from radixrt.runtime.messages import TokenLogprob
+from radixrt.runtime.pooling_params import Pooling
 
 pytestmark = pytest.mark.slow  # starts follower processes
 
@@ -130,6 +131,23 @@ def test_forced_preemption(engines):
     if engines[1].config.preemption == "swap":
         assert stats["swaps"] > 0
     assert_same_outputs(ref, tp)
+
+
+def test_pooling_requests(engines):
+    """Embeddings (last token, every rank's full hidden state) and an LM head's label-token
+    logits (the rerank form: the vocabulary gathered over the ranks) equal tp 1's, a cached
+    prefix included."""
+    ref, tp = engines
+    prompts = [SHARED + "What color is the sky?", SHARED + "When does water boil?"]
+    for engine in engines:
+        engine.generate(prompts[:1], GREEDY.with_(max_tokens=1, prompt_logprobs_start=None))
+    want, got = ref.embed(prompts), tp.embed(prompts)
+    for w, g in zip(want, got, strict=True):
+        assert max(abs(a - b) for a, b in zip(w, g, strict=True)) < TOLERANCE
+    labels = SamplingParams(max_tokens=0, pooling=Pooling("classify", label_tokens=(5, 700)))
+    want, got = (e.generate(prompts, labels) for e in engines)
+    for w, g in zip(want, got, strict=True):
+        assert g.pooled == pytest.approx(w.pooled, abs=TOLERANCE) and len(g.pooled) == 2
 
 
 def test_n2_with_a_seed_and_a_regex(engines):
