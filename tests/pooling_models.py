@@ -1,6 +1,7 @@
 """Tiny random-weight pooling checkpoints built with transformers' own classes (nothing is
 downloaded), with the default model's tokenizer beside them and, for the embedders,
-sentence-transformers' files: two embedders (Qwen2 last-token normalized, Llama mean), two
+sentence-transformers' files: three embedders (Qwen2 last-token normalized, Llama mean, Qwen3
+CLS normalized), two
 classifiers (Qwen2 of three labels, a Llama of one label: a reward model / cross-encoder whose
 tokenizer has no chat template, as sentence-transformers then tokenizes text pairs), a Qwen3
 reward model and a Qwen3 language model that reranks by its yes/no tokens."""
@@ -25,6 +26,7 @@ NORMALIZE = {"idx": 2, "name": "2", "path": "2_Normalize",
 POOLING_MODELS: dict[str, tuple[str, str, int, dict[str, Any]]] = {
     "qwen2-embed": ("Qwen2Config", "Qwen2ForCausalLM", 1, {}),
     "llama-mean": ("LlamaConfig", "LlamaForCausalLM", 2, {}),
+    "qwen3-cls": ("Qwen3Config", "Qwen3ForCausalLM", 7, dict(head_dim=16)),
     "qwen2-classify": ("Qwen2Config", "Qwen2ForSequenceClassification", 3,
                        dict(num_labels=3, id2label={0: "neg", 1: "neutral", 2: "pos"})),
     "llama-reward": ("LlamaConfig", "LlamaForSequenceClassification", 4, dict(num_labels=1)),
@@ -33,7 +35,8 @@ POOLING_MODELS: dict[str, tuple[str, str, int, dict[str, Any]]] = {
     "qwen3-rerank": ("Qwen3Config", "Qwen3ForCausalLM", 5, dict(head_dim=16)),
 }
 NO_CHAT_TEMPLATE = ("llama-reward",)
-SENTENCE_TRANSFORMERS = {"qwen2-embed": ("lasttoken", True), "llama-mean": ("mean", False)}
+SENTENCE_TRANSFORMERS = {"qwen2-embed": ("lasttoken", True), "llama-mean": ("mean", False),
+                         "qwen3-cls": ("cls", True)}
 
 
 def build_pooling_model(name: str, folder: Path, tokenizer: Any) -> Any:

@@ -24,8 +24,12 @@ from radixrt.runtime.scheduler.intake import SchedulerIntake
 from radixrt.runtime.scheduler.loop import StepLoop
 from radixrt.runtime.scheduler.scheduler import Scheduler
 from radixrt.runtime.tokenizer.pooling_inputs import (
+    MAX_POOLING_INPUTS,
+    check_count,
+    check_total,
     class_probs,
     embed_params,
+    pooled_result,
     rerank_ids,
     rerank_score,
     score_params,
@@ -264,24 +268,39 @@ class Engine:
         """One embedding per input (text or token ids): the model's pooling of its final
         hidden states, cut to `dimensions`, unit length unless normalize=False (the default is
         the checkpoint's)."""
-        params = embed_params(self.pooling, dimensions, normalize)
-        return [out.pooled for out in self.generate(inputs, params)]
+        return self._pool(inputs, embed_params(self.pooling, dimensions, normalize))
 
     def rerank(self, query: str, documents: Sequence[str],
                instruction: str | None = None) -> list[float]:
         """Each document's relevance to the query in [0, 1], in the documents' order (a
         cross-encoder, or a language model served with task="rerank")."""
         ids = rerank_ids(self.tokenizer, self.pooling, query, documents, instruction)
-        outs = self.generate(ids, score_params(self.pooling)) if ids else []
-        return [rerank_score(self.pooling, out.pooled) for out in outs]
+        return [rerank_score(self.pooling, logits)
+                for logits in self._pool(ids, score_params(self.pooling))]
 
     def classify(self, inputs: Prompt | Sequence[Prompt]) -> list[list[float]]:
         """Per input, the classification head's probabilities over its labels
-        (`pooling.labels`); a head of one label (a reward model): its raw score."""
-        outs = self.generate(inputs, score_params(self.pooling))
-        if self.pooling.num_labels == 1:
-            return [out.pooled for out in outs]
-        return [class_probs(out.pooled) for out in outs]
+        (`pooling.labels`; a head of one label: its sigmoid)."""
+        return [class_probs(logits)
+                for logits in self._pool(inputs, score_params(self.pooling))]
+
+    def reward(self, inputs: Prompt | Sequence[Prompt]) -> list[float]:
+        """Per input, a reward model's score: the raw logit of its one-label head."""
+        if self.pooling.num_labels != 1:
+            raise ValueError(f"reward reads a head of one label; this model has "
+                             f"{self.pooling.num_labels} (use classify)")
+        return [logits[0] for logits in self._pool(inputs, score_params(self.pooling))]
+
+    def _pool(self, inputs: Prompt | Sequence[Prompt],
+              params: SamplingParams) -> list[list[float]]:
+        """Run pooling requests, bounded as over HTTP; each one's vector or logits, or
+        ValueError naming the input that ended without (PoolingAborted if aborted)."""
+        batch = [inputs] if is_single_prompt(inputs) else list(inputs)  # type: ignore[list-item]
+        check_count(len(batch), MAX_POOLING_INPUTS, "inputs")
+        ids = [self.front.encode(p) for p in batch]
+        check_total(ids)
+        outs = self.generate(ids, params)
+        return [pooled_result(out.pooled, out.finish_reason, i) for i, out in enumerate(outs)]
 
     async def generate_stream(
         self, prompt: Prompt, params: SamplingParams | None = None, pin: bool = False,

@@ -17,12 +17,9 @@ from tiny_models import TINY
 
 from radixrt import Engine, SamplingParams
 from radixrt.runtime.models import load_model
+from radixrt.runtime.models.pooling_config import DEFAULT_RERANK_INSTRUCTION, RERANK_SYSTEM
 from radixrt.runtime.pooling_params import Pooling
-from radixrt.runtime.tokenizer.pooling_inputs import (
-    DEFAULT_RERANK_INSTRUCTION,
-    RERANK_SYSTEM,
-    embed_params,
-)
+from radixrt.runtime.tokenizer.pooling_inputs import embed_params
 
 pytestmark = pytest.mark.model
 
@@ -33,6 +30,9 @@ TEXTS = ["The cat sat on the mat.",
          "A short one.",
          "Retrieval first embeds the documents, then the query, then compares them all."]
 QUERY = "Which animal sat on the mat?"
+INSTRUCTION = ("Instruct: represent this passage so that a later search finds it when a question "
+               "it answers comes; keep what it says about who, what, where and when, and leave "
+               "out its style. Passage: ")  # past the in-batch minimum (32 tokens)
 LONG_QUERY = ("It was a quiet afternoon, the house was warm, and everyone in it had a favourite "
               "place to rest by the window or the fire. " + QUERY)  # past the in-batch minimum
 DOCS = ["The cat sat on the mat all afternoon.", "Stock prices fell on Tuesday.",
@@ -45,8 +45,8 @@ def models(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any) -> dict[str
 
 
 def engine(folder: Path, **options: Any) -> Engine:
-    return Engine(load_model(str(folder)), check_integrity=True, max_total_tokens=4096,
-                  task=options.pop("task", "auto"), **options)
+    options = {"check_integrity": True, "max_total_tokens": 4096, **options}
+    return Engine(load_model(str(folder)), **options)
 
 
 def st_embeddings(folder: Path, texts: list[str]) -> torch.Tensor:
@@ -65,15 +65,16 @@ def assert_close_vectors(got: list[list[float]], ref: torch.Tensor) -> None:
                                                                           ref.norm(dim=-1))
 
 
-@pytest.mark.parametrize("name", ["qwen2-embed", "llama-mean"])
+@pytest.mark.parametrize("name", ["qwen2-embed", "llama-mean", "qwen3-cls"])
 def test_embeddings_equal_sentence_transformers(models: dict[str, Path], name: str) -> None:
-    """Last-token (normalized) and mean (not normalized) pooling as the checkpoint's
-    sentence-transformers files say: alone, batched, and in 16-token prefill chunks."""
+    """Last-token (normalized), mean (not normalized) and CLS (normalized) pooling as the
+    checkpoint's sentence-transformers files say: alone, batched, in 16-token prefill chunks."""
     ref = st_embeddings(models[name], TEXTS)
     for options in ({}, {"max_num_batched_tokens": 16}):
         e = engine(models[name], **options)
         try:
-            assert e.pooling.mode == ("last" if name == "qwen2-embed" else "mean")
+            assert e.pooling.mode == {"qwen2-embed": "last", "llama-mean": "mean",
+                                      "qwen3-cls": "cls"}[name]
             assert_close_vectors([e.embed(TEXTS[0])[0]], ref[:1])
             assert_close_vectors(e.embed(TEXTS), ref)
             # again: last-token pooling reads the cached prompt (all but its last token);
@@ -89,9 +90,7 @@ def test_embeddings_share_a_prefix_and_cut_dimensions(models: dict[str, Path],
     """Documents behind one instruction: the instruction is computed once (the radix tree),
     the vectors equal sentence-transformers'; Matryoshka `dimensions` cuts, then normalizes;
     normalize=False gives the raw pooled state; token ids are taken as they are."""
-    instruction = ("Instruct: represent this passage so that a later search finds it when a "
-                   "question it answers comes; keep what it says about who, what, where and "
-                   "when, and leave out its style. Passage: ")
+    instruction = INSTRUCTION
     texts = [instruction + t for t in TEXTS]
     ref = st_embeddings(models["qwen2-embed"], texts)
     e = engine(models["qwen2-embed"])
@@ -122,7 +121,8 @@ def test_embeddings_share_a_prefix_and_cut_dimensions(models: dict[str, Path],
 def test_classifier_and_reward_heads_equal_transformers(models: dict[str, Path],
                                                         name: str, tokenizer: Any) -> None:
     """A *ForSequenceClassification checkpoint: its head at the last token; probabilities over
-    three labels, or a reward model's raw score; it does not generate (a clear refusal)."""
+    three labels (softmax), or over one (sigmoid) and a reward model's raw score; it does not
+    generate (a clear refusal)."""
     from transformers import AutoModelForSequenceClassification
 
     ref_model = AutoModelForSequenceClassification.from_pretrained(str(models[name])).eval()
@@ -130,7 +130,7 @@ def test_classifier_and_reward_heads_equal_transformers(models: dict[str, Path],
     for text in TEXTS:
         with torch.no_grad():
             logits = ref_model(torch.tensor([tokenizer.encode(text)])).logits[0].float()
-        refs.append(logits.softmax(-1) if logits.numel() > 1 else logits)
+        refs.append(logits)
     for options in ({}, {"max_num_batched_tokens": 16}):
         e = engine(models[name], **options)
         try:
@@ -138,9 +138,15 @@ def test_classifier_and_reward_heads_equal_transformers(models: dict[str, Path],
             assert e.pooling.generates is False
             got = e.classify(TEXTS)
             for g, r in zip(got, refs, strict=True):
-                assert torch.allclose(torch.tensor(g), r, atol=SCORE), (g, r)
+                want = r.softmax(-1) if r.numel() > 1 else r.sigmoid()
+                assert torch.allclose(torch.tensor(g), want, atol=SCORE), (g, r)
             alone = e.classify(TEXTS[2])[0]  # alone, on its cached prompt
             assert alone == pytest.approx(got[2], abs=1e-5)
+            if len(refs[0]) == 1:
+                assert e.reward(TEXTS) == pytest.approx([r.item() for r in refs], abs=SCORE)
+            else:
+                with pytest.raises(ValueError, match="reward reads a head of one label"):
+                    e.reward(TEXTS)
             with pytest.raises(ValueError, match="no LM head"):
                 e.generate("Hello", SamplingParams(max_tokens=4))
             e.check_integrity()
@@ -198,6 +204,35 @@ def test_yes_no_reranker_equals_transformers(models: dict[str, Path], tokenizer:
             e.check_integrity()
         finally:
             e.close()
+
+
+def test_mean_pooling_inputs_behind_one_prefix_share_a_step(models: dict[str, Path]) -> None:
+    """Mean pooling computes every prompt whole, so nothing waits for a shared prefix another
+    request computes (the tree could not give it those rows): one step for all of them."""
+    e = engine(models["llama-mean"])
+    try:
+        before = e.stats()["steps"]
+        e.embed([INSTRUCTION + t for t in TEXTS])
+        assert e.stats()["steps"] - before == 1
+    finally:
+        e.close()
+
+
+def test_an_input_that_cannot_run_names_itself(models: dict[str, Path]) -> None:
+    """An input the pool can never hold ends the call with a ValueError naming it; the bounds
+    on the inputs hold in the Engine as over HTTP; the engine goes on serving."""
+    e = engine(models["qwen2-embed"], max_total_tokens=64)
+    try:
+        with pytest.raises(ValueError, match="input 1 ended without a result"):
+            e.embed(["short", "long " * 150])
+        with pytest.raises(ValueError, match="inputs is empty"):
+            e.embed([])
+        with pytest.raises(ValueError, match="at most 2048 per request"):
+            e.embed(["x"] * 2049)
+        assert len(e.embed("short")[0]) == TINY["hidden_size"]
+        e.check_integrity()
+    finally:
+        e.close()
 
 
 def test_pooling_and_generation_share_steps(models: dict[str, Path]) -> None:

@@ -16,7 +16,7 @@ import torch
 from test_server import API_KEY, Server, free_port
 
 import radixrt as rx
-from radixrt.runtime.tokenizer.pooling_inputs import DEFAULT_RERANK_INSTRUCTION, RERANK_SYSTEM
+from radixrt.runtime.models.pooling_config import DEFAULT_RERANK_INSTRUCTION, RERANK_SYSTEM
 
 pytestmark = pytest.mark.slow  # a server as real processes
 

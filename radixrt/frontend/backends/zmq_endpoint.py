@@ -129,6 +129,8 @@ class ZmqRuntimeEndpoint:
                                                        priority=priority))
 
     def _embedded(self, reply: Any) -> list[float]:
+        if not reply.embedding:
+            raise BackendError(f"embed ended without a vector ({reply.finish_reason})")
         self.token_usage.add(reply.prompt_tokens, 0, reply.cached_tokens)  # a prefill
         return list(reply.embedding)
 

@@ -47,6 +47,7 @@ class LoadedModel:
     tokenizer: Any | None  # a transformers tokenizer, or None (dummy weights without tokenizer)
     model_path: str  # the checkpoint folder (for GGUF: the folder holding the file)
     gguf_file: str | None  # file name inside model_path, or None for HF folders
+    gguf_pooling: int | None = None  # a GGUF file's `{arch}.pooling_type`, where it has one
 
 
 def default_model_path() -> tuple[str, str]:
@@ -117,7 +118,9 @@ def load_model(
                    else iter_gguf_weights(gf, config))
         packed = weight_format_for(weight_format, gf, dev, torch_dtype, load_format) == "packed"
         net = _build(config, torch_dtype, dev, attention_backend, weights, tp, packed)
-        return LoadedModel(net, config, load_gguf_tokenizer(path), folder, fname)
+        arch = gf.metadata.get("general.architecture")
+        return LoadedModel(net, config, load_gguf_tokenizer(path), folder, fname,
+                           gf.metadata.get(f"{arch}.pooling_type"))
 
     if weight_format == "packed" and quantization is None:
         raise ValueError("weight_format='packed' keeps a GGUF file's quantized blocks; "

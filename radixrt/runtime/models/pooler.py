@@ -30,7 +30,7 @@ class PoolState:
             self.total = part if self.total is None else self.total + part
             self.count += rows.shape[0]
         elif self.spec.mode == "cls" and start == 0:
-            self.first = rows[0].float()
+            self.first = rows[0].float().clone()  # not a view: the step's hidden states go
 
     def pooled(self, last_row: Tensor) -> Tensor:
         """The pooled vector [hidden] float32, once the prompt's last row (last_row) is known."""

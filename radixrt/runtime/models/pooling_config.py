@@ -29,20 +29,29 @@ from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.pooling_params import MODEL_TASKS, PoolingInfo
 
 RERANK_WORDS = ("no", "yes")  # an LM reranker's labels: P(yes) against P(no)
+RERANK_SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the '
+                 'Instruct provided. Note that the answer can only be "yes" or "no".')
+DEFAULT_RERANK_INSTRUCTION = ("Given a web search query, retrieve relevant passages that "
+                              "answer the query")
 _ST_MODES = {"lasttoken": "last", "mean": "mean", "cls": "cls"}
 _ST_FLAGS = {"pooling_mode_lasttoken": "lasttoken", "pooling_mode_mean_tokens": "mean",
              "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max",
              "pooling_mode_mean_sqrt_len_tokens": "mean_sqrt_len_tokens",
              "pooling_mode_weightedmean_tokens": "weightedmean"}
 _ST_PASSIVE = ("Transformer", "Pooling", "Normalize", "Dropout")
+# a GGUF file's `{arch}.pooling_type` (llama.cpp's enum): 1 mean, 2 CLS, 3 last; llama.cpp
+# normalizes embeddings by default. 0 (none) and 4 (rank: a BERT reranker's head) say nothing
+# this decoder serves: the last token then, as without the key
+_GGUF_MODES = {1: "mean", 2: "cls", 3: "last"}
 
 
 def read_pooling_info(folder: str | None, config: ModelConfig, task: str, tokenizer: Any,
-                      generates: bool) -> PoolingInfo:
-    """The model's PoolingInfo; ValueError naming what cannot be served."""
+                      generates: bool, gguf_pooling: int | None = None) -> PoolingInfo:
+    """The model's PoolingInfo (folder: a safetensors checkpoint's, None for a GGUF file, whose
+    `pooling_type` is gguf_pooling); ValueError naming what cannot be served."""
     if task not in MODEL_TASKS:
         raise ValueError(f"task={task!r} is invalid: use one of {list(MODEL_TASKS)}")
-    mode, normalize, has_st = "last", True, False
+    mode, normalize, has_st = _GGUF_MODES.get(gguf_pooling or 0, "last"), True, False
     if folder is not None and os.path.isfile(os.path.join(folder, "modules.json")):
         mode, normalize = _sentence_transformers(folder)
         has_st = True
@@ -64,6 +73,7 @@ def read_pooling_info(folder: str | None, config: ModelConfig, task: str, tokeni
                              f"score); this one has {labels}")
         if not labels:
             rerank_tokens = tuple(_single_token(tokenizer, word) for word in RERANK_WORDS)
+            rerank_prompt(tokenizer, "a query", "a document")  # refused now, not per request
     return PoolingInfo(mode=mode, normalize=normalize, hidden_size=config.hidden_size,
                        num_labels=labels, labels=config.labels, generates=generates,
                        task=task, rerank_tokens=rerank_tokens)
@@ -100,6 +110,28 @@ def _pooling_mode(path: str) -> str:
         raise ValueError(f"{path}: pooling {modes} is not supported; served: one of "
                          f"{sorted(_ST_MODES)}")
     return _ST_MODES[modes[0]]
+
+
+def rerank_prompt(tokenizer: Any, query: str, document: str,
+                  instruction: str | None = None) -> str:
+    """A language model reranker's prompt (Qwen3-Reranker's): a system message asking for yes or
+    no, then the instruction, the query and the document as the user's message, through the
+    chat template with thinking off. A template without a system role (Gemma's) gets the system
+    text at the head of the user's message. ValueError when the template renders neither."""
+    task = DEFAULT_RERANK_INSTRUCTION if instruction is None else instruction
+    body = f"<Instruct>: {task}\n<Query>: {query}\n<Document>: {document}"
+    attempts = ([{"role": "system", "content": RERANK_SYSTEM}, {"role": "user", "content": body}],
+                [{"role": "user", "content": f"{RERANK_SYSTEM}\n\n{body}"}])
+    problem: Exception | None = None
+    for messages in attempts:
+        try:
+            return str(tokenizer.apply_chat_template(messages, tokenize=False,
+                                                     add_generation_prompt=True,
+                                                     enable_thinking=False))
+        except Exception as exc:  # jinja2's TemplateError, a missing template (ValueError)
+            problem = exc
+    raise ValueError(f"task='rerank' writes its prompt with the model's chat template, which "
+                     f"failed: {problem}") from None
 
 
 def _single_token(tokenizer: Any, word: str) -> int:

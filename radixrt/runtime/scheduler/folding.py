@@ -62,7 +62,10 @@ class ResultFolder:
             if req.phase is Phase.SWAPPED and run.prompt_logprob_from >= 0 and res is not None:
                 req.prompt_logprobs.extend(res.prompt_logprobs)  # its KV was kept
             if req.phase is Phase.SWAPPED and reaches_end and req.max_tokens == 0:
-                # prefill only, swapped out while its last chunk ran (overlap): it is done
+                # prefill only, swapped out while its last chunk ran (overlap): it is done,
+                # its KV in host memory (a pin asked for cannot hold it in the tree)
+                if req.pin:
+                    req.pin_error = "its prefix was swapped out as it finished: not pinned"
                 self._end_prefill(req, res)
                 touched.append(req)
                 continue

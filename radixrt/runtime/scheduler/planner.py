@@ -272,8 +272,9 @@ class Planner:
         if self.kv.disable_radix_cache:
             return False
         end = self.kv.match_len(req) + IN_BATCH_PREFIX_MIN
-        if end >= len(req.prompt_ids):
-            return False
+        if end >= len(req.prompt_ids) or end > len(self.kv.match_key(req)):
+            return False  # nothing to gain: the tree could not give it those tokens (mean
+            # pooling, prompt logprobs read rows a match would skip)
         head = req.prompt_ids[:end]
         return any(
             (other.remaining > 1 or other.rid in draft.prefilling

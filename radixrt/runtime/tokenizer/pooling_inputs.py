@@ -7,10 +7,8 @@ prompt starts with the same tokens, which the radix tree computes once.
 
 - a cross-encoder (a classifier of one label): the tokenizer's text pair, as
   sentence-transformers' CrossEncoder tokenizes it; score = sigmoid(logit);
-- a language model served with `--task rerank` (Qwen3-Reranker's form): a system message that
-  asks for "yes" or "no", then `<Instruct>: ...\\n<Query>: ...\\n<Document>: ...` as the user's
-  message, through the chat template with thinking off; score = P(yes) / (P(yes) + P(no)) at
-  the last token.
+- a language model served with `--task rerank` (Qwen3-Reranker's form, models/pooling_config.py
+  `rerank_prompt`); score = P(yes) / (P(yes) + P(no)) at the last token.
 """
 
 from __future__ import annotations
@@ -18,16 +16,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from radixrt.runtime.models.pooling_config import rerank_prompt
 from radixrt.runtime.pooling_params import Pooling, PoolingInfo, sigmoid, softmax
 from radixrt.runtime.sampling_params import SamplingParams
 
 MAX_POOLING_INPUTS = 2048  # texts per embeddings / classify request (OpenAI's bound)
 MAX_RERANK_DOCUMENTS = 2048
 MAX_POOLING_TOKENS = 1 << 20  # tokens of all the inputs of one request together
-RERANK_SYSTEM = ('Judge whether the Document meets the requirements based on the Query and the '
-                 'Instruct provided. Note that the answer can only be "yes" or "no".')
-DEFAULT_RERANK_INSTRUCTION = ("Given a web search query, retrieve relevant passages that "
-                              "answer the query")
+
+
+class PoolingAborted(Exception):
+    """A pooling request was aborted (POST /abort, a client gone) before its result."""
 
 
 def embed_params(info: PoolingInfo, dimensions: int | None = None,
@@ -52,23 +51,25 @@ def score_params(info: PoolingInfo) -> SamplingParams:
 
 def rerank_ids(tokenizer: Any, info: PoolingInfo, query: str, documents: Sequence[str],
                instruction: str | None = None) -> list[list[int]]:
-    """The prompt of each (query, document) pair, the query first."""
+    """The prompt of each (query, document) pair, the query first. Bounded before any pair is
+    built: the documents' count, and the query's tokens times their count."""
     if not info.rerank_tokens and info.num_labels != 1:
         raise ValueError("this model does not rerank: serve a cross-encoder (a classifier of "
                          "one label), or start a language model with --task rerank")
     if tokenizer is None:
         raise ValueError("reranking needs the model's tokenizer")
+    check_count(len(documents), MAX_RERANK_DOCUMENTS, "documents")
+    query_tokens = len(tokenizer.encode(query, add_special_tokens=False))
+    if query_tokens * len(documents) > MAX_POOLING_TOKENS:
+        raise ValueError(f"the query's {query_tokens} tokens repeated for {len(documents)} "
+                         f"documents make more than {MAX_POOLING_TOKENS} tokens: shorten the "
+                         "query or send fewer documents per request")
     if not info.rerank_tokens:
-        return [list(tokenizer(query, doc)["input_ids"]) for doc in documents]
-    task = DEFAULT_RERANK_INSTRUCTION if instruction is None else instruction
-    out = []
-    for doc in documents:
-        messages = [{"role": "system", "content": RERANK_SYSTEM},
-                    {"role": "user",
-                     "content": f"<Instruct>: {task}\n<Query>: {query}\n<Document>: {doc}"}]
-        text = tokenizer.apply_chat_template(messages, tokenize=False,
-                                             add_generation_prompt=True, enable_thinking=False)
-        out.append(list(tokenizer.encode(text, add_special_tokens=False)))
+        out = [list(tokenizer(query, doc)["input_ids"]) for doc in documents]
+    else:
+        out = [list(tokenizer.encode(rerank_prompt(tokenizer, query, doc, instruction),
+                                     add_special_tokens=False)) for doc in documents]
+    check_total(out, "query and documents")
     return out
 
 
@@ -82,6 +83,23 @@ def rerank_score(info: PoolingInfo, logits: Sequence[float]) -> float:
 def class_probs(logits: Sequence[float]) -> list[float]:
     """A classifier's probabilities over its labels (one label: its sigmoid)."""
     return [sigmoid(logits[0])] if len(logits) == 1 else softmax(logits)
+
+
+def check_count(count: int, limit: int, what: str) -> None:
+    if not count:
+        raise ValueError(f"{what} is empty: give at least one")
+    if count > limit:
+        raise ValueError(f"{what} has {count} entries: at most {limit} per request; split them")
+
+
+def pooled_result(pooled: Sequence[float], finish_reason: str | None, index: int) -> list[float]:
+    """The vector or logits of input `index`'s finished request: PoolingAborted when it was
+    aborted, ValueError when it ended otherwise without one (refused: the pool too small...)."""
+    if finish_reason == "length" and pooled:
+        return list(pooled)
+    if finish_reason == "abort":
+        raise PoolingAborted(f"input {index} was aborted before its result")
+    raise ValueError(f"input {index} ended without a result ({finish_reason})")
 
 
 def check_total(inputs: Sequence[Sequence[int]], what: str = "inputs") -> None:

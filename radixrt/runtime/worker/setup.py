@@ -253,7 +253,7 @@ def build_worker(
         lora_max_rank=max_rank,
         pooling=read_pooling_info(None if loaded.gguf_file else loaded.model_path,
                                   loaded.config, config.task, loaded.tokenizer,
-                                  loaded.model.generates),
+                                  loaded.model.generates, loaded.gguf_pooling),
     )
     return worker, ready
 

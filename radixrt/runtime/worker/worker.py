@@ -236,6 +236,7 @@ class Worker:
             hidden = None if self.graph_runner is None else self.graph_runner.run(batch)
             if hidden is None:
                 hidden = self.model(batch, self.kv_cache)  # [num_tokens, hidden_size]
+            pooled = self._pool(plan.runs, hidden)  # before sampling: a fork drops its parent
             if wanted.rows:
                 index = torch.tensor(wanted.rows, dtype=torch.int64, device=self.device)
                 logits = self.model.compute_logits(hidden[index])  # [len(rows), vocab] float32
@@ -244,7 +245,7 @@ class Worker:
                     waiting, pending = pending, None
                     allowed, timing = waiting.result(self.device)
                 results = self._sample(logits, wanted, prompt, draws, allowed)
-            results += self._pool(plan.runs, hidden)
+            results += pooled
         finally:
             if pending is not None:  # the pass failed: the grammars are the mask thread's
                 pending.wait()  # until it is done with them
@@ -254,12 +255,12 @@ class Worker:
     def _pool(self, runs: list[Run], hidden: torch.Tensor) -> list[RunResult]:
         """Pooling requests: each run's rows go into its pool; a run that ends the prompt
         returns the pooled output (models/pooler.py)."""
-        results = []
+        results: list[RunResult] = []
         offset = 0
         for run in runs:
             state = self.states[run.rid]
             pool = state.pool
-            if pool is not None:
+            if pool is not None:  # a pooling request never forks nor drafts (SamplingParams)
                 rows = hidden[offset : offset + run.num_new]  # [num_new, hidden]
                 pool.add(rows, run.start)
                 if run.start + run.num_new == len(state.token_ids):

@@ -86,14 +86,25 @@ def test_tasks_from_the_checkpoint_and_the_flag() -> None:
 
 def test_an_lm_reranker_reads_its_yes_and_no_tokens() -> None:
     tok = byte_level_bpe(["yes no yes no maybe"] * 20, 300)
+    tok.chat_template = "{% for m in messages %}{{ m.content }}{% endfor %}"
     info = read_pooling_info(None, LM, "rerank", tok, True)
     assert info.rerank_tokens == (tok.convert_tokens_to_ids("no"),
                                   tok.convert_tokens_to_ids("yes"))
     small = byte_level_bpe(["abc"], 260)  # "yes" is three bytes there
+    small.chat_template = tok.chat_template
     with pytest.raises(ValueError, match="splits 'no' into 2 tokens"):
         read_pooling_info(None, LM, "rerank", small, True)
     with pytest.raises(ValueError, match="has no tokenizer"):
         read_pooling_info(None, LM, "rerank", None, True)
+    tok.chat_template = "{{ raise_exception('no chat here') }}"  # refused at start, by name
+    with pytest.raises(ValueError, match="chat template, which failed: no chat here"):
+        read_pooling_info(None, LM, "rerank", tok, True)
+
+
+def test_a_gguf_files_pooling_type() -> None:
+    """llama.cpp's `{arch}.pooling_type`: 1 mean, 2 CLS, 3 last; others leave the last token."""
+    modes = {k: read_pooling_info(None, LM, "auto", None, True, k).mode for k in (0, 1, 2, 3, 4)}
+    assert modes == {0: "last", 1: "mean", 2: "cls", 3: "last", 4: "last"}
 
 
 def test_a_classifier_architecture_is_its_language_model_with_a_head() -> None:

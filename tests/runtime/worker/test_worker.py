@@ -35,6 +35,7 @@ from radixrt.runtime.messages import (
     WorkerRequest,
 )
 from radixrt.runtime.models.loader import LoadedModel, load_model
+from radixrt.runtime.pooling_params import PoolingInfo
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.worker.cpu_waiting import openmp_wait
 from radixrt.runtime.worker.setup import (
@@ -666,7 +667,8 @@ def test_build_worker_loads_the_model_and_sizes_the_pool(
                                 dtype="float32",
                                 kv_bytes_per_token=worker.kv_cache.bytes_per_token(),
                                 weight_formats=worker.model.weight_formats(),
-                                cpu=CpuCompute(torch.get_num_threads(), True, openmp_wait()))
+                                cpu=CpuCompute(torch.get_num_threads(), True, openmp_wait()),
+                                pooling=PoolingInfo(hidden_size=worker.config.hidden_size))
     assert sum(ready.weight_formats.values()) == sum(  # the tiny safetensors model: all float32
         p.numel() * 4 for p in worker.model.parameters()) == ready.weight_formats["float32"]
     assert worker.kv_cache.num_slots == 48

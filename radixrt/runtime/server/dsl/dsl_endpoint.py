@@ -31,7 +31,7 @@ from radixrt.runtime.server.openai.reasoning_parsers import split_reasoning
 from radixrt.runtime.server.openai.tool_parsers import parse_tool_calls
 from radixrt.runtime.tokenizer.chat_tool_prompts import dsl_chat_info
 from radixrt.runtime.tokenizer.pin_leases import PinService
-from radixrt.runtime.tokenizer.pooling_inputs import embed_params
+from radixrt.runtime.tokenizer.pooling_inputs import PoolingAborted, embed_params, pooled_result
 from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 
 log = logging.getLogger("radixrt.dsl")
@@ -186,12 +186,18 @@ class DslEndpoint:
         ids = self.manager.encode(prompt)
         params = embed_params(self.manager.pooling, req.dimensions)
         vector: list[float] = []
-        cached = 0
+        cached, reason = 0, None
         stream = self.manager.generate(ids, params, scheduling=scheduling)
         async with contextlib.aclosing(stream):
             async for chunk in stream:
                 vector = chunk.pooled or vector
-                cached = chunk.cached_tokens
+                cached, reason = chunk.cached_tokens, chunk.finish_reason
+        try:
+            vector = pooled_result(vector, reason, 0)
+        except PoolingAborted:
+            await self._reply(identity, DslReply(call_id=req.call_id, done=True,
+                                                 finish_reason="abort"))
+            return
         await self._reply(identity, DslReply(call_id=req.call_id, done=True, embedding=vector,
                                              prompt_tokens=len(ids), cached_tokens=cached))
 

@@ -73,10 +73,12 @@ class RerankResponse(BaseModel):
 
 
 class ClassifyRequest(PoolingFields):
-    """vLLM's {"input": ...}; or SGLang's reward scoring {"text": ...} (then its shape back)."""
+    """vLLM's {"input": ...}; or SGLang's reward scoring {"text": ...} / {"input_ids": ...}
+    (then its shape back)."""
 
     input: str | list[str] | list[int] | list[list[int]] | None = None
     text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
 
 
 class ClassifyData(BaseModel):

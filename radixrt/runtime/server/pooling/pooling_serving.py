@@ -8,7 +8,8 @@ from __future__ import annotations
 import base64
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from fastapi import Request
 
@@ -25,50 +26,46 @@ from radixrt.runtime.server.pooling.pooling_protocol import (
 )
 from radixrt.runtime.tokenizer.pooling_inputs import (
     MAX_POOLING_INPUTS,
-    MAX_RERANK_DOCUMENTS,
+    PoolingAborted,
+    check_count,
     check_total,
     class_probs,
     embed_params,
+    pooled_result,
     rerank_ids,
     rerank_score,
     score_params,
 )
-from radixrt.runtime.tokenizer.prompts import Prompt
+
+T = TypeVar("T")
 
 
 class PoolingServing:
     def __init__(self, chat: OpenAIServing) -> None:
         self.chat = chat  # the model names, encoding and streams the OpenAI routes use
         self.manager = chat.manager
-        self.counts: dict[str, int] = {}  # inputs answered per task, for /metrics
 
     async def embeddings(self, body: EmbeddingRequest, request: Request) -> dict[str, Any]:
-        inputs = self._inputs(body.input, "input")
-        ids = [self.chat.encode(p, "input") for p in inputs]
+        self.chat.check_model(body.model)
+        ids = self._encode(body.input, "input")
         params = self._params(lambda: embed_params(self.manager.pooling, body.dimensions,
                                                    body.normalize), "dimensions")
-        outs = await self._run(request, body, ids, params, "embed")
+        outs, vectors = await self._run(request, body, ids, params)
         data = [{"object": "embedding", "index": i,
-                 "embedding": (base64.b64encode(pack_floats(out.pooled)).decode()
-                               if body.encoding_format == "base64" else out.pooled)}
-                for i, out in enumerate(outs)]
+                 "embedding": (base64.b64encode(pack_floats(v)).decode()
+                               if body.encoding_format == "base64" else v)}
+                for i, v in enumerate(vectors)]
         return {"object": "list", "data": data, "model": body.model, "usage": _usage(outs)}
 
     async def rerank(self, body: RerankRequest, request: Request) -> dict[str, Any]:
+        self.chat.check_model(body.model)
         docs = [d if isinstance(d, str) else d.text for d in body.documents]
-        if not docs:
-            raise APIError("documents is empty: give at least one", param="documents")
-        if len(docs) > MAX_RERANK_DOCUMENTS:
-            raise APIError(f"documents has {len(docs)} entries: at most "
-                           f"{MAX_RERANK_DOCUMENTS} per request", param="documents")
         info = self.manager.pooling
-        try:
-            ids = rerank_ids(self.manager.tokenizer, info, body.query, docs, body.instruction)
-            params = score_params(info)
-        except ValueError as exc:
-            raise APIError(str(exc), param="model") from None
-        outs = await self._run(request, body, ids, params, "rerank")
-        scores = [rerank_score(info, out.pooled) for out in outs]
+        ids = self._params(lambda: rerank_ids(self.manager.tokenizer, info, body.query, docs,
+                                              body.instruction), "documents")
+        params = self._params(lambda: score_params(info), "model")
+        outs, logits = await self._run(request, body, ids, params)
+        scores = [rerank_score(info, one) for one in logits]
         order = sorted(range(len(docs)), key=lambda i: -scores[i])[: body.top_n or len(docs)]
         results = [{"index": i, "relevance_score": scores[i],
                     **({"document": {"text": docs[i]}} if body.return_documents else {})}
@@ -77,26 +74,28 @@ class PoolingServing:
                 "usage": _usage(outs)}
 
     async def classify(self, body: ClassifyRequest, request: Request) -> Any:
-        if (body.input is None) == (body.text is None):
-            raise APIError("give `input` (vLLM's classify) or `text` (SGLang's reward "
-                           "scoring), one of them", param="input")
-        sglang = body.text is not None
-        inputs = self._inputs(body.text if sglang else body.input, "text" if sglang else "input")
-        ids = [self.chat.encode(p, "input") for p in inputs]
+        self.chat.check_model(body.model)
+        given = [name for name in ("input", "text", "input_ids") if getattr(body, name) is not None]
+        if len(given) != 1:
+            raise APIError("give one of `input` (vLLM's classify), `text` or `input_ids` "
+                           "(SGLang's reward scoring)", param="input")
         info = self.manager.pooling
         if not info.num_labels:
             raise APIError("this model has no classification head: serve a "
                            "*ForSequenceClassification checkpoint (a classifier or a reward "
                            "model)", param="model")
-        outs = await self._run(request, body, ids, score_params(info), "classify")
-        if sglang:
-            return [{"index": i, "embedding": out.pooled,
-                     "meta_info": {"prompt_tokens": out.prompt_tokens,
-                                   "cached_tokens": out.cached_tokens}}
-                    for i, out in enumerate(outs)]
+        value = getattr(body, given[0])
+        ids = self._encode(value, given[0])
+        outs, logits = await self._run(request, body, ids, score_params(info))
+        if given[0] != "input":  # SGLang's shape: one dict for one text, else a list
+            answers = [{"embedding": one, "meta_info": {"prompt_tokens": out.prompt_tokens,
+                                                       "cached_tokens": out.cached_tokens}}
+                       for one, out in zip(logits, outs)]
+            single = isinstance(value, str) or (bool(value) and isinstance(value[0], int))
+            return answers[0] if single else answers
         data = []
-        for i, out in enumerate(outs):
-            probs = class_probs(out.pooled)
+        for i, one in enumerate(logits):
+            probs = class_probs(one)
             best = max(range(len(probs)), key=probs.__getitem__)
             data.append({"index": i, "label": info.labels[best] if info.labels else str(best),
                          "probs": probs, "num_classes": len(probs)})
@@ -105,40 +104,40 @@ class PoolingServing:
                 "usage": _usage(outs)}
 
     # --- shared steps ----------------------------------------------------------------------
-    @staticmethod
-    def _inputs(value: Any, param: str) -> list[Prompt]:
-        """One input (text or token ids) or a list of them, bounded."""
-        if isinstance(value, str):
-            return [value]
-        if not value:
-            raise APIError(f"{param} is empty: give text, token ids or a list of them",
-                           param=param)
-        if isinstance(value[0], int):
-            return [value]
-        if len(value) > MAX_POOLING_INPUTS:
-            raise APIError(f"{param} has {len(value)} entries: at most {MAX_POOLING_INPUTS} "
-                           "per request; split them", param=param)
-        return list(value)
+    def _encode(self, value: Any, param: str) -> list[list[int]]:
+        """One input (text or token ids) or a list of them, bounded, as token ids."""
+        if isinstance(value, str) or (value and isinstance(value[0], int)):
+            value = [value]
+        try:
+            check_count(len(value), MAX_POOLING_INPUTS, param)
+        except ValueError as exc:
+            raise APIError(str(exc), param=param) from None
+        ids = [self.chat.encode(p, param) for p in value]
+        self._params(lambda: check_total(ids), param)
+        return ids
 
     @staticmethod
-    def _params(build: Any, param: str) -> SamplingParams:
+    def _params(build: Callable[[], T], param: str) -> T:
         try:
             return build()
         except ValueError as exc:
             raise APIError(str(exc), param=param) from None
 
     async def _run(self, request: Request, body: PoolingFields, ids: list[list[int]],
-                   params: SamplingParams, task: str) -> list[PromptOutput]:
-        self.chat.check_model(body.model)
-        try:
-            check_total(ids)
-        except ValueError as exc:
-            raise APIError(str(exc), param="input") from None
+                   params: SamplingParams) -> tuple[list[PromptOutput], list[list[float]]]:
+        """Every input submitted at once; their outputs and vectors (or logits)."""
         streams = await self.chat.open(request, body, ids, [params] * len(ids),  # type: ignore[arg-type]
                                        f"pool-{uuid.uuid4().hex}")
         outs = await self.chat.collect(request, streams, ids, 1)
-        self.counts[task] = self.counts.get(task, 0) + len(outs)
-        return outs
+        try:
+            results = [pooled_result(out.pooled, out.samples[0].finish_reason, i)
+                       for i, out in enumerate(outs)]
+        except PoolingAborted as exc:
+            raise APIError(f"{exc} (POST /abort, or the server stopping)", status=503,
+                           code="aborted") from None
+        except ValueError as exc:
+            raise APIError(str(exc)) from None
+        return outs, results
 
 
 def _usage(outs: list[PromptOutput]) -> dict[str, int]:

@@ -111,6 +111,13 @@ def test_classify_in_vllm_and_sglang_shapes(served: dict) -> None:
         assert len(sglang) == 2 and len(sglang[0]["embedding"]) == 3
         assert torch.tensor(sglang[0]["embedding"]).softmax(-1).tolist() == pytest.approx(
             probs[0], abs=1e-5)
+        one = h.post("/classify", json={"text": TEXTS[1]}).json()  # one text: one answer
+        assert set(one) == {"embedding", "meta_info"} and one["meta_info"]["prompt_tokens"] > 0
+        assert torch.tensor(one["embedding"]).softmax(-1).tolist() == pytest.approx(
+            probs[1], abs=1e-5)
+        ids = served["engines"]["qwen2-classify"].tokenizer.encode(TEXTS[1])
+        by_ids = h.post("/classify", json={"input_ids": ids}).json()
+        assert by_ids["embedding"] == pytest.approx(one["embedding"], abs=1e-5)
         refused = h.post("/v1/completions", json={"model": "tiny-classify", "prompt": "Hi"})
         assert refused.status_code == 400 and "no LM head" in refused.text
 
@@ -138,7 +145,11 @@ def test_classify_in_vllm_and_sglang_shapes(served: dict) -> None:
      400, "documents is empty"),
     ("qwen3-rerank", "/v1/rerank", {"model": "tiny-rerank", "query": "q", "documents": ["d"],
                                     "top_n": 0}, 400, "top_n"),
-    ("qwen2-classify", "/classify", {"model": "tiny-classify"}, 400, "give `input`"),
+    ("qwen2-classify", "/classify", {"model": "tiny-classify"}, 400, "give one of `input`"),
+    ("qwen2-classify", "/classify", {"model": "tiny-classify", "input": "a", "text": "b"}, 400,
+     "give one of `input`"),
+    ("qwen3-rerank", "/v1/rerank", {"model": "tiny-rerank", "query": "q " * 600,
+                                    "documents": ["d"] * 2048}, 400, "repeated for 2048"),
 ])
 def test_bad_input_is_a_4xx_and_the_server_goes_on(served: dict, name: str, path: str,
                                                    body: dict, status: int,
@@ -147,7 +158,18 @@ def test_bad_input_is_a_4xx_and_the_server_goes_on(served: dict, name: str, path
         res = h.post(path, json=body)
         assert res.status_code == status, res.text
         assert message in res.text, res.text
-    c = client(served, "qwen2-embed")
-    res = c.embeddings.create(model="tiny-embed", input=TEXTS[0], encoding_format="float")
-    assert torch.allclose(torch.tensor(res.data[0].embedding),
-                          torch.tensor(served["refs"]["embed"][0]), atol=1e-5)
+        # the same server answers its next request as before
+        if name == "qwen2-embed":
+            again = h.post("/v1/embeddings", json={"model": "tiny-embed", "input": TEXTS[0]})
+            got = again.json()["data"][0]["embedding"]
+            assert got == pytest.approx(served["refs"]["embed"][0], abs=1e-5)
+        elif name == "qwen3-rerank":
+            again = h.post("/v1/rerank", json={"model": "tiny-rerank", "query": QUERY,
+                                               "documents": DOCS})
+            got = sorted(again.json()["results"], key=lambda r: r["index"])
+            assert [r["relevance_score"] for r in got] == pytest.approx(
+                served["refs"]["rerank"], abs=1e-5)
+        else:
+            again = h.post("/classify", json={"model": "tiny-classify", "input": TEXTS})
+            assert [d["probs"] for d in again.json()["data"]] == [
+                pytest.approx(p, abs=1e-5) for p in served["refs"]["classify"]]
