@@ -246,3 +246,28 @@ def test_lora_quick(tmp_path: Path) -> None:
     assert 1.0 < results["1 adapter"]["bytes_bound"] < results["2 mixed"]["bytes_bound"]
     assert "| 2 mixed |" in out
     check_png(tmp_path / "lora.png")
+
+
+@pytest.mark.slow  # a process that builds a model and runs three systems on it
+def test_embeddings_quick(tmp_path: Path) -> None:
+    """benchmarks/embeddings.py: every system embeds every workload; radixrt's vectors equal
+    sentence-transformers'; with the cache on the shared instruction is read from the cache,
+    with it off nothing is."""
+    results_path = tmp_path / "embeddings.json"
+    out = run_quick("embeddings.py", tmp_path, "--json", str(results_path))
+    saved = json.loads(results_path.read_text())
+    results = saved["results"]
+    systems = ["radixrt", "radixrt (no cache)", "sentence-transformers"]
+    assert list(results) == ["shared instruction", "documents alone"], out
+    for work, by_system in results.items():
+        assert list(by_system) == systems, (work, by_system)
+        assert all(r["inputs_per_s"] > 0 and r["tokens_per_s"] > 0 for r in by_system.values())
+        assert all(by_system[s]["min_cosine"] > 0.9999 for s in systems[:2]), by_system
+    assert saved["min_cosine"] > 0.9999, saved
+    shared = results["shared instruction"]
+    assert shared["radixrt"]["cached_tokens"] > 0, shared
+    assert shared["radixrt (no cache)"]["cached_tokens"] == 0, shared
+    assert shared["radixrt"]["prompt_tokens"] == shared["radixrt (no cache)"]["prompt_tokens"]
+    assert len(table_rows(out, "| workload | system |")) == 6, out
+    assert "radixrt / sentence-transformers = " in out and "command: " in out
+    check_png(tmp_path / "embeddings.png")
