@@ -51,7 +51,9 @@ POOLINGS = (Pooling("embed"), Pooling("embed", mode="mean"), Pooling("embed", mo
 
 
 @st.composite
-def request_sets(draw: st.DrawFn, max_requests: int = 10, min_requests: int = 2) -> list[Arrival]:
+def request_sets(draw: st.DrawFn, max_requests: int = 10, min_requests: int = 2,
+                 pooling_odds: int = 20) -> list[Arrival]:
+    """pooling_odds: a request is a pooling request once in 1 + pooling_odds / len(POOLINGS)."""
     bases = draw(st.lists(st.lists(prompt_tokens, min_size=8, max_size=48), min_size=1, max_size=3))
     arrivals = []
     for _ in range(draw(st.integers(min_requests, max_requests))):
@@ -71,7 +73,7 @@ def request_sets(draw: st.DrawFn, max_requests: int = 10, min_requests: int = 2)
             regex=regex,
         )
         # pooling requests (embeddings, scores): prefill only; mean pooling reads every row
-        pooling = draw(st.sampled_from([None] * 6 + list(POOLINGS)))
+        pooling = draw(st.sampled_from([None] * pooling_odds + list(POOLINGS)))
         if pooling is not None:
             params = SamplingParams(max_tokens=0, pooling=pooling)
         scheduling = Scheduling(priority=draw(st.sampled_from([0, 0, 0, 1, -1])),
