@@ -24,11 +24,9 @@ from radixrt.runtime.scheduler.intake import SchedulerIntake
 from radixrt.runtime.scheduler.loop import StepLoop
 from radixrt.runtime.scheduler.scheduler import Scheduler
 from radixrt.runtime.tokenizer.pooling_inputs import (
-    MAX_POOLING_INPUTS,
-    check_count,
-    check_total,
     class_probs,
     embed_params,
+    encode_inputs,
     pooled_result,
     rerank_ids,
     rerank_score,
@@ -295,11 +293,7 @@ class Engine:
               params: SamplingParams) -> list[list[float]]:
         """Run pooling requests, bounded as over HTTP; each one's vector or logits, or
         ValueError naming the input that ended without (PoolingAborted if aborted)."""
-        batch = [inputs] if is_single_prompt(inputs) else list(inputs)  # type: ignore[list-item]
-        check_count(len(batch), MAX_POOLING_INPUTS, "inputs")
-        ids = [self.front.encode(p) for p in batch]
-        check_total(ids)
-        outs = self.generate(ids, params)
+        outs = self.generate(encode_inputs(self.front.encode, inputs), params)
         return [pooled_result(out.pooled, out.finish_reason, i) for i, out in enumerate(outs)]
 
     async def generate_stream(

@@ -126,6 +126,7 @@ WITHOUT_TEST_FILE = (
     "radixrt/runtime/worker/lora_manager.py",
     "radixrt/runtime/worker/setup.py",
     "radixrt/runtime/worker/step_executor.py",
+    "radixrt/runtime/worker/step_rows.py",
     "radixrt/runtime/worker/worker_process.py",
 )
 

@@ -4,6 +4,7 @@ normalized) or a head's logits (pooling_params.py says what each task returns)."
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from torch import Tensor
@@ -43,6 +44,25 @@ class PoolState:
                 raise RuntimeError("CLS pooling never saw position 0 computed")
             return self.first
         return last_row.float()
+
+
+def pool_runs(model: CausalLM, hidden: Tensor,
+              runs: Sequence[tuple[PoolState | None, int, int, bool]]) -> list[Tensor | None]:
+    """A step's runs in batch order, each (its pool or None, start, rows, whether it ends the
+    prompt): each pooling run's rows go into its pool; one that ends its prompt gets its
+    output (pooled_output), the others None. hidden: [num_tokens, hidden]."""
+    outs: list[Tensor | None] = []
+    offset = 0
+    for pool, start, count, ends in runs:
+        out = None
+        if pool is not None:  # a pooling request never forks nor drafts (SamplingParams)
+            rows = hidden[offset : offset + count]  # [count, hidden]
+            pool.add(rows, start)
+            if ends:
+                out = pooled_output(model, pool.pooled(rows[-1]), pool.spec)
+        outs.append(out)
+        offset += count
+    return outs
 
 
 def pooled_output(model: CausalLM, vector: Tensor, spec: Pooling) -> Tensor:

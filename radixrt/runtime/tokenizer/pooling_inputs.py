@@ -13,12 +13,13 @@ prompt starts with the same tokens, which the radix tree computes once.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from radixrt.runtime.models.pooling_config import rerank_prompt
 from radixrt.runtime.pooling_params import Pooling, PoolingInfo, sigmoid, softmax
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.tokenizer.prompts import Prompt, is_single_prompt
 
 MAX_POOLING_INPUTS = 2048  # texts per embeddings / classify request (OpenAI's bound)
 MAX_RERANK_DOCUMENTS = 2048
@@ -83,6 +84,17 @@ def rerank_score(info: PoolingInfo, logits: Sequence[float]) -> float:
 def class_probs(logits: Sequence[float]) -> list[float]:
     """A classifier's probabilities over its labels (one label: its sigmoid)."""
     return [sigmoid(logits[0])] if len(logits) == 1 else softmax(logits)
+
+
+def encode_inputs(encode: Callable[[Prompt], list[int]], inputs: Prompt | Sequence[Prompt],
+                  what: str = "inputs") -> list[list[int]]:
+    """One input (text or token ids) or a list of them, as token ids, bounded: the count
+    before anything is encoded, the tokens of them all after."""
+    batch = [inputs] if is_single_prompt(inputs) else list(inputs)  # type: ignore[list-item]
+    check_count(len(batch), MAX_POOLING_INPUTS, what)
+    ids = [encode(p) for p in batch]
+    check_total(ids)
+    return ids
 
 
 def check_count(count: int, limit: int, what: str) -> None:

@@ -25,7 +25,7 @@ from radixrt.runtime.messages import (
     WorkerRequest,
 )
 from radixrt.runtime.models.loader import LoadedModel
-from radixrt.runtime.models.pooler import PoolState, pooled_output
+from radixrt.runtime.models.pooler import PoolState, pool_runs
 from radixrt.runtime.pooling_params import pack_floats
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.worker.draft_verifier import (
@@ -45,6 +45,7 @@ from radixrt.runtime.worker.sampler import (
     TokenSpan,
     prompt_logprobs,
 )
+from radixrt.runtime.worker.step_rows import Draws, LogitRows
 
 
 @dataclass
@@ -58,29 +59,6 @@ class _RequestState:
     grammar: GrammarState | None = None  # where a constrained output is in its grammar
     lora: str | None = None  # the LoRA adapter it runs under (LoraAdapter.key)
     pool: PoolState | None = None  # a pooling request: what it pooled of its prompt so far
-
-
-@dataclass
-class _LogitRows:
-    """Which rows of the step's hidden states need logits, and why."""
-
-    rows: list[int]
-    sample: list[tuple[int, Run]]  # (index into rows, run) for runs that sample
-    prompt: list[tuple[int, int, Run]]  # (first index into rows, count, run) for prompt logprobs
-
-
-@dataclass
-class _Draws:
-    """The step's sampled rows: logits row, sampling row, owner rid and grammar of each (grammars
-    empty where no row has one), the rows whose token jump-forward already appended, and where
-    each run with a draft has its 1 + len(draft) rows."""
-
-    row_index: list[int]
-    rows: list[SamplingRow]
-    owners: list[int]
-    grammars: list[MaskRow | None]
-    known: dict[int, tuple[int, int]]  # rid -> (logits row, the token already known)
-    drafted: dict[int, int]  # rid -> index of its first row in `rows`
 
 
 class Worker:
@@ -253,21 +231,13 @@ class Worker:
                           masks=timing)
 
     def _pool(self, runs: list[Run], hidden: torch.Tensor) -> list[RunResult]:
-        """Pooling requests: each run's rows go into its pool; a run that ends the prompt
-        returns the pooled output (models/pooler.py)."""
-        results: list[RunResult] = []
-        offset = 0
-        for run in runs:
-            state = self.states[run.rid]
-            pool = state.pool
-            if pool is not None:  # a pooling request never forks nor drafts (SamplingParams)
-                rows = hidden[offset : offset + run.num_new]  # [num_new, hidden]
-                pool.add(rows, run.start)
-                if run.start + run.num_new == len(state.token_ids):
-                    vector = pooled_output(self.model, pool.pooled(rows[-1]), pool.spec)
-                    results.append(RunResult(rid=run.rid, pooled=pack_floats(vector.tolist())))
-            offset += run.num_new
-        return results
+        """Pooling requests (models/pooler.py): a run that ends its prompt returns its output."""
+        states = [self.states[run.rid] for run in runs]
+        outs = pool_runs(self.model, hidden, [
+            (s.pool, run.start, run.num_new, run.start + run.num_new == len(s.token_ids))
+            for run, s in zip(runs, states)])
+        return [RunResult(rid=run.rid, pooled=pack_floats(out.tolist()))
+                for run, out in zip(runs, outs) if out is not None]
 
     def _prefix_groups(self, plan: StepPlan, index: dict[int, int]) -> list[PrefixGroup]:
         """The plan's prefix groups as batch indices (`index`: rid -> batch entry), each checked
@@ -283,8 +253,8 @@ class Worker:
             groups.append(PrefixGroup([index[rid] for rid in group.rids], group.length))
         return groups
 
-    def _logit_rows(self, runs: list[Run], batch: ForwardBatch) -> _LogitRows:
-        wanted = _LogitRows(rows=[], sample=[], prompt=[])
+    def _logit_rows(self, runs: list[Run], batch: ForwardBatch) -> LogitRows:
+        wanted = LogitRows(rows=[], sample=[], prompt=[])
         offset = 0
         for run in runs:
             state = self.states[run.rid]
@@ -302,7 +272,7 @@ class Worker:
             offset += run.num_new
         return wanted
 
-    def _prompt_logprobs(self, logits: torch.Tensor, wanted: _LogitRows) -> dict[int, list]:
+    def _prompt_logprobs(self, logits: torch.Tensor, wanted: LogitRows) -> dict[int, list]:
         out: dict[int, list[TokenLogprob]] = {}
         for first, count, run in wanted.prompt:
             state = self.states[run.rid]
@@ -318,10 +288,10 @@ class Worker:
             ]
         return out
 
-    def _draws(self, wanted: _LogitRows) -> _Draws:
+    def _draws(self, wanted: LogitRows) -> Draws:
         """The rows the step samples (a fork's children each draw one), known before the forward
         pass runs, so their grammar masks can be built beside it."""
-        draws = _Draws(row_index=[], rows=[], owners=[], grammars=[], known={}, drafted={})
+        draws = Draws(row_index=[], rows=[], owners=[], grammars=[], known={}, drafted={})
         for idx, run in wanted.sample:
             state = self.states[run.rid]
             end = run.known_end
@@ -353,7 +323,7 @@ class Worker:
         return draws
 
     @staticmethod
-    def _draft_rows(draws: _Draws, idx: int, run: Run, state: _RequestState) -> None:
+    def _draft_rows(draws: Draws, idx: int, run: Run, state: _RequestState) -> None:
         """Speculative decoding: one row after the last known token and one after each drafted
         node, each sampled as if the node's path were outputs (worker/draft_verifier.py)."""
         if run.fork_into:
@@ -377,7 +347,7 @@ class Worker:
             draws.grammars.append(None if grammar is None
                                   else MaskRow(grammar, tuple(tokens[known:end])))
 
-    def _sample(self, logits: torch.Tensor, wanted: _LogitRows, prompt: dict, draws: _Draws,
+    def _sample(self, logits: torch.Tensor, wanted: LogitRows, prompt: dict, draws: Draws,
                 allowed: AllowedTokens | None) -> list[RunResult]:
         rows, owners, known = draws.rows, draws.owners, draws.known
         sampled: dict[int, TokenLogprob] = {}

@@ -25,12 +25,10 @@ from radixrt.runtime.server.pooling.pooling_protocol import (
     RerankRequest,
 )
 from radixrt.runtime.tokenizer.pooling_inputs import (
-    MAX_POOLING_INPUTS,
     PoolingAborted,
-    check_count,
-    check_total,
     class_probs,
     embed_params,
+    encode_inputs,
     pooled_result,
     rerank_ids,
     rerank_score,
@@ -106,15 +104,7 @@ class PoolingServing:
     # --- shared steps ----------------------------------------------------------------------
     def _encode(self, value: Any, param: str) -> list[list[int]]:
         """One input (text or token ids) or a list of them, bounded, as token ids."""
-        if isinstance(value, str) or (value and isinstance(value[0], int)):
-            value = [value]
-        try:
-            check_count(len(value), MAX_POOLING_INPUTS, param)
-        except ValueError as exc:
-            raise APIError(str(exc), param=param) from None
-        ids = [self.chat.encode(p, param) for p in value]
-        self._params(lambda: check_total(ids), param)
-        return ids
+        return self._params(lambda: encode_inputs(self.manager.encode, value, param), param)
 
     @staticmethod
     def _params(build: Callable[[], T], param: str) -> T:
