@@ -182,7 +182,9 @@ async def _serve_http(
     features = ChatFeatures.of(manager.tokenizer, options.tool_call_parser,
                                options.reasoning_parser, options.tool_call_enforcement)
     app = create_app(manager, pins=pins, keys=keys, features=features,
-                     replica=options.replica_name, openapi=not options.disable_openapi)
+                     replica=options.replica_name, openapi=not options.disable_openapi,
+                     dashboard=not options.disable_dashboard,
+                     dashboard_show_text=options.dashboard_show_text)
     dsl = DslEndpoint(manager, dsl_addresses, keys, pins, features)
     dsl.start()
     server = _Server(

@@ -19,6 +19,7 @@ from radixrt.runtime.config import MAX_NAME_CHARS
 from radixrt.runtime.lora_messages import LoraAdapter, LoraModuleShapes, LoraRequest
 from radixrt.runtime.pooling_params import PoolingInfo
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.tree_messages import TreeViewRequest
 
 # Priorities (lower = more urgent, default 0, vLLM's convention) are bounded to this magnitude.
 MAX_PRIORITY = 1 << 20
@@ -427,6 +428,6 @@ class DslSample(msgspec.Struct, frozen=True):
 
 
 ToScheduler = (SubmitRequest | GrammarReady | AbortRequest | ControlRequest | UnpinRequest
-               | LoraRequest)
+               | LoraRequest | TreeViewRequest)
 ToTokenizer = DeltaBatch | SubmitError | ControlReply | SchedulerReady
 FromWorker = WorkerReady | StepResult

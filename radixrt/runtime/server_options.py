@@ -55,6 +55,12 @@ class ServerOptions:
     disable_openapi: bool = field(default=False, metadata={
         "help": "do not serve the OpenAPI schema (GET /openapi.json) and its page (GET /docs); "
         "served, they need the API key like every route but /health"})
+    disable_dashboard: bool = field(default=False, metadata={
+        "help": "do not serve the live page GET /dashboard, its data GET /dashboard/stats and "
+        "GET /debug/radix_tree (served, they need the API key like every route)"})
+    dashboard_show_text: bool = field(default=False, metadata={
+        "help": "show each radix tree node's first words on /dashboard and /debug/radix_tree "
+        "(off: token counts only, since prompts may be private)"})
     dp_size: int = field(default=1, metadata={
         "help": "complete replicas (each its own processes and radix cache) behind the SGLang "
         "router on --port (needs `pip install radixrt[router]`)"})

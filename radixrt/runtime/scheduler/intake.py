@@ -9,7 +9,8 @@ here, whether it came over ZeroMQ (the scheduler process) or by a direct call (t
 - GrammarReady: its grammar is compiled (the worker loads it): it may be admitted;
 - AbortRequest: "abort" ends it and its samples wherever they are; any other reason ends it
   with that reason ("stop": the front saw a stop string; "error: ...": its grammar failed);
-- UnpinRequest, ControlRequest ("info", "flush_cache", "check_integrity").
+- UnpinRequest, ControlRequest ("info", "flush_cache", "check_integrity");
+- TreeViewRequest: a bounded snapshot of the radix tree's top (tree_view.py), as builtins.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from radixrt.runtime.messages import (
 )
 from radixrt.runtime.scheduler.request import Request
 from radixrt.runtime.scheduler.scheduler import Scheduler
+from radixrt.runtime.scheduler.tree_view import snapshot
+from radixrt.runtime.tree_messages import TreeViewRequest
 
 
 class SchedulerIntake:
@@ -59,6 +62,9 @@ class SchedulerIntake:
             return []
         if isinstance(msg, ControlRequest):
             return [ControlReply(call_id=msg.call_id, result=self.control(msg.op))]
+        if isinstance(msg, TreeViewRequest):
+            view = snapshot(self.scheduler.kv.tree, msg)
+            return [ControlReply(call_id=msg.call_id, result=msgspec.to_builtins(view))]
         if isinstance(msg, LoraRequest):
             return [ControlReply(call_id=msg.call_id, result=self.lora(msg.name, msg.path))]
         raise TypeError(f"not a message for the scheduler: {type(msg).__name__}")

@@ -150,6 +150,7 @@ class KVManager:
                 match = self.tree.match_prefix(key[:on_device], req.extra_key)
         if match.length:
             self.tree.lock(match.node)
+            match.node.record_hit()
             req.tree_node = match.node
             self.pool.incref(match.pages)
             req.pages = list(match.pages)

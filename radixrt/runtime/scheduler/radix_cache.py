@@ -407,6 +407,7 @@ class RadixCache:
         upper.lock_count = node.lock_count  # on the path of everything below, none taken on it
         upper.tier_children = 1  # the lower part
         upper.last_access = node.last_access
+        upper.hits = node.hits  # every match through the lower part went through this one
         upper.tick = self._next_tick()
         node.key = node.key[n:]
         node.pages = node.pages[n // p :]

@@ -32,6 +32,7 @@ class RadixNode:
         "extra_key",
         "tier",
         "tier_children",
+        "hits",
     )
 
     def __init__(
@@ -50,10 +51,19 @@ class RadixNode:
         self.last_access = 0.0
         self.tick = 0  # tie-break of last_access: later accesses get larger ticks
         self.removed = False  # set when evicted or dropped by reset
+        self.hits = 0  # requests that took a cached prefix through this node (record_hit)
 
     @property
     def is_root(self) -> bool:
         return self.parent is None and not self.removed
+
+    def record_hit(self) -> None:
+        """Count a request taking the cached prefix that ends here (for the tree's live view):
+        one hit on this node and on each node above it."""
+        walk: RadixNode | None = self
+        while walk is not None and walk.parent is not None:
+            walk.hits += 1
+            walk = walk.parent
 
     def __repr__(self) -> str:
         return (

@@ -12,7 +12,9 @@ POST /v1/messages/count_tokens), native/ (SGLang's POST /generate, /abort, /abor
 DSL clients, started beside the app by the launcher). This file adds GET /server_info, which
 gathers what each surface reports; core/operations_routes.py GET /health (no auth, no work), GET
 /health_generate and GET /metrics; core/http_replica.py the SGLang router's GET /model_info and
-GET /get_load (a replica's responses name it in the `x-radixrt-replica` header).
+GET /get_load (a replica's responses name it in the `x-radixrt-replica` header);
+core/dashboard_routes.py the operator's live page GET /dashboard, its GET /dashboard/stats and
+GET /debug/radix_tree.
 
 Every refusal is an HTTP 4xx in the client's API's error format (a body past
 MAX_REQUEST_BODY_BYTES: 413); an internal error is a 500 in the same format that leaves the
@@ -29,6 +31,7 @@ from fastapi import FastAPI
 
 from radixrt.runtime.server.anthropic.anthropic_routes import add_anthropic_routes
 from radixrt.runtime.server.anthropic.anthropic_serving import AnthropicServing
+from radixrt.runtime.server.core.dashboard_routes import add_dashboard_routes
 from radixrt.runtime.server.core.http_metrics import HTTPMetrics
 from radixrt.runtime.server.core.http_middleware import (
     MAX_REQUEST_BODY_BYTES,
@@ -77,14 +80,17 @@ def radixrt_version() -> str:
 def create_app(manager: TokenizerManager, api_key: str | None = None,
                pins: PinService | None = None, keys: ApiKeys | None = None,
                features: ChatFeatures | None = None, replica: str | None = None,
-               openapi: bool = True) -> FastAPI:
+               openapi: bool = True, dashboard: bool = True,
+               dashboard_show_text: bool = False) -> FastAPI:
     """api_key: the one key every request needs; keys: named keys instead (--api-key-file),
     each naming its requests' tenant. pins: the process's pin leases, shared with the DSL
     endpoint (made here if not given). features: tool calls and reasoning (default: the
     template's tool-call format, no reasoning parser, calls enforced). replica: the name every
     response carries in the REPLICA_HEADER (one of `radixrt serve --dp-size N`'s replicas).
     openapi: serve GET /openapi.json and its page GET /docs (behind the keys, like every route
-    but /health; `radixrt serve --disable-openapi` turns them off)."""
+    but /health; `radixrt serve --disable-openapi` turns them off). dashboard: serve the live
+    page /dashboard, /dashboard/stats and /debug/radix_tree (core/dashboard_routes.py), each
+    node's first words only with dashboard_show_text."""
     features = features if features is not None else ChatFeatures.of(manager.tokenizer)
     pins = pins if pins is not None else PinService(manager)
     if keys is None and api_key:
@@ -113,6 +119,8 @@ def create_app(manager: TokenizerManager, api_key: str | None = None,
     add_lora_routes(app, manager)
     add_pooling_routes(app, PoolingServing(chat))
     add_router_routes(app, manager)
+    if dashboard:
+        add_dashboard_routes(app, manager, keys is not None, dashboard_show_text)
     # with LoRA adapters, `model` may name any adapter loaded while serving: no list
     install_openapi(app, keys is not None, UNAUTHENTICATED_PATHS,
                     None if manager.lora_enabled else [manager.model_name, MODEL_ALIAS])

@@ -45,6 +45,7 @@ from radixrt.runtime.messages import (
     SubmitRequest,
     ToScheduler,
     ToTokenizer,
+    TreeViewRequest,
     UnpinRequest,
 )
 from radixrt.runtime.outputs import RequestOutput, StreamChunk
@@ -170,6 +171,13 @@ class RequestFront:
         """Load LoRA adapter `name` from folder `path` (None: unload it); the scheduler's
         answer ({"ok": ...}, SchedulerIntake.lora) arrives with the ControlReply."""
         return self._call(lambda call_id: LoraRequest(call_id=call_id, name=name, path=path))
+
+    def call_tree_view(self, depth: int, limit: int, text_tokens: int) -> Future:
+        """A snapshot of the radix tree's top (tree_messages.TreeViewRequest; a bad bound is a
+        ValueError here); the scheduler's TreeView, as builtins, arrives with the ControlReply."""
+        TreeViewRequest(call_id=0, depth=depth, limit=limit, text_tokens=text_tokens)
+        return self._call(lambda call_id: TreeViewRequest(
+            call_id=call_id, depth=depth, limit=limit, text_tokens=text_tokens))
 
     def _call(self, message: Callable[[int], ToScheduler]) -> Future:
         call_id = next(self._call_ids)

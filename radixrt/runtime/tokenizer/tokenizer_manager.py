@@ -25,6 +25,7 @@ from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.tokenizer.prompts import Prompt
 from radixrt.runtime.tokenizer.request_front import RequestFront, Stream
 from radixrt.runtime.tokenizer.request_metrics import RequestMetrics
+from radixrt.runtime.tree_messages import TEXT_HEAD_TOKENS, TreeView
 
 
 class SchedulerLink(Protocol):
@@ -211,6 +212,19 @@ class TokenizerManager:
             self.loras.pop(name, None)
         return result
 
+    async def radix_tree(self, depth: int, limit: int, show_text: bool) -> TreeView:
+        """The top of the radix tree (tree_messages.TreeView; a bad bound is a ValueError):
+        adapters' namespaces by their names, and with `show_text` each node's first words."""
+        future = self.front.call_tree_view(depth, limit, TEXT_HEAD_TOKENS if show_text else 0)
+        view = msgspec.convert(await asyncio.wrap_future(future), TreeView)
+        names = {f"lora:{a.get('digest', '')[:16]}": f"lora:{name}"
+                 for name, a in self.loras.items()}
+        nodes = [msgspec.structs.replace(
+            node, namespace=_adapter_named(node.namespace, names),
+            text=self.tokenizer.decode(node.head_ids) if node.head_ids else None, head_ids=[])
+            for node in view.nodes]
+        return msgspec.structs.replace(view, nodes=nodes)
+
     async def server_info(self) -> dict[str, Any]:
         """Config and live counters: running, waiting, kv_total/free/evictable/locked/private,
         cache_hit_rate, prompt/cached/generated tokens, steps, preemptions."""
@@ -238,3 +252,9 @@ class TokenizerManager:
     def _pinned(self, rid: int) -> None:
         for callback in self._pin_callbacks:
             callback(rid)
+
+
+def _adapter_named(namespace: str, names: dict[str, str]) -> str:
+    """"lora:<digest>..." -> "lora:<adapter's name>..." where the adapter is served."""
+    key, sep, rest = namespace.partition("/")
+    return names.get(key, key) + sep + rest

@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from radixrt.runtime.server.core.dashboard_auth import browser_key, is_dashboard_read
 from radixrt.runtime.server.core.error_shapes import APIError, error_response
 from radixrt.runtime.server.core.http_metrics import HTTPMetrics
 from radixrt.runtime.server.core.http_streaming import ClientGone
@@ -117,7 +118,8 @@ def is_type_tag(part: Any) -> bool:
 
 class BearerAuth:
     """Pure ASGI middleware: every path but /health needs `Authorization: Bearer <key>` with
-    one of the keys; a named key's name becomes the request's tenant (scope state)."""
+    one of the keys (the dashboard's reads may carry it as a browser can: dashboard_auth.py);
+    a named key's name becomes the request's tenant (scope state)."""
 
     def __init__(self, app: ASGIApp, keys: ApiKeys) -> None:
         self.app = app
@@ -136,6 +138,9 @@ class BearerAuth:
             token = headers.get(b"x-api-key", b"")
             given = given or token
         found, name = self.keys.match(token.strip())
+        if not found and not given and is_dashboard_read(scope):
+            given = browser_key(scope)
+            found, name = self.keys.match(given)
         if found:
             if name is not None:
                 scope.setdefault("state", {})[TENANT_STATE] = name

@@ -1,0 +1,83 @@
+"""The operator's live page: GET /dashboard (plain static files from dashboard_static/, no build
+step, nothing fetched from elsewhere), its data GET /dashboard/stats (the runtime's counters
+and the last minutes of finished requests: dashboard_feed.py) and GET /debug/radix_tree (the
+top of the radix tree, bounded: tree_messages.py). All of them are behind the API key like
+every route; a browser may bring the key as dashboard_auth.py says. `radixrt serve
+--disable-dashboard` serves none of them; each node's first words are shown only with
+`--dashboard-show-text` (prompts may be private)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from fastapi import FastAPI, HTTPException, Query, Request
+from starlette.responses import RedirectResponse, Response
+
+from radixrt.runtime.server.core.dashboard_auth import DASHBOARD_COOKIE, DASHBOARD_PATH, KEY_QUERY
+from radixrt.runtime.server.core.dashboard_feed import DashboardFeed
+from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
+from radixrt.runtime.tree_messages import (
+    DEFAULT_TREE_DEPTH,
+    DEFAULT_TREE_NODES,
+    MAX_TREE_DEPTH,
+    MAX_TREE_NODES,
+)
+
+STATIC_DIR = Path(__file__).with_name("dashboard_static")
+STATIC_FILES = {  # what /dashboard/<name> serves, and as what
+    "dashboard.js": "text/javascript; charset=utf-8",
+    "dashboard.css": "text/css; charset=utf-8",
+}
+PAGE = "index.html"
+# the page and its script come only from this server; data only from its own routes
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; "
+                               "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Cache-Control": "no-store",
+}
+
+
+def add_dashboard_routes(app: FastAPI, manager: TokenizerManager, keyed: bool,
+                         show_text: bool) -> None:
+    """keyed: the server has API keys (a key brought in the query becomes a cookie)."""
+    feed = DashboardFeed(manager)
+    files = {name: (STATIC_DIR / name).read_bytes() for name in [PAGE, *STATIC_FILES]}
+
+    @app.get(DASHBOARD_PATH, include_in_schema=False)
+    async def page(request: Request) -> Response:
+        key = request.query_params.get(KEY_QUERY)
+        if keyed and key:  # the middleware accepted it: keep it in a cookie, off the URL
+            moved = RedirectResponse(DASHBOARD_PATH, status_code=303)
+            moved.set_cookie(DASHBOARD_COOKIE, key, httponly=True, samesite="strict",
+                             path="/")
+            return moved
+        return Response(files[PAGE], media_type="text/html; charset=utf-8",
+                        headers=PAGE_HEADERS)
+
+    @app.get(DASHBOARD_PATH + "/stats", summary="The dashboard's figures")
+    async def stats() -> dict[str, Any]:
+        """The runtime's counters (as /server_info) and the last minutes of finished
+        requests in buckets (throughput, TTFT, TPOT, tenants, priorities)."""
+        return {"model": manager.model_name, "info": await manager.server_info(),
+                "history": feed.history(), "show_text": show_text}
+
+    @app.get(DASHBOARD_PATH + "/{name}", include_in_schema=False)
+    async def static(name: str) -> Response:
+        if name not in STATIC_FILES:
+            raise HTTPException(404, f"no dashboard file {name!r}")
+        return Response(files[name], media_type=STATIC_FILES[name], headers=PAGE_HEADERS)
+
+    @app.get("/debug/radix_tree", summary="The top of the radix tree")
+    async def radix_tree(
+        depth: int = Query(DEFAULT_TREE_DEPTH, ge=1, le=MAX_TREE_DEPTH,
+                           description="levels below each namespace's root"),
+        limit: int = Query(DEFAULT_TREE_NODES, ge=1, le=MAX_TREE_NODES,
+                           description="nodes in the answer: the largest subtrees"),
+    ) -> Response:
+        """The largest subtrees of the radix tree (tokens, hits, tier, locks per node); the
+        text of each node's first tokens only with `radixrt serve --dashboard-show-text`."""
+        view = await manager.radix_tree(depth, limit, show_text)
+        return Response(msgspec.json.encode(view), media_type="application/json")
