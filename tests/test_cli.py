@@ -40,7 +40,8 @@ SERVE_FLAGS = {
     "--host", "--port", "--api-key", "--api-key-file", "--served-model-name", "--log-level",
     "--dsl-port", "--exit-with-parent", "--pin-lease-ttl", "--tool-call-parser",
     "--reasoning-parser", "--tool-call-enforcement", "--no-tool-call-enforcement", "--dp-size",
-    "--disable-openapi", "--router-policy",  # ServerOptions'
+    "--disable-openapi", "--router-policy", "--disable-dashboard", "--dashboard-show-text",
+    "--otlp-traces-endpoint",  # ServerOptions'
     "-h", "--help",
 }
 PLAN_FLAGS = {

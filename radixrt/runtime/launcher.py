@@ -172,7 +172,18 @@ async def _serve_http(
         owner_alive = owner is None or parent_alive(owner)
         return owner_alive and all(p.is_alive() for p in procs.values())
 
+    tracer = None
+    if options.otlp_traces_endpoint is not None:
+        from radixrt.runtime.tokenizer.request_tracer import RequestTracer
+
+        try:
+            tracer = RequestTracer(options.otlp_traces_endpoint)
+        except (RuntimeError, ValueError) as exc:
+            log.error("%s", exc)
+            return 1
     manager = make_manager()
+    if tracer is not None:
+        manager.trace_with(tracer)
     try:
         await manager.wait_ready(alive, STARTUP_TIMEOUT_S)
     except (RuntimeError, TimeoutError) as exc:
@@ -184,7 +195,7 @@ async def _serve_http(
     app = create_app(manager, pins=pins, keys=keys, features=features,
                      replica=options.replica_name, openapi=not options.disable_openapi,
                      dashboard=not options.disable_dashboard,
-                     dashboard_show_text=options.dashboard_show_text)
+                     dashboard_show_text=options.dashboard_show_text, tracer=tracer)
     dsl = DslEndpoint(manager, dsl_addresses, keys, pins, features)
     dsl.start()
     server = _Server(
@@ -220,6 +231,8 @@ async def _serve_http(
     await dsl.close()
     pins.close()
     await manager.close()
+    if tracer is not None:
+        tracer.shutdown()  # what is batched goes out
     if exit_code == 0 and _dead(procs):
         exit_code = 1
     return exit_code

@@ -19,6 +19,7 @@ from radixrt.runtime.config import MAX_NAME_CHARS
 from radixrt.runtime.lora_messages import LoraAdapter, LoraModuleShapes, LoraRequest
 from radixrt.runtime.pooling_params import PoolingInfo
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.trace_messages import RequestTrace
 from radixrt.runtime.tree_messages import TreeViewRequest
 
 # Priorities (lower = more urgent, default 0, vLLM's convention) are bounded to this magnitude.
@@ -199,6 +200,7 @@ class OutputDelta(msgspec.Struct, frozen=True):
     pinned: bool = False  # the final delta of a pin request: its prefix is pinned (rid = pin id)
     pin_error: str | None = None  # ... or why the pin was refused
     pooled: bytes = b""  # the final delta of a pooling request: its vector or logits
+    trace: RequestTrace | None = None  # the final delta of a traced request: its stages
 
 
 # --- worker -> scheduler at start-up ------------------------------------------------------------
@@ -261,6 +263,8 @@ class Scheduling(msgspec.Struct, frozen=True):
       ends with an error.
     - lora: the LoRA adapter it runs under, by the name it was loaded as; its KV lives in the
       adapter's own namespace of the radix tree (with extra_key inside it).
+    - trace: the scheduler records its stages (queued, prefix matched, prefill chunks,
+      speculation) and sends them with its final output, for OpenTelemetry spans.
 
     Every field is bounded here, so a bad value is refused before anything is queued."""
 
@@ -269,6 +273,7 @@ class Scheduling(msgspec.Struct, frozen=True):
     extra_key: str | None = None
     timeout_s: float | None = None
     lora: str | None = None  # the name of the LoRA adapter it runs under (None: the base model)
+    trace: bool = False  # record its stages for tracing (trace_messages.RequestTrace)
 
     def __post_init__(self) -> None:
         if not -MAX_PRIORITY <= self.priority <= MAX_PRIORITY:

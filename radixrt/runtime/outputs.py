@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from radixrt.runtime.messages import TokenLogprob
+from radixrt.runtime.trace_messages import RequestTrace
 
 
 @dataclass
@@ -78,3 +79,4 @@ class StreamChunk:
     pin_error: str | None = None  # ... or why the pin was refused
     matched_stop: str | None = None  # the final chunk of a sample a stop string ended: that string
     pooled: list[float] = field(default_factory=list)  # the final chunk of a pooling request
+    trace: RequestTrace | None = None  # the final chunk of a traced request: its stages

@@ -61,6 +61,11 @@ class ServerOptions:
     dashboard_show_text: bool = field(default=False, metadata={
         "help": "show each radix tree node's first words on /dashboard and /debug/radix_tree "
         "(off: token counts only, since prompts may be private)"})
+    otlp_traces_endpoint: str | None = field(default=None, metadata={
+        "help": "send OpenTelemetry traces of every request (stages: queued, prefix matched, "
+        "prefill chunks, decode, grammar compile, speculation) to this OTLP/HTTP collector, "
+        "e.g. http://127.0.0.1:4318; a W3C traceparent header is honoured and answered; needs "
+        "`pip install radixrt[otel]`"})
     dp_size: int = field(default=1, metadata={
         "help": "complete replicas (each its own processes and radix cache) behind the SGLang "
         "router on --port (needs `pip install radixrt[router]`)"})
@@ -82,6 +87,10 @@ class ServerOptions:
         if self.api_key is not None and self.api_key_file is not None:
             raise bad("api_key_file", self.api_key_file,
                       "it names the keys, so give no single api_key with it (one or the other)")
+        endpoint = self.otlp_traces_endpoint
+        if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+            raise bad("otlp_traces_endpoint", endpoint,
+                      "give the collector's OTLP/HTTP URL, e.g. http://127.0.0.1:4318")
         if self.log_level not in LOG_LEVELS:
             raise bad("log_level", self.log_level, f"use one of {LOG_LEVELS}")
         if not 0 < self.pin_lease_ttl_s <= MAX_PIN_LEASE_TTL_S:

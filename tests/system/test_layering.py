@@ -46,6 +46,7 @@ GROUND = [
     "radixrt.runtime.messages",
     "radixrt.runtime.lora_messages",
     "radixrt.runtime.tree_messages",
+    "radixrt.runtime.trace_messages",
     "radixrt.runtime.errors",
     "radixrt.runtime.sampling_params",
     "radixrt.runtime.pooling_params",

@@ -122,6 +122,8 @@ WITHOUT_TEST_FILE = (
     "radixrt/runtime/tokenizer/request_front.py",
     "radixrt/runtime/tokenizer/request_metrics.py",
     "radixrt/runtime/tokenizer/zmq_link.py",
+    "radixrt/runtime/trace_messages.py",
+    "radixrt/runtime/tree_messages.py",
     "radixrt/runtime/worker/cuda_graph.py",
     "radixrt/runtime/worker/lora_manager.py",
     "radixrt/runtime/worker/setup.py",

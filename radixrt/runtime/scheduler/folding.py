@@ -11,7 +11,10 @@ bookkeeping: no tensors.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
+
+import msgspec
 
 from radixrt.runtime.config import PLACEHOLDER_TOKEN
 from radixrt.runtime.messages import Run, RunResult, StepPlan, StepResult, TokenLogprob
@@ -21,6 +24,7 @@ from radixrt.runtime.scheduler.request import Phase, Request
 from radixrt.runtime.scheduler.request_table import RequestTable
 from radixrt.runtime.scheduler.speculator import Speculator
 from radixrt.runtime.scheduler.stats import SchedulerStats
+from radixrt.runtime.trace_messages import PrefillChunk
 
 
 class ResultFolder:
@@ -72,6 +76,10 @@ class ResultFolder:
             if req.phase is not Phase.RUNNING:
                 continue
             self.stats.computed_tokens += run.num_new
+            if req.trace is not None and run.start < len(req.prompt_ids):
+                req.trace.chunks.append(PrefillChunk(
+                    step.planned_at, time.time(),
+                    min(run.num_new, len(req.prompt_ids) - run.start)))
             if run.prompt_logprob_from >= 0 and res is not None:
                 req.prompt_logprobs.extend(res.prompt_logprobs)
                 req.prompt_logprobs_done = reaches_end
@@ -130,6 +138,9 @@ class ResultFolder:
         token it sampled after them, and the rejected drafts' positions are given back. True if
         the request finished (at an accepted token)."""
         self.kv.truncate(req, run.known_end + len(accepted))
+        if req.trace is not None:
+            req.trace.drafted_tokens += len(run.draft)
+            req.trace.accepted_tokens += len(accepted)
         if self.speculator is not None:
             taken = [t.token_id for t in accepted]
             chain = run.draft_chain
@@ -195,6 +206,8 @@ class ResultFolder:
                 outputs_at_start=parent.outputs_at_start,
                 cached_len=parent.cached_len,
                 prompt_logprobs_done=True,
+                trace=None if parent.trace is None else msgspec.structs.replace(
+                    parent.trace, chunks=list(parent.trace.chunks)),
             )
             children.append(child)
         table.fork(parent, children)

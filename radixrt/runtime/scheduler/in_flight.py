@@ -36,6 +36,7 @@ one turn, nothing is stale, nothing is presolved and no sync is asked for.
 
 from __future__ import annotations
 
+import time
 from collections import deque
 from dataclasses import dataclass, field
 
@@ -55,6 +56,7 @@ class StepInFlight:
     epochs: dict[int, int] = field(default_factory=dict)  # rid -> its request's epoch at plan
     prefilling: set[int] = field(default_factory=set)  # rids whose prompt chunks it computes
     presolved: set[int] = field(default_factory=set)  # rids whose sampled token is known already
+    planned_at: float = field(default_factory=time.time)  # wall clock (traced requests' chunks)
 
     def is_stale(self, req: Request) -> bool:
         """The request was preempted by recompute after this step was planned."""

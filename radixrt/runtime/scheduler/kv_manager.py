@@ -15,7 +15,14 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from radixrt.runtime.messages import DEVICE_TIER, DISK_TIER, HOST_TIER, PageMove, SlotCopy
+from radixrt.runtime.messages import (
+    DEVICE_TIER,
+    DISK_TIER,
+    HOST_TIER,
+    NUM_TIERS,
+    PageMove,
+    SlotCopy,
+)
 from radixrt.runtime.scheduler.page_pool import PagePool
 from radixrt.runtime.scheduler.radix_cache import RadixCache, RadixNode, TreeListener
 from radixrt.runtime.scheduler.request import Request
@@ -143,6 +150,8 @@ class KVManager:
             return 0
         key = self.match_key(req)
         match = self.tree.match_prefix(key, req.extra_key)
+        if req.trace is not None and not req.trace.hit_tokens:  # its first admission
+            req.trace.hit_tokens = tokens_by_tier(match.node)
         if self.tiers is not None:
             self.tiers.stats.hit_tokens[DEVICE_TIER] += match.device_length
             if match.length > match.device_length:  # load back what there is room for
@@ -367,3 +376,12 @@ class KVManager:
             raise RuntimeError("radix tree evictable + locked != total")
         if self.tiers is not None:
             self.tiers.check()
+
+
+def tokens_by_tier(node: RadixNode) -> list[int]:
+    """The tokens of the path down to `node` in each tier (index: the tier)."""
+    counts = [0] * NUM_TIERS
+    while node.parent is not None:
+        counts[node.tier] += len(node.key)
+        node = node.parent
+    return counts

@@ -248,6 +248,8 @@ class Planner:
                 break
             if req.admitted_at < 0:
                 req.admitted_s = time.monotonic()
+                if req.trace is not None:
+                    req.trace.admitted_at = time.time()
                 self.stats.prompt_tokens += len(req.prompt_ids)
                 self.stats.cached_tokens += req.kv_len - len(slots)
                 req.cached_len = req.kv_len - len(slots)

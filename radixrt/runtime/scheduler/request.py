@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.scheduler.draft_index import ContextIndex
+from radixrt.runtime.trace_messages import RequestTrace
 
 if TYPE_CHECKING:
     from radixrt.runtime.scheduler.radix_cache import RadixNode
@@ -80,6 +81,7 @@ class Request:
     output_logprobs: list[TokenLogprob] = field(default_factory=list)
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
     pooled: bytes = b""  # a pooling request's output (RunResult.pooled), once computed
+    trace: RequestTrace | None = None  # its stages, recorded only when Scheduling.trace asks
 
     @property
     def all_ids(self) -> list[int]:

@@ -47,6 +47,7 @@ from radixrt.runtime.scheduler.kv_manager import KVManager
 from radixrt.runtime.scheduler.radix_cache import RadixNode
 from radixrt.runtime.scheduler.request import Phase, Request
 from radixrt.runtime.scheduler.stats import count_capped
+from radixrt.runtime.trace_messages import RequestTrace
 
 FORKED = "forked"  # finish reason of an n > 1 parent once its children exist
 NORMAL_ENDINGS = ("stop", "length")  # endings that keep a pinned request's prefix
@@ -313,11 +314,19 @@ class RequestTable:
                     pinned=req.finished and req.rid in self.pins,
                     pin_error=req.pin_error if req.finished else None,
                     pooled=req.pooled if req.finished else b"",
+                    trace=self._final_trace(req) if req.finished else None,
                 )
             )
             if req.finished:
                 self._forget_sample(req)
         return deltas
+
+    @staticmethod
+    def _final_trace(req: Request) -> RequestTrace | None:
+        if req.trace is None:
+            return None
+        req.trace.preemptions = req.num_preemptions
+        return req.trace
 
     def _forget_sample(self, req: Request) -> None:
         self.forget(req.rid)

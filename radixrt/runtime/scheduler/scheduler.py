@@ -44,6 +44,7 @@ from radixrt.runtime.scheduler.request import Request
 from radixrt.runtime.scheduler.request_table import RequestTable
 from radixrt.runtime.scheduler.speculator import Speculator
 from radixrt.runtime.scheduler.stats import SchedulerStats
+from radixrt.runtime.trace_messages import RequestTrace
 from radixrt.runtime.worker.capacity import Capacity, typical_request_tokens
 from radixrt.runtime.worker.disk_format import scan
 
@@ -178,6 +179,7 @@ class Scheduler:
             priority=scheduling.priority,
             tenant=scheduling.tenant,
             pin=pin,
+            trace=RequestTrace() if scheduling.trace else None,
         )
         self.table.enqueue(req)
         if scheduling.timeout_s is not None:

@@ -51,6 +51,7 @@ from radixrt.runtime.server.core.lora_routes import add_lora_routes
 from radixrt.runtime.server.core.operations_routes import add_operations_routes
 from radixrt.runtime.server.core.tenants import ApiKeys
 from radixrt.runtime.server.core.text_check import CheckedTextRoute
+from radixrt.runtime.server.core.trace_middleware import TraceContext
 from radixrt.runtime.server.dsl.dsl_scoring import start_text
 from radixrt.runtime.server.native.native_routes import add_native_routes
 from radixrt.runtime.server.native.native_serving import NativeServing
@@ -64,6 +65,7 @@ from radixrt.runtime.server.responses.responses_routes import add_responses_rout
 from radixrt.runtime.server.responses.responses_serving import ResponsesServing
 from radixrt.runtime.tokenizer.chat_tool_prompts import dsl_chat_info
 from radixrt.runtime.tokenizer.pin_leases import PinService
+from radixrt.runtime.tokenizer.request_tracer import RequestTracer
 from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 
 API_DESCRIPTION = ("OpenAI's API (completions, chat, models, Responses), Anthropic's Messages "
@@ -81,7 +83,8 @@ def create_app(manager: TokenizerManager, api_key: str | None = None,
                pins: PinService | None = None, keys: ApiKeys | None = None,
                features: ChatFeatures | None = None, replica: str | None = None,
                openapi: bool = True, dashboard: bool = True,
-               dashboard_show_text: bool = False) -> FastAPI:
+               dashboard_show_text: bool = False,
+               tracer: RequestTracer | None = None) -> FastAPI:
     """api_key: the one key every request needs; keys: named keys instead (--api-key-file),
     each naming its requests' tenant. pins: the process's pin leases, shared with the DSL
     endpoint (made here if not given). features: tool calls and reasoning (default: the
@@ -90,7 +93,8 @@ def create_app(manager: TokenizerManager, api_key: str | None = None,
     openapi: serve GET /openapi.json and its page GET /docs (behind the keys, like every route
     but /health; `radixrt serve --disable-openapi` turns them off). dashboard: serve the live
     page /dashboard, /dashboard/stats and /debug/radix_tree (core/dashboard_routes.py), each
-    node's first words only with dashboard_show_text."""
+    node's first words only with dashboard_show_text. tracer: each HTTP request gets a span in
+    its caller's W3C trace context (core/trace_middleware.py; the manager traces the rest)."""
     features = features if features is not None else ChatFeatures.of(manager.tokenizer)
     pins = pins if pins is not None else PinService(manager)
     if keys is None and api_key:
@@ -105,6 +109,8 @@ def create_app(manager: TokenizerManager, api_key: str | None = None,
     if keys is not None:
         app.add_middleware(BearerAuth, keys=keys)
     app.add_middleware(InternalErrors, metrics=metrics)  # catches the others'
+    if tracer is not None:  # outside the others: their refusals are in the request's span
+        app.add_middleware(TraceContext, tracer=tracer)
     if replica is not None:  # the outermost: names even InternalErrors' 500s
         app.add_middleware(ReplicaHeader, name=replica)
     chat = OpenAIServing(manager, features)

@@ -91,5 +91,6 @@ class OutputTracker:
             pin_error=delta.pin_error,
             matched_stop=sample.matched_stop,
             pooled=out.pooled if delta.pooled else [],
+            trace=delta.trace,
         )
         return [chunk], stopped_here

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from concurrent.futures import Future
@@ -52,6 +53,20 @@ from radixrt.runtime.outputs import RequestOutput, StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.tokenizer.output_tracker import OutputTracker
 from radixrt.runtime.tokenizer.prompts import Prompt, encode_prompt
+
+
+class GrammarTiming:
+    """A request's grammar: submitted at `started` (monotonic seconds), compiled at `ended`
+    (None while compiling), or found in the compiler's cache (`cached`)."""
+
+    def __init__(self, started: float, cached: bool) -> None:
+        self.started = started
+        self.cached = cached
+        self.ended: float | None = started if cached else None
+
+    def done(self, _future: Future) -> None:  # on the compiler's thread
+        if self.ended is None:
+            self.ended = time.monotonic()
 
 
 def refusal_error(refusal: SubmitError) -> Exception:
@@ -96,6 +111,7 @@ class RequestFront:
         self._trackers: dict[int, OutputTracker] = {}
         self._streams: dict[int, Stream] = {}
         self._compiling: dict[int, Future] = {}  # rid -> its grammar, compiling
+        self._compile_times: dict[int, GrammarTiming] = {}  # rid -> when its grammar compiled
         self._refusals: dict[int, SubmitError] = {}
         self._pin_callbacks: dict[int, Callable[[int], None]] = {}  # rid -> told once pinned
         self._calls: dict[int, Future] = {}  # call_id -> its ControlReply's result
@@ -113,8 +129,13 @@ class RequestFront:
         `receive` (at once for the Engine): into the request's stream (stream=True), else see
         `refusal`. on_pinned(rid): called once the scheduler pinned its prefix (pin=True)."""
         constraint = None if params.prefill_only else params.constraint
+        started = time.monotonic()
         grammar = self._grammars().compile_async(constraint) if constraint else None
         rid = next(self._rids)
+        if grammar is not None:
+            timing = GrammarTiming(started, cached=grammar.done())
+            self._compile_times[rid] = timing
+            grammar.add_done_callback(timing.done)
         ids = [int(t) for t in prompt_ids]
         self._trackers[rid] = OutputTracker(self.tokenizer, rid, ids, params)
         if stream:
@@ -265,8 +286,13 @@ class RequestFront:
         self._streams.pop(rid, None)
         return self._trackers.pop(rid).output
 
+    def grammar_timing(self, rid: int) -> GrammarTiming | None:
+        """When request `rid`'s grammar compiled (None: it has none)."""
+        return self._compile_times.get(rid)
+
     def forget(self, rid: int) -> None:
         """Drop what the front holds of request `rid` (its pin callback stays until it ends)."""
+        self._compile_times.pop(rid, None)
         self._trackers.pop(rid, None)
         self._streams.pop(rid, None)
         self._refusals.pop(rid, None)

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from radixrt.runtime.outputs import StreamChunk
+from radixrt.runtime.tokenizer.request_front import GrammarTiming
+from radixrt.runtime.trace_messages import RequestTrace
 
 
 @dataclass
@@ -26,10 +29,18 @@ class RequestMetrics:
     prefill: float | None = None  # first admission to first token
     inter_token: list[float] = field(default_factory=list)
     finish_reasons: list[str] = field(default_factory=list)  # one per sample, as they end
+    # tracing (tokenizer/request_tracer.py): wall-clock arrival, the caller's trace context,
+    # when its grammar compiled (request_front.GrammarTiming), the scheduler's record
+    wall_arrival: float = 0.0
+    trace_context: Any = None
+    grammar: GrammarTiming | None = None
+    trace: RequestTrace | None = None
 
     def record(self, chunk: StreamChunk, now: float) -> None:
         """Account for one streamed chunk."""
         self.cached_tokens = chunk.cached_tokens
+        if chunk.trace is not None:
+            self.trace = chunk.trace
         if self.queue is None and chunk.queue_s >= 0:
             self.queue, self.prefill = chunk.queue_s, chunk.prefill_s
         if chunk.finish_reason is not None:

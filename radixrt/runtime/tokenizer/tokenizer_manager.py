@@ -25,6 +25,7 @@ from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.tokenizer.prompts import Prompt
 from radixrt.runtime.tokenizer.request_front import RequestFront, Stream
 from radixrt.runtime.tokenizer.request_metrics import RequestMetrics
+from radixrt.runtime.tokenizer.request_tracer import RequestTracer
 from radixrt.runtime.tree_messages import TEXT_HEAD_TOKENS, TreeView
 
 
@@ -83,6 +84,7 @@ class TokenizerManager:
         self._callbacks: list[Callable[[RequestMetrics], None]] = []
         self._pin_callbacks: list[Callable[[int], None]] = []
         self._loras: dict[str, dict[str, Any]] | None = None  # name -> the scheduler's listing
+        self.tracer: RequestTracer | None = None  # trace_with
 
     @property
     def context_length(self) -> int:
@@ -128,13 +130,18 @@ class TokenizerManager:
         sample ends with a chunk whose finish_reason is set."""
         scheduling = scheduling or Scheduling()
         front = self.front
+        trace_context = self.tracer.context() if self.tracer is not None else None
+        if trace_context is not None:
+            scheduling = msgspec.structs.replace(scheduling, trace=True)
+        arrival, wall_arrival = time.monotonic(), time.time()  # before the scheduler hears
         rid = front.submit(prompt_ids, params, scheduling, pin, stream=True,
                            on_pinned=self._pinned)
         self._client_ids.add(rid_hint, rid)
-        metrics = RequestMetrics(arrival=time.monotonic(), prompt_tokens=len(prompt_ids),
+        metrics = RequestMetrics(arrival=arrival, prompt_tokens=len(prompt_ids),
                                  priority=scheduling.priority, tenant=scheduling.tenant,
                                  lora=scheduling.lora or "",
-                                 pooling=params.pooling.task if params.pooling else "")
+                                 pooling=params.pooling.task if params.pooling else "",
+                                 wall_arrival=wall_arrival, trace_context=trace_context)
         refused = False
         try:
             grammar = front.grammar(rid)
@@ -151,6 +158,7 @@ class TokenizerManager:
             raise
         finally:
             self._client_ids.remove(rid_hint, rid)
+            metrics.grammar = front.grammar_timing(rid)
             if not front.finished(rid):
                 front.abort(rid)  # the client went away: free its KV
             front.forget(rid)
@@ -243,6 +251,11 @@ class TokenizerManager:
     def on_finish(self, callback: Callable[[RequestMetrics], None]) -> None:
         """Register callback(RequestMetrics) called once per finished request (for /metrics)."""
         self._callbacks.append(callback)
+
+    def trace_with(self, tracer: RequestTracer) -> None:
+        """Trace every request from now on (tokenizer/request_tracer.py)."""
+        self.tracer = tracer
+        self.on_finish(tracer.record)
 
     def on_pinned(self, callback: Callable[[int], None]) -> None:
         """Register callback(rid), called once per request whose prefix the runtime pinned, as

@@ -76,9 +76,10 @@ class DashboardFeed:
         self._current().add(m)
 
     def history(self) -> dict[str, Any]:
-        """{"bucket_s", "now", "buckets": [...]}, oldest first, the empty ones included."""
+        """{"bucket_s", "window" (buckets kept at most), "now", "buckets": [...]}, oldest
+        first, the empty ones included."""
         self._current()
-        return {"bucket_s": BUCKET_S, "now": self._clock(),
+        return {"bucket_s": BUCKET_S, "window": HISTORY_BUCKETS, "now": self._clock(),
                 "buckets": [asdict(b) for b in self._buckets]}
 
     def _current(self) -> Bucket:

@@ -13,10 +13,11 @@ from typing import Any
 
 import msgspec
 from fastapi import FastAPI, HTTPException, Query, Request
-from starlette.responses import RedirectResponse, Response
+from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from radixrt.runtime.server.core.dashboard_auth import DASHBOARD_COOKIE, DASHBOARD_PATH, KEY_QUERY
 from radixrt.runtime.server.core.dashboard_feed import DashboardFeed
+from radixrt.runtime.server.core.http_openapi import documented
 from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 from radixrt.runtime.tree_messages import (
     DEFAULT_TREE_DEPTH,
@@ -46,8 +47,13 @@ def add_dashboard_routes(app: FastAPI, manager: TokenizerManager, keyed: bool,
     feed = DashboardFeed(manager)
     files = {name: (STATIC_DIR / name).read_bytes() for name in [PAGE, *STATIC_FILES]}
 
-    @app.get(DASHBOARD_PATH, include_in_schema=False)
+    @app.get(DASHBOARD_PATH, response_class=HTMLResponse, summary="The live page",
+             responses={303: {"description": "The key came in the query (`?api_key=KEY`): it "
+                                             "is set as an HttpOnly cookie and the page is "
+                                             "opened without it"}})
     async def page(request: Request) -> Response:
+        """The operator's live page (HTML): throughput, latency, the KV pool and its tiers,
+        tenants and the radix tree, refreshed every 2 s."""
         key = request.query_params.get(KEY_QUERY)
         if keyed and key:  # the middleware accepted it: keep it in a cookie, off the URL
             moved = RedirectResponse(DASHBOARD_PATH, status_code=303)
@@ -64,8 +70,10 @@ def add_dashboard_routes(app: FastAPI, manager: TokenizerManager, keyed: bool,
         return {"model": manager.model_name, "info": await manager.server_info(),
                 "history": feed.history(), "show_text": show_text}
 
-    @app.get(DASHBOARD_PATH + "/{name}", include_in_schema=False)
+    @app.get(DASHBOARD_PATH + "/{name}", summary="The live page's script and style",
+             responses=documented(None, (404,)))
     async def static(name: str) -> Response:
+        """dashboard.js and dashboard.css (404 for any other name)."""
         if name not in STATIC_FILES:
             raise HTTPException(404, f"no dashboard file {name!r}")
         return Response(files[name], media_type=STATIC_FILES[name], headers=PAGE_HEADERS)

@@ -71,13 +71,14 @@ async function getJSON(url) {
 
 // --- the figures ---------------------------------------------------------------------------
 
-function sparkline(id, values, maxId) {
+function sparkline(id, values, maxId, slots) {
+  // the last `slots` buckets, the ones before the server's history as zeros (none finished)
   const svg = byId(id);
   svg.replaceChildren();
-  const top = Math.max(...values, 1e-9);
-  const n = values.length;
-  if (n < 2) return;
-  const points = values.map((v, i) => `${(i / (n - 1)) * 300},${58 - (v / top) * 54}`);
+  const padded = Array(Math.max(slots - values.length, 0)).fill(0).concat(values);
+  const top = Math.max(...padded, 1e-9);
+  const n = padded.length;
+  const points = padded.map((v, i) => `${(i / Math.max(n - 1, 1)) * 300},${58 - (v / top) * 54}`);
   svg.append(svgEl("polyline", { points: points.join(" ") }));
   setText(maxId, "max " + fmt(top, top < 10 ? 1 : 0));
 }
@@ -113,12 +114,13 @@ function renderStats(stats) {
     ? fmt(100 * info.spec_accepted_tokens / drafted, 1) + " %"
     : (info.speculative_algorithm ? "0 drafted" : "off"));
 
-  sparkline("chart-tokens", buckets.map((b) => b.generated_tokens / span), "max-tokens");
-  sparkline("chart-requests", buckets.map((b) => b.requests / span), "max-requests");
+  const slots = history.window;
+  sparkline("chart-tokens", buckets.map((b) => b.generated_tokens / span), "max-tokens", slots);
+  sparkline("chart-requests", buckets.map((b) => b.requests / span), "max-requests", slots);
   sparkline("chart-ttft", buckets.map((b) => b.ttft_count ? 1000 * b.ttft_sum / b.ttft_count : 0),
-            "max-ttft");
+            "max-ttft", slots);
   sparkline("chart-tpot", buckets.map((b) => b.tpot_count ? 1000 * b.tpot_sum / b.tpot_count : 0),
-            "max-tpot");
+            "max-tpot", slots);
   renderPool(info);
   renderTenants(info, buckets);
 }
