@@ -129,7 +129,8 @@ def server() -> Iterator[Server]:
     # one running slot (a more urgent request preempts), a small pool over a host tier (cached
     # prefixes move to the host), speculative decoding on (the default)
     srv = Server("--max-total-tokens", "512", "--host-cache-tokens", "1024",
-                 "--max-running-requests", "1", "--api-key", API_KEY, "--log-level", "warning")
+                 "--max-running-requests", "1", "--api-key", API_KEY, "--log-level", "warning",
+                 "--tenant-weights", "alice:2")
     yield srv
     srv.stop()
 

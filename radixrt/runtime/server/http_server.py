@@ -107,7 +107,7 @@ def create_app(manager: TokenizerManager, api_key: str | None = None,
     install_error_handlers(app, metrics)
     app.add_middleware(BodyLimit, max_bytes=MAX_REQUEST_BODY_BYTES, metrics=metrics)
     if keys is not None:
-        app.add_middleware(BearerAuth, keys=keys)
+        app.add_middleware(BearerAuth, keys=keys, metrics=metrics)
     app.add_middleware(InternalErrors, metrics=metrics)  # catches the others'
     if tracer is not None:  # outside the others: their refusals are in the request's span
         app.add_middleware(TraceContext, tracer=tracer)

@@ -12,7 +12,9 @@ seconds they took and the seconds sampling waited for them after the forward pas
 decoding: drafts verified, tokens drafted and accepted, draft lookups and their seconds, and the
 acceptance-length histogram (verified runs by how many drafted tokens they kept). KV tiers: each
 tier's size, cached and hit tokens, tokens moved each way, seconds moving them. LoRA adapters:
-finished requests and their prompt, cached and generated tokens by adapter.
+finished requests and their prompt, cached and generated tokens by adapter. Grammars: constrained
+requests by whether their grammar was cached, and the compile time of the others. Tenants: each
+configured fair-share weight.
 
 The same load figures are also exported under the names a Kubernetes inference gateway reads
 (GATEWAY_GAUGES): the Gateway API Inference Extension's endpoint picker (llm-d-router) scrapes
@@ -38,6 +40,7 @@ from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 ITL_BUCKETS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+COMPILE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 PREFIX = "radixrt"
 
@@ -216,6 +219,16 @@ class HTTPMetrics:
         self.pooling_time = Histogram(f"{PREFIX}_pooling_seconds", "Pooling requests, "
                                       "submission to result (seconds)", buckets=E2E_BUCKETS,
                                       registry=r)
+        self.grammar_compile = Histogram(f"{PREFIX}_grammar_compile_seconds",
+                                         "Grammars compiled for requests (not found in the "
+                                         "compiler's cache): submission to compiled (seconds)",
+                                         buckets=COMPILE_BUCKETS, registry=r)
+        self.grammar_requests = Counter(f"{PREFIX}_grammar_requests", "Constrained requests, "
+                                        "by whether their grammar was in the compiler's cache",
+                                        ["cache"], registry=r)
+        self.tenant_weight = Gauge(f"{PREFIX}_tenant_weight", "Fair-share weight of each "
+                                   "tenant with a configured weight (others weigh 1)",
+                                   ["tenant"], registry=r)
         self._labels: dict[str, set[str]] = {"priority": set(), "tenant": set(), "adapter": set()}
         manager.on_finish(self.record)
 
@@ -251,6 +264,10 @@ class HTTPMetrics:
             self.pooling_tokens.labels(m.pooling, "prompt").inc(m.prompt_tokens)
             self.pooling_tokens.labels(m.pooling, "cached").inc(m.cached_tokens)
             self.pooling_time.observe(m.finished - m.arrival)
+        if m.grammar is not None:
+            self.grammar_requests.labels(cache="hit" if m.grammar.cached else "miss").inc()
+            if not m.grammar.cached and m.grammar.ended is not None:
+                self.grammar_compile.observe(m.grammar.ended - m.grammar.started)
         if m.queue is not None and m.prefill is not None:
             self.queue_time.observe(m.queue)
             self.prefill_time.observe(m.prefill)
@@ -289,6 +306,8 @@ class HTTPMetrics:
         self.tenant_running.clear()  # tenants with nothing running drop out
         for tenant, count in info.get("running_by_tenant", {}).items():
             self.tenant_running.labels(tenant=tenant).set(count)
+        for tenant, weight in info.get("tenant_weights", {}).items():
+            self.tenant_weight.labels(tenant=tenant).set(weight)
         self.swap_fallbacks.set(info.get("swap_fallbacks", 0))
         self.grammar_masks.set(info.get("grammar_masks", 0))
         self.grammar_mask_seconds.set(info.get("grammar_mask_seconds", 0.0))

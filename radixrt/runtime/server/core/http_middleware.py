@@ -121,9 +121,10 @@ class BearerAuth:
     one of the keys (the dashboard's reads may carry it as a browser can: dashboard_auth.py);
     a named key's name becomes the request's tenant (scope state)."""
 
-    def __init__(self, app: ASGIApp, keys: ApiKeys) -> None:
+    def __init__(self, app: ASGIApp, keys: ApiKeys, metrics: HTTPMetrics | None = None) -> None:
         self.app = app
         self.keys = keys
+        self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in UNAUTHENTICATED_PATHS:
@@ -148,6 +149,8 @@ class BearerAuth:
             return
         message = ("a valid API key is required: send the header 'Authorization: Bearer <key>' "
                    "(or 'x-api-key: <key>')" if not given else "the API key is wrong")
+        if self.metrics is not None:
+            self.metrics.reject(401)
         response = error_response(scope["path"], 401, message, code="invalid_api_key",
                                   headers={"WWW-Authenticate": "Bearer"})
         await response(scope, receive, send)

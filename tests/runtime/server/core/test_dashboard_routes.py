@@ -5,6 +5,7 @@ and `--disable-dashboard`."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -69,6 +70,11 @@ def test_a_browser_brings_the_key_once_and_the_cookie_opens_only_the_dashboard(
     header = {"Authorization": f"Bearer {API_KEY}"}
     assert http.get("/debug/radix_tree", headers=header).status_code == 200
     assert http.get("/metrics", params={"api_key": API_KEY}).status_code == 401
+    # every refusal above is counted, as the alerting rules read it
+    scraped = http.get("/metrics", headers=header).text
+    refused = re.search(r'^radixrt_rejected_requests_total\{status="401"\} (\S+)$', scraped,
+                        re.MULTILINE)
+    assert refused is not None and float(refused.group(1)) == 8
 
 
 def check_cookie_reads(http: httpx.Client) -> None:
