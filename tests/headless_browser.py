@@ -29,6 +29,7 @@ from websockets.sync.client import connect
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome")
 START_TIMEOUT_S = 30.0
+LOG_NAME = "chromium.log"  # in the profile's folder
 DEVTOOLS_LINE = re.compile(r"DevTools listening on (ws://\S+)")
 
 
@@ -43,13 +44,14 @@ class Browser:
 
     def __init__(self, width: int = 1280, height: int = 1000) -> None:
         self._profile = tempfile.TemporaryDirectory(prefix="radixrt-chromium-")
+        self._log = open(Path(self._profile.name) / LOG_NAME, "w")  # noqa: SIM115 (closed in close)
         self._proc = subprocess.Popen(
             [chromium_path(), "--headless=new", "--no-sandbox", "--disable-gpu",
              "--no-first-run", "--no-default-browser-check", "--disable-extensions",
              "--disable-background-networking", "--remote-debugging-address=127.0.0.1",
              "--remote-debugging-port=0", f"--user-data-dir={self._profile.name}",
              f"--window-size={width},{height}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            stdout=subprocess.DEVNULL, stderr=self._log, text=True)
         try:
             browser_url = self._devtools_url()
             port = browser_url.split(":")[2].split("/")[0]
@@ -62,18 +64,17 @@ class Browser:
         self._ids = itertools.count(1)
 
     def _devtools_url(self) -> str:
-        assert self._proc.stderr is not None
+        """The browser's DevTools address, from its log (a file: never a pipe that fills)."""
         deadline = time.monotonic() + START_TIMEOUT_S
-        seen = []
+        log = Path(self._profile.name) / LOG_NAME
         while time.monotonic() < deadline:
-            line = self._proc.stderr.readline()
-            if not line and self._proc.poll() is not None:
-                break
-            seen.append(line)
-            match = DEVTOOLS_LINE.search(line)
+            match = DEVTOOLS_LINE.search(log.read_text(errors="replace"))
             if match:
                 return match.group(1)
-        raise RuntimeError("Chromium did not start: " + "".join(seen)[-2000:])
+            if self._proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        raise RuntimeError("Chromium did not start: " + log.read_text(errors="replace")[-2000:])
 
     def command(self, method: str, **params: Any) -> dict[str, Any]:
         call_id = next(self._ids)
@@ -130,8 +131,7 @@ class Browser:
             except subprocess.TimeoutExpired:
                 self._proc.kill()
                 self._proc.wait()
-        if self._proc.stderr is not None:
-            self._proc.stderr.close()
+        self._log.close()
         self._profile.cleanup()
 
     def __enter__(self) -> Browser:

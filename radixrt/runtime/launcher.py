@@ -163,6 +163,7 @@ async def _serve_http(
     dsl_addresses: list[str],
     owner: int | None,
 ) -> int:
+    from radixrt.runtime.server.core.dashboard_auth import RedactKeys
     from radixrt.runtime.server.dsl.dsl_endpoint import DslEndpoint
     from radixrt.runtime.server.http_server import create_app
     from radixrt.runtime.server.openai.chat_tool_plan import ChatFeatures
@@ -207,6 +208,7 @@ async def _serve_http(
             timeout_graceful_shutdown=int(DRAIN_TIMEOUT_S),
         )
     )
+    logging.getLogger("uvicorn.access").addFilter(RedactKeys())  # after uvicorn's log config
     exit_code = 0
 
     async def watch() -> None:

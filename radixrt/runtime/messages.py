@@ -180,7 +180,7 @@ class StepResult(msgspec.Struct, frozen=True, tag=True):
     move_seconds: float = 0.0  # spent on the plan's PageMoves (KV tiers)
 
 
-class OutputDelta(msgspec.Struct, frozen=True):
+class OutputDelta(msgspec.Struct, frozen=True, omit_defaults=True):
     """What one sample gained in a step, scheduler -> tokenizer. `owner` is the rid the client
     knows (the parent of n > 1 samples); `index` is the sample's index, -1 for all samples of an
     n > 1 request that ended before it forked (abort, error)."""

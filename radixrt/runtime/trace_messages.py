@@ -9,6 +9,8 @@ import time
 
 import msgspec
 
+MAX_CHUNKS = 64  # prefill chunks kept per request: the later ones are added to the last
+
 
 class PrefillChunk(msgspec.Struct, frozen=True):
     """One step's part of the prompt: planned at `start`, its result folded in at `end`."""
@@ -29,3 +31,21 @@ class RequestTrace(msgspec.Struct):
     drafted_tokens: int = 0  # speculative decoding: drafts verified ...
     accepted_tokens: int = 0  # ... and accepted
     preemptions: int = 0
+
+
+def merged(first: RequestTrace, other: RequestTrace) -> RequestTrace:
+    """The record of a request of n > 1 samples from two of its samples': they share the
+    prompt's stages (the first's), their drafts and preemptions add up."""
+    return msgspec.structs.replace(
+        first, drafted_tokens=first.drafted_tokens + other.drafted_tokens,
+        accepted_tokens=first.accepted_tokens + other.accepted_tokens,
+        preemptions=first.preemptions + other.preemptions)
+
+
+def add_chunk(trace: RequestTrace, chunk: PrefillChunk) -> None:
+    """Record one step's part of the prompt; past MAX_CHUNKS, it lengthens the last one."""
+    if len(trace.chunks) < MAX_CHUNKS:
+        trace.chunks.append(chunk)
+        return
+    last = trace.chunks[-1]
+    trace.chunks[-1] = PrefillChunk(last.start, chunk.end, last.tokens + chunk.tokens)

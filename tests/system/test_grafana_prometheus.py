@@ -211,6 +211,7 @@ def send_traffic(server: Server, prom: Prometheus) -> None:
                                   user="bob", extra_body={"priority": -1})
     finally:
         long.join(timeout=120)
+    assert server.info()["preemptions_by_cause"].get("priority", 0) >= 1  # bob preempted her
     # a shared prefix (the second request hits the radix cache), then prompts enough to push
     # cached prefixes out of the 512-token pool into the host tier, and the first one again
     shared = "The three most spoken languages in the world are English, Mandarin and"

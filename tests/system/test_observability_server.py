@@ -33,12 +33,15 @@ def receiver() -> Iterator[OtlpReceiver]:
 
 
 @pytest.fixture(scope="module")
-def server(receiver: OtlpReceiver) -> Iterator[Server]:
-    srv = Server("--max-total-tokens", "4096", "--api-key", API_KEY, "--log-level", "warning",
-                 "--check-integrity", "--dashboard-show-text",
-                 "--otlp-traces-endpoint", receiver.url)
-    yield srv
-    srv.stop()
+def server(receiver: OtlpReceiver, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    log_path = tmp_path_factory.mktemp("observability") / "server.log"
+    with open(log_path, "w") as log:  # info: the access log too (it must not show the key)
+        srv = Server("--max-total-tokens", "4096", "--api-key", API_KEY, "--log-level", "info",
+                     "--check-integrity", "--dashboard-show-text",
+                     "--otlp-traces-endpoint", receiver.url, log=log)
+        srv.log_path = log_path
+        yield srv
+        srv.stop()
 
 
 def client(server: Server, **headers: str) -> openai.OpenAI:
@@ -88,6 +91,9 @@ def test_the_dashboard_in_a_real_browser(server: Server) -> None:
         assert browser.evaluate("document.getElementById('hit-rate').textContent") != "0.0 %"
         if os.environ.get(SCREENSHOT_ENV):
             browser.screenshot(os.environ[SCREENSHOT_ENV])
+    logged = server.log_path.read_text()
+    assert "GET /dashboard?api_key=*** HTTP/1.1" in logged  # the access log saw it, redacted
+    assert API_KEY not in logged
 
 
 def _count(text: str) -> int:
@@ -111,6 +117,7 @@ def test_one_trace_per_request_with_its_stages_in_the_callers_trace(
             response_format={"type": "json_schema",
                              "json_schema": {"name": "place", "schema": schema}})
     drafted = server.info()["spec_drafted_tokens"] - drafted_before
+    assert drafted > 0  # the JSON answer copies its schema's keys: the tree drafts them
     for response, trace_id in ((first, traces[0]), (second, traces[1])):
         # the answer names the server's span in the caller's trace: the caller can pass it on
         assert response.headers["traceparent"].split("-")[1] == trace_id
@@ -154,6 +161,18 @@ def test_one_trace_per_request_with_its_stages_in_the_callers_trace(
     for d in decodes:
         assert 0 <= d.attributes["radixrt.spec_accepted_tokens"] <= \
             d.attributes["radixrt.spec_drafted_tokens"]
+    # a stop string ends the answer here, before the scheduler's last output (with the
+    # stages) comes: the trace still has them
+    stopped_trace = "7df92f3577b34da6a3ce929d0e0e4739"
+    stopped = client(server, traceparent=f"00-{stopped_trace}-{caller_span}-01").completions \
+        .create(model="default", prompt=SYSTEM + " Guest: hello", max_tokens=16, stop=[" "],
+                temperature=0)
+    assert stopped.choices[0].finish_reason == "stop"
+    stop_spans = receiver.wait_for(lambda spans: {
+        s.name for s in spans if s.trace_id == stopped_trace} >= {
+        "radixrt.request", "queued", "prefix_match", "prefill"} and spans)
+    assert any(s.name == "radixrt.request" and s.trace_id == stopped_trace
+               and s.attributes["radixrt.finish_reasons"] == ["stop"] for s in stop_spans)
     # a caller that asks for no sampling gets no spans; every span names the service
     requests_before = len(_all(receiver.spans))
     unsampled = "6cf92f3577b34da6a3ce929d0e0e4738"

@@ -119,6 +119,12 @@ class GrammarCompiler:
                           f"end-marker-{END_MARKER}", name])
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
+    def cached(self, constraint: Constraint) -> bool:
+        """Is this constraint's grammar compiled already (in the cache)?"""
+        key = self.key(constraint)
+        with self._lock:
+            return key in self._cache
+
     def compile_async(self, constraint: Constraint) -> Future:
         """Future of the Grammar. A cached grammar comes back done, a failed one failed;
         otherwise the constraint is checked (here with check_inline: a ValueError naming the

@@ -24,7 +24,7 @@ from radixrt.runtime.scheduler.request import Phase, Request
 from radixrt.runtime.scheduler.request_table import RequestTable
 from radixrt.runtime.scheduler.speculator import Speculator
 from radixrt.runtime.scheduler.stats import SchedulerStats
-from radixrt.runtime.trace_messages import PrefillChunk
+from radixrt.runtime.trace_messages import PrefillChunk, add_chunk
 
 
 class ResultFolder:
@@ -77,7 +77,7 @@ class ResultFolder:
                 continue
             self.stats.computed_tokens += run.num_new
             if req.trace is not None and run.start < len(req.prompt_ids):
-                req.trace.chunks.append(PrefillChunk(
+                add_chunk(req.trace, PrefillChunk(
                     step.planned_at, time.time(),
                     min(run.num_new, len(req.prompt_ids) - run.start)))
             if run.prompt_logprob_from >= 0 and res is not None:

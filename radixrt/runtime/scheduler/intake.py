@@ -15,6 +15,7 @@ here, whether it came over ZeroMQ (the scheduler process) or by a direct call (t
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,11 +41,14 @@ from radixrt.runtime.scheduler.scheduler import Scheduler
 from radixrt.runtime.scheduler.tree_view import snapshot
 from radixrt.runtime.tree_messages import TreeViewRequest
 
+LABEL_SECRET_BYTES = 32
+
 
 class SchedulerIntake:
     def __init__(self, scheduler: Scheduler, ready: WorkerReady) -> None:
         self.scheduler = scheduler
         self.ready = ready
+        self._label_secret = os.urandom(LABEL_SECRET_BYTES)  # keys the tree view's salt labels
 
     def handle(self, msg: ToScheduler) -> list[ToTokenizer]:
         sched = self.scheduler
@@ -63,7 +67,7 @@ class SchedulerIntake:
         if isinstance(msg, ControlRequest):
             return [ControlReply(call_id=msg.call_id, result=self.control(msg.op))]
         if isinstance(msg, TreeViewRequest):
-            view = snapshot(self.scheduler.kv.tree, msg)
+            view = snapshot(self.scheduler.kv.tree, msg, self._label_secret)
             return [ControlReply(call_id=msg.call_id, result=msgspec.to_builtins(view))]
         if isinstance(msg, LoraRequest):
             return [ControlReply(call_id=msg.call_id, result=self.lora(msg.name, msg.path))]

@@ -150,8 +150,8 @@ class KVManager:
             return 0
         key = self.match_key(req)
         match = self.tree.match_prefix(key, req.extra_key)
-        if req.trace is not None and not req.trace.hit_tokens:  # its first admission
-            req.trace.hit_tokens = tokens_by_tier(match.node)
+        if req.trace is not None and req.admitted_at < 0:  # before its first admission
+            req.trace.hit_tokens = tokens_by_tier(match.node)  # (the last try is the one)
         if self.tiers is not None:
             self.tiers.stats.hit_tokens[DEVICE_TIER] += match.device_length
             if match.length > match.device_length:  # load back what there is room for
@@ -159,7 +159,6 @@ class KVManager:
                 match = self.tree.match_prefix(key[:on_device], req.extra_key)
         if match.length:
             self.tree.lock(match.node)
-            match.node.record_hit()
             req.tree_node = match.node
             self.pool.incref(match.pages)
             req.pages = list(match.pages)

@@ -12,13 +12,18 @@ among at most SCAN_BUDGET of them) and keeps nothing but plain numbers. Then:
    smaller than its child's, so every kept node's parent is kept too and the answer is a tree.
 
 Namespaces are labelled without revealing a cache_salt: "default", "lora:<key>" (an adapter's
-files' digest; the request front names the adapter) and "salt:<hash>".
+files' digest; the request front names the adapter) and "salt:<hmac>", an HMAC under a secret of
+the scheduler process, so a label cannot be turned back into the salt by trying salts. The first
+tokens of a node (its text, when the server shows text) are never sent for a salted namespace:
+a salt says its prompts are someone's own. With more namespaces than a quarter of the budget,
+those with locked nodes (in use) come first, then the most recently made.
 """
 
 from __future__ import annotations
 
 import hashlib
 import heapq
+import hmac
 import itertools
 import time
 from collections.abc import Callable
@@ -29,35 +34,56 @@ from radixrt.runtime.scheduler.radix_node import RadixNode
 from radixrt.runtime.tree_messages import TreeView, TreeViewNode, TreeViewRequest
 
 SCAN_BUDGET = 10_000  # nodes walked per snapshot: ~10 ms of the step loop on a slow CPU
+MAX_NAMESPACES = SCAN_BUDGET // 4  # namespace roots walked at most
+IN_USE_PEEK = 16  # children of a namespace's root looked at for a lock (in use now)
 LORA_MARK = "\x00lora:"
-SALT_HASH_DIGITS = 8
+SALT_LABEL_DIGITS = 12
 
 
-def namespace_label(extra_key: str | None) -> str:
+def namespace_label(extra_key: str | None, secret: bytes) -> str:
     """A namespace's name for the view, which never shows a cache_salt itself."""
     if extra_key is None:
         return "default"
     if extra_key.startswith(LORA_MARK):
         key, _, salt = extra_key[len(LORA_MARK):].partition("\x00")
-        return f"lora:{key}" + (f"/salt:{_salt_hash(salt)}" if salt else "")
-    return f"salt:{_salt_hash(extra_key)}"
+        return f"lora:{key}" + (f"/salt:{_salt_label(salt, secret)}" if salt else "")
+    return f"salt:{_salt_label(extra_key, secret)}"
 
 
-def _salt_hash(salt: str) -> str:
-    return hashlib.sha256(salt.encode("utf-8", "surrogatepass")).hexdigest()[:SALT_HASH_DIGITS]
+def is_salted(extra_key: str | None) -> bool:
+    return extra_key is not None and (not extra_key.startswith(LORA_MARK)
+                                      or "\x00" in extra_key[len(LORA_MARK):])
 
 
-def snapshot(tree: RadixCache, request: TreeViewRequest,
+def _salt_label(salt: str, secret: bytes) -> str:
+    digest = hmac.new(secret, salt.encode("utf-8", "surrogatepass"), hashlib.sha256)
+    return digest.hexdigest()[:SALT_LABEL_DIGITS]
+
+
+def _roots(tree: RadixCache) -> tuple[list[RadixNode], bool]:
+    """The namespaces' roots to walk (those with nodes), and whether they are all of them."""
+    roots = [r for r in [tree.root(None), *tree.namespaces("")] if r.children]
+    if len(roots) <= MAX_NAMESPACES:
+        return roots, True
+    def in_use(root: RadixNode) -> bool:  # a request holds a node of it (its first children)
+        return any(c.lock_count for c in itertools.islice(root.children.values(), IN_USE_PEEK))
+
+    chosen = heapq.nlargest(MAX_NAMESPACES, range(len(roots)),
+                            key=lambda i: (in_use(roots[i]), i))
+    return [roots[i] for i in sorted(chosen)], False
+
+
+def snapshot(tree: RadixCache, request: TreeViewRequest, secret: bytes,
              clock: Callable[[], float] = time.monotonic,
              scan_budget: int = SCAN_BUDGET) -> TreeView:
-    """The top of `tree` as `request` asks (see the module's docstring)."""
+    """The top of `tree` as `request` asks (see the module's docstring); `secret` keys the
+    salts' labels."""
     started = time.perf_counter()
     now = clock()
-    roots = [r for r in [tree.root(None), *tree.namespaces("")] if r.children]
+    roots, complete = _roots(tree)
     # breadth first: walked[i] = (node, index of its parent in walked or -1, depth)
     walked: list[tuple[RadixNode, int, int]] = [(root, -1, 0) for root in roots]
     head = 0
-    complete = True
     while head < len(walked) and len(walked) < scan_budget:
         node, _, depth = walked[head]
         children = _children(node, scan_budget - len(walked))
@@ -74,7 +100,8 @@ def snapshot(tree: RadixCache, request: TreeViewRequest,
                    key=lambda i: (-sizes[i], walked[i][2], i))[: request.limit]
     order.sort(key=lambda i: (walked[i][2], i))  # parents before children
     new_id = {old: new for new, old in enumerate(order)}
-    nodes = [_view_node(walked[i], new_id, sizes[i], now, request.text_tokens, new)
+    labels = {root.extra_key: namespace_label(root.extra_key, secret) for root in roots}
+    nodes = [_view_node(walked[i], new_id, sizes[i], now, request.text_tokens, new, labels)
              for new, i in enumerate(order)]
     ps = tree.page_size
     return TreeView(nodes=nodes, scanned=len(walked), complete=complete, page_size=ps,
@@ -93,13 +120,15 @@ def _children(node: RadixNode, room: int) -> list[RadixNode]:
 
 
 def _view_node(entry: tuple[RadixNode, int, int], new_id: dict[int, int], size: int,
-               now: float, text_tokens: int, node_id: int) -> TreeViewNode:
+               now: float, text_tokens: int, node_id: int,
+               labels: dict[str | None, str]) -> TreeViewNode:
     node, parent, depth = entry
     root = depth == 0
+    text_tokens = 0 if is_salted(node.extra_key) else text_tokens
     return TreeViewNode(
         id=node_id, parent=new_id.get(parent, -1), depth=depth, tokens=len(node.key),
         subtree_tokens=size, hits=node.hits, tier=TIER_NAMES[node.tier],
         locks=node.lock_count, children=len(node.children),
         idle_s=0.0 if root else round(max(now - node.last_access, 0.0), 3),
-        namespace=namespace_label(node.extra_key),
+        namespace=labels[node.extra_key],
         head_ids=list(node.key[:text_tokens]) if text_tokens else [])

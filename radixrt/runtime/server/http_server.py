@@ -31,6 +31,7 @@ from fastapi import FastAPI
 
 from radixrt.runtime.server.anthropic.anthropic_routes import add_anthropic_routes
 from radixrt.runtime.server.anthropic.anthropic_serving import AnthropicServing
+from radixrt.runtime.server.core.dashboard_auth import BrowserKeys
 from radixrt.runtime.server.core.dashboard_routes import add_dashboard_routes
 from radixrt.runtime.server.core.http_metrics import HTTPMetrics
 from radixrt.runtime.server.core.http_middleware import (
@@ -106,11 +107,12 @@ def create_app(manager: TokenizerManager, api_key: str | None = None,
     metrics = HTTPMetrics(manager, pins)
     install_error_handlers(app, metrics)
     app.add_middleware(BodyLimit, max_bytes=MAX_REQUEST_BODY_BYTES, metrics=metrics)
-    if keys is not None:
-        app.add_middleware(BearerAuth, keys=keys, metrics=metrics)
-    app.add_middleware(InternalErrors, metrics=metrics)  # catches the others'
-    if tracer is not None:  # outside the others: their refusals are in the request's span
+    if tracer is not None:  # inside the keys: a request refused by them is not traced
         app.add_middleware(TraceContext, tracer=tracer)
+    browser = BrowserKeys(keys) if keys is not None and dashboard else None
+    if keys is not None:
+        app.add_middleware(BearerAuth, keys=keys, metrics=metrics, browser=browser)
+    app.add_middleware(InternalErrors, metrics=metrics)  # catches the others'
     if replica is not None:  # the outermost: names even InternalErrors' 500s
         app.add_middleware(ReplicaHeader, name=replica)
     chat = OpenAIServing(manager, features)
@@ -126,7 +128,7 @@ def create_app(manager: TokenizerManager, api_key: str | None = None,
     add_pooling_routes(app, PoolingServing(chat))
     add_router_routes(app, manager)
     if dashboard:
-        add_dashboard_routes(app, manager, keys is not None, dashboard_show_text)
+        add_dashboard_routes(app, manager, browser, dashboard_show_text)
     # with LoRA adapters, `model` may name any adapter loaded while serving: no list
     install_openapi(app, keys is not None, UNAUTHENTICATED_PATHS,
                     None if manager.lora_enabled else [manager.model_name, MODEL_ALIAS])

@@ -53,6 +53,7 @@ from radixrt.runtime.outputs import RequestOutput, StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.tokenizer.output_tracker import OutputTracker
 from radixrt.runtime.tokenizer.prompts import Prompt, encode_prompt
+from radixrt.runtime.trace_messages import RequestTrace
 
 
 class GrammarTiming:
@@ -112,6 +113,9 @@ class RequestFront:
         self._streams: dict[int, Stream] = {}
         self._compiling: dict[int, Future] = {}  # rid -> its grammar, compiling
         self._compile_times: dict[int, GrammarTiming] = {}  # rid -> when its grammar compiled
+        # a traced request's stages that came after its reader ended (a stop string ended it
+        # here, or its client left): (owner rid, trace) go here (request_tracer.py)
+        self.on_late_trace: Callable[[int, RequestTrace], None] | None = None
         self._refusals: dict[int, SubmitError] = {}
         self._pin_callbacks: dict[int, Callable[[int], None]] = {}  # rid -> told once pinned
         self._calls: dict[int, Future] = {}  # call_id -> its ControlReply's result
@@ -130,10 +134,11 @@ class RequestFront:
         `refusal`. on_pinned(rid): called once the scheduler pinned its prefix (pin=True)."""
         constraint = None if params.prefill_only else params.constraint
         started = time.monotonic()
+        cached = constraint is not None and self._grammars().cached(constraint)
         grammar = self._grammars().compile_async(constraint) if constraint else None
         rid = next(self._rids)
         if grammar is not None:
-            timing = GrammarTiming(started, cached=grammar.done())
+            timing = GrammarTiming(started, cached=cached)
             self._compile_times[rid] = timing
             grammar.add_done_callback(timing.done)
         ids = [int(t) for t in prompt_ids]
@@ -237,9 +242,12 @@ class RequestFront:
                 if delta.pinned:  # told whether or not its reader is still there
                     on_pinned(delta.rid)
             tracker = self._trackers.get(delta.owner)
+            new, stopped = tracker.apply(delta) if tracker is not None else ([], False)
+            if (delta.trace is not None and self.on_late_trace is not None
+                    and all(chunk.trace is None for chunk in new)):
+                self.on_late_trace(delta.owner, delta.trace)
             if tracker is None:
                 continue
-            new, stopped = tracker.apply(delta)
             chunks += new
             stream = self._streams.get(delta.owner)
             if stream is not None:
@@ -284,6 +292,7 @@ class RequestFront:
     def take(self, rid: int) -> RequestOutput:
         """A request's output (finished or not); the front forgets it."""
         self._streams.pop(rid, None)
+        self._compile_times.pop(rid, None)
         return self._trackers.pop(rid).output
 
     def grammar_timing(self, rid: int) -> GrammarTiming | None:

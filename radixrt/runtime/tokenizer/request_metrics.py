@@ -7,7 +7,7 @@ from typing import Any
 
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.tokenizer.request_front import GrammarTiming
-from radixrt.runtime.trace_messages import RequestTrace
+from radixrt.runtime.trace_messages import RequestTrace, merged
 
 
 @dataclass
@@ -31,6 +31,7 @@ class RequestMetrics:
     finish_reasons: list[str] = field(default_factory=list)  # one per sample, as they end
     # tracing (tokenizer/request_tracer.py): wall-clock arrival, the caller's trace context,
     # when its grammar compiled (request_front.GrammarTiming), the scheduler's record
+    rid: int = -1
     wall_arrival: float = 0.0
     trace_context: Any = None
     grammar: GrammarTiming | None = None
@@ -39,8 +40,8 @@ class RequestMetrics:
     def record(self, chunk: StreamChunk, now: float) -> None:
         """Account for one streamed chunk."""
         self.cached_tokens = chunk.cached_tokens
-        if chunk.trace is not None:
-            self.trace = chunk.trace
+        if chunk.trace is not None:  # each sample's: n > 1 has several
+            self.trace = chunk.trace if self.trace is None else merged(self.trace, chunk.trace)
         if self.queue is None and chunk.queue_s >= 0:
             self.queue, self.prefill = chunk.queue_s, chunk.prefill_s
         if chunk.finish_reason is not None:

@@ -16,19 +16,26 @@ request from submission to its end, with a child span per stage:
 The scheduler records the stages of a request submitted with Scheduling.trace
 (trace_messages.RequestTrace) and sends them with its final output; the spans are made when the
 request ends (on_finish), with the times the stages had (wall clock: one clock on one machine).
+A request whose reader ended before the scheduler did (a stop string seen by the front, a client
+gone) waits for its record up to LATE_TRACE_S (the front hands it over: `late`); past that, or
+past MAX_WAITING such requests, its spans go without the scheduler's stages.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
 from radixrt.runtime.messages import TIER_NAMES
 from radixrt.runtime.tokenizer.request_metrics import RequestMetrics
+from radixrt.runtime.trace_messages import RequestTrace
 
 OTLP_TRACES_PATH = "/v1/traces"  # where an OTLP/HTTP collector takes traces
 EXPORT_DELAY_MS = 500  # spans wait at most this long in the batch before they are sent
 SERVICE_NAME = "radixrt"
+LATE_TRACE_S = 10.0
+MAX_WAITING = 4096
 NS = 1_000_000_000
 
 
@@ -69,6 +76,8 @@ class RequestTracer:
             exporter, schedule_delay_millis=EXPORT_DELAY_MS))
         self.tracer = self._provider.get_tracer("radixrt")
         self.propagator = TraceContextTextMapPropagator()
+        # rid -> (a finished request waiting for the scheduler's record, until when)
+        self._waiting: dict[int, tuple[RequestMetrics, float]] = {}
 
     # --- at submission -----------------------------------------------------------------------
     def context(self) -> Any | None:
@@ -83,9 +92,29 @@ class RequestTracer:
 
     # --- at the end ----------------------------------------------------------------------------
     def record(self, m: RequestMetrics) -> None:
-        """on_finish callback: the request's spans, if it was traced."""
+        """on_finish callback: the request's spans, if it was traced (once the scheduler's
+        record of it is here)."""
         if m.trace_context is None or m.finished is None:
             return
+        now = time.monotonic()
+        for rid, (waiting, until) in list(self._waiting.items()):
+            if until < now or len(self._waiting) > MAX_WAITING:
+                del self._waiting[rid]
+                self._spans(waiting)
+        if m.trace is None and m.rid >= 0:
+            self._waiting[m.rid] = (m, now + LATE_TRACE_S)
+            return
+        self._spans(m)
+
+    def late(self, rid: int, trace: RequestTrace) -> None:
+        """The front's on_late_trace: the scheduler's record of a request that ended here."""
+        entry = self._waiting.pop(rid, None)
+        if entry is not None:
+            entry[0].trace = trace
+            self._spans(entry[0])
+
+    def _spans(self, m: RequestMetrics) -> None:
+        assert m.finished is not None
         start = _ns(m.wall_arrival)
         end = start + _ns(m.finished - m.arrival)
         attributes: dict[str, Any] = {
@@ -136,7 +165,11 @@ class RequestTracer:
         self._provider.force_flush()
 
     def shutdown(self) -> None:
-        """Send what is batched, then stop the exporter."""
+        """Send what is batched (the requests still waiting for their record without it), then
+        stop the exporter."""
+        for m, _ in self._waiting.values():
+            self._spans(m)
+        self._waiting.clear()
         self._provider.shutdown()
 
 

@@ -28,6 +28,8 @@ from radixrt.runtime.tokenizer.request_metrics import RequestMetrics
 from radixrt.runtime.tokenizer.request_tracer import RequestTracer
 from radixrt.runtime.tree_messages import TEXT_HEAD_TOKENS, TreeView
 
+TREE_VIEW_MAX_AGE_S = 1.0  # radix_tree: one snapshot per question this often at most
+
 
 class SchedulerLink(Protocol):
     """How a TokenizerManager reaches the scheduler."""
@@ -85,6 +87,8 @@ class TokenizerManager:
         self._pin_callbacks: list[Callable[[int], None]] = []
         self._loras: dict[str, dict[str, Any]] | None = None  # name -> the scheduler's listing
         self.tracer: RequestTracer | None = None  # trace_with
+        # (depth, limit, show_text) -> (when asked, the snapshot): radix_tree
+        self._tree_views: dict[tuple[int, int, bool], tuple[float, asyncio.Future]] = {}
 
     @property
     def context_length(self) -> int:
@@ -141,7 +145,8 @@ class TokenizerManager:
                                  priority=scheduling.priority, tenant=scheduling.tenant,
                                  lora=scheduling.lora or "",
                                  pooling=params.pooling.task if params.pooling else "",
-                                 wall_arrival=wall_arrival, trace_context=trace_context)
+                                 rid=rid, wall_arrival=wall_arrival,
+                                 trace_context=trace_context)
         refused = False
         try:
             grammar = front.grammar(rid)
@@ -222,7 +227,20 @@ class TokenizerManager:
 
     async def radix_tree(self, depth: int, limit: int, show_text: bool) -> TreeView:
         """The top of the radix tree (tree_messages.TreeView; a bad bound is a ValueError):
-        adapters' namespaces by their names, and with `show_text` each node's first words."""
+        adapters' namespaces by their names, and with `show_text` each node's first words.
+        Every snapshot pauses the scheduler's loop between two steps, so however many pages
+        and callers ask, the same question gets one snapshot per TREE_VIEW_MAX_AGE_S: the
+        callers share it (the one being taken, or the last one while it is that fresh)."""
+        key = (depth, limit, show_text)
+        now = time.monotonic()
+        self._tree_views = {k: v for k, v in self._tree_views.items()
+                            if now - v[0] < TREE_VIEW_MAX_AGE_S}
+        if key not in self._tree_views:
+            task = asyncio.ensure_future(self._take_tree_view(depth, limit, show_text))
+            self._tree_views[key] = (now, task)
+        return await asyncio.shield(self._tree_views[key][1])
+
+    async def _take_tree_view(self, depth: int, limit: int, show_text: bool) -> TreeView:
         future = self.front.call_tree_view(depth, limit, TEXT_HEAD_TOKENS if show_text else 0)
         view = msgspec.convert(await asyncio.wrap_future(future), TreeView)
         names = {f"lora:{a.get('digest', '')[:16]}": f"lora:{name}"
@@ -256,6 +274,7 @@ class TokenizerManager:
         """Trace every request from now on (tokenizer/request_tracer.py)."""
         self.tracer = tracer
         self.on_finish(tracer.record)
+        self.front.on_late_trace = tracer.late
 
     def on_pinned(self, callback: Callable[[int], None]) -> None:
         """Register callback(rid), called once per request whose prefix the runtime pinned, as

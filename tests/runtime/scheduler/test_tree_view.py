@@ -12,11 +12,21 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from sim_worker import make_sim, step
 
+from radixrt.runtime.messages import Scheduling
+from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.scheduler.radix_cache import RadixCache
 from radixrt.runtime.scheduler.radix_node import RadixNode
-from radixrt.runtime.scheduler.tree_view import SCAN_BUDGET, namespace_label, snapshot
+from radixrt.runtime.scheduler.tree_view import (
+    MAX_NAMESPACES,
+    SCAN_BUDGET,
+    namespace_label,
+    snapshot,
+)
 from radixrt.runtime.tree_messages import MAX_TREE_NODES, TreeView, TreeViewRequest
+
+SECRET = b"k" * 32
 
 
 def fill(tree: RadixCache, keys: list[list[int]], namespace: str | None = None) -> None:
@@ -51,7 +61,8 @@ def test_the_view_is_the_largest_subtrees_as_a_tree(keys: list[list[int]],
     tree = RadixCache(page_size)
     fill(tree, keys)
     fill(tree, salted, "secret-salt")
-    view = snapshot(tree, TreeViewRequest(call_id=1, depth=depth, limit=limit, text_tokens=3))
+    request = TreeViewRequest(call_id=1, depth=depth, limit=limit, text_tokens=3)
+    view = snapshot(tree, request, SECRET)
     assert view.complete and len(view.nodes) <= limit
     walked = [n for root in [tree.root(None), *tree.namespaces("")] if root.children
               for n in [root, *_below(root)]]
@@ -60,8 +71,9 @@ def test_the_view_is_the_largest_subtrees_as_a_tree(keys: list[list[int]],
     sizes = sorted((subtree_tokens(n) for n in by_depth), reverse=True)
     # the largest subtrees (sizes exact, as the walk was complete), parents before children
     assert sorted((n.subtree_tokens for n in view.nodes), reverse=True) == sizes[:limit]
+    salt_label = namespace_label("secret-salt", SECRET)
     for node in view.nodes:
-        assert node.depth <= depth and node.namespace in ("default", namespace_label("secret-salt"))
+        assert node.depth <= depth and node.namespace in ("default", salt_label)
         if node.parent >= 0:
             parent = view.nodes[node.parent]
             assert parent.id < node.id and parent.depth == node.depth - 1
@@ -69,7 +81,8 @@ def test_the_view_is_the_largest_subtrees_as_a_tree(keys: list[list[int]],
             assert parent.namespace == node.namespace
         else:
             assert node.depth == 0 and node.tokens == 0
-        assert len(node.head_ids) == min(3, node.tokens)
+        salted = node.namespace != "default"  # a salt's prompts are never shown
+        assert len(node.head_ids) == (0 if salted else min(3, node.tokens))
     # the children shown never take more room than their parent's subtree
     shown = Counter()
     for node in view.nodes:
@@ -88,20 +101,22 @@ def _below(node: RadixNode) -> list[RadixNode]:
 
 
 def test_no_cache_salt_is_shown() -> None:
-    salt = "tenant-a-private-salt"
-    assert namespace_label(None) == "default"
-    label = namespace_label(salt)
+    salt = "user-0"
+    assert namespace_label(None, SECRET) == "default"
+    label = namespace_label(salt, SECRET)
     assert label.startswith("salt:") and salt not in label
-    assert namespace_label("salt") != namespace_label("salt2")
-    lora = namespace_label("\x00lora:0123456789abcdef\x00" + salt)
+    assert namespace_label("salt", SECRET) != namespace_label("salt2", SECRET)
+    # keyed by the process's secret: another secret, another label (no table of salts works)
+    assert namespace_label(salt, b"x" * 32) != label
+    lora = namespace_label("\x00lora:0123456789abcdef\x00" + salt, SECRET)
     assert lora.startswith("lora:0123456789abcdef/salt:") and salt not in lora
-    assert namespace_label("\x00lora:0123456789abcdef") == "lora:0123456789abcdef"
+    assert namespace_label("\x00lora:0123456789abcdef", SECRET) == "lora:0123456789abcdef"
 
 
 def test_text_only_when_asked() -> None:
     tree = RadixCache(1)
     fill(tree, [[5, 6, 7, 8]])
-    view = snapshot(tree, TreeViewRequest(call_id=1))
+    view = snapshot(tree, TreeViewRequest(call_id=1), SECRET)
     assert all(n.head_ids == [] and n.text is None for n in view.nodes)
 
 
@@ -118,11 +133,57 @@ def test_hits_count_requests_through_each_node() -> None:
     for key in ([1, 2, 3, 4, 5, 6, 7], [1, 2, 3, 9, 9, 1], [1, 2, 3, 4, 0]):
         match = tree.match_prefix(key)
         match.node.record_hit()
-    view = snapshot(tree, TreeViewRequest(call_id=1))
+    view = snapshot(tree, TreeViewRequest(call_id=1), SECRET)
     hits = {tuple(n.head_ids): n.hits for n in snapshot(
-        tree, TreeViewRequest(call_id=1, text_tokens=8)).nodes if n.depth}
+        tree, TreeViewRequest(call_id=1, text_tokens=8), SECRET).nodes if n.depth}
     assert hits == {(1, 2, 3): 3, (4,): 2, (5, 6): 1, (9, 9): 1}
     assert [n.hits for n in view.nodes if n.depth == 0] == [0]
+
+
+def test_100000_namespaces_cost_no_more_than_the_budget() -> None:
+    """One short prompt under each of 100,000 salts: the walk takes a bounded number of them,
+    those in use first, and still looks below their roots."""
+    tree = RadixCache(1)
+    page = 0
+    for i in range(100_000):
+        tree.insert([1, 2, 3, i % 50], [page, page + 1, page + 2, page + 3], f"user-{i}")
+        page += 4
+    busy = tree.match_prefix([1, 2, 3], "user-5").node  # an old namespace, in use now
+    tree.lock(busy)
+    started = time.perf_counter()
+    view = snapshot(tree, TreeViewRequest(call_id=1, depth=2, limit=MAX_TREE_NODES), SECRET)
+    elapsed = time.perf_counter() - started
+    assert not view.complete and view.scanned <= SCAN_BUDGET
+    roots = [n for n in view.nodes if n.depth == 0]
+    assert 0 < len(roots) <= MAX_NAMESPACES and all(r.subtree_tokens >= 3 for r in roots)
+    assert namespace_label("user-5", SECRET) in {r.namespace for r in roots}
+    assert elapsed < 1.0, elapsed
+    tree.unlock(busy)
+
+
+def test_hits_count_admissions_not_tries() -> None:
+    """A request whose cached prefix is found while it cannot get memory yet (it waits for a
+    running request, admitted and released step after step) counts one hit, when it is
+    admitted; its trace's prefix match is the one it was admitted with."""
+    prefix = list(range(100, 116))
+    sim = make_sim(64, page_size=1)
+    first = sim.sched.add_request(prefix, SamplingParams(max_tokens=1, ignore_eos=True))
+    while not first.finished:
+        step(sim)
+    sim.sched.add_request(list(range(200, 230)), SamplingParams(max_tokens=16, ignore_eos=True))
+    for _ in range(13):  # it holds all but 5 free slots now
+        step(sim)
+    late = sim.sched.add_request(prefix + [7] * 8, SamplingParams(max_tokens=2, ignore_eos=True),
+                                 Scheduling(trace=True))
+    tries = 0
+    while not late.finished:
+        tries += late.admitted_s < 0
+        step(sim)
+    assert tries >= 3  # it was offered its prefix, and sent back, several times
+    assert sim.sched.kv.tree.match_prefix(prefix).node.hits == 1
+    assert late.trace is not None and late.trace.hit_tokens == [16, 0, 0]
+    assert late.trace.admitted_at >= late.trace.queued_at
+    assert [c.tokens for c in late.trace.chunks] == [8]
 
 
 def test_a_tree_of_100000_nodes_is_seen_in_bounded_time_and_size() -> None:
@@ -141,7 +202,7 @@ def test_a_tree_of_100000_nodes_is_seen_in_bounded_time_and_size() -> None:
     times = []
     for _ in range(3):
         started = time.perf_counter()
-        view = snapshot(tree, request)
+        view = snapshot(tree, request, SECRET)
         times.append(time.perf_counter() - started)
     assert not view.complete and view.scanned <= SCAN_BUDGET
     assert len(view.nodes) == MAX_TREE_NODES

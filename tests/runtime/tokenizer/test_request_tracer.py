@@ -11,10 +11,11 @@ import pytest
 from opentelemetry import context, trace
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.tokenizer.request_front import GrammarTiming
 from radixrt.runtime.tokenizer.request_metrics import RequestMetrics
 from radixrt.runtime.tokenizer.request_tracer import RequestTracer, traces_url
-from radixrt.runtime.trace_messages import PrefillChunk, RequestTrace
+from radixrt.runtime.trace_messages import MAX_CHUNKS, PrefillChunk, RequestTrace, add_chunk
 
 T0 = 1_800_000_000.0  # wall clock of the arrival
 M0 = 500.0  # monotonic clock of the arrival
@@ -137,3 +138,51 @@ def test_the_collector_url() -> None:
     for bad in ("127.0.0.1:4318", "grpc://c:4317", "http://"):
         with pytest.raises(ValueError, match="OTLP/HTTP"):
             traces_url(bad)
+
+
+def test_a_request_that_ended_here_first_waits_for_the_schedulers_record(traced) -> None:
+    """A stop string ends the reader before the scheduler's final output (with the stages)
+    comes: the spans wait for it, and go without it only past the wait or at shutdown."""
+    tracer, exporter = traced
+    m = metrics(context.get_current(), rid=7)
+    stages, m.trace = m.trace, None
+    tracer.record(m)
+    tracer.flush()
+    assert exporter.get_finished_spans() == ()  # waiting for the scheduler's record
+    tracer.late(8, stages)  # another request's: nothing
+    tracer.late(7, stages)
+    tracer.flush()
+    names = sorted(s.name for s in exporter.get_finished_spans())
+    assert names == ["decode", "grammar_compile", "prefill", "prefill", "prefix_match",
+                     "queued", "radixrt.request"]
+    exporter.clear()
+    never = metrics(context.get_current(), rid=9)
+    never.trace = None
+    tracer.record(never)
+    tracer.shutdown()  # it goes out without the stages rather than never
+    assert sorted(s.name for s in exporter.get_finished_spans()) == [
+        "decode", "grammar_compile", "radixrt.request"]
+
+
+def test_n_samples_add_their_drafts_and_share_the_prompts_stages() -> None:
+    first = RequestTrace(queued_at=1.0, admitted_at=2.0, hit_tokens=[4, 0, 0],
+                         chunks=[PrefillChunk(2.0, 3.0, 9)], drafted_tokens=4,
+                         accepted_tokens=1, preemptions=1)
+    second = RequestTrace(queued_at=1.0, admitted_at=2.0, hit_tokens=[4, 0, 0],
+                          chunks=[PrefillChunk(2.0, 3.0, 9)], drafted_tokens=6,
+                          accepted_tokens=3)
+    m = RequestMetrics(arrival=0.0)
+    for sample in (first, second):
+        m.record(StreamChunk(rid=1, index=0, text="", token_ids=[], trace=sample), 1.0)
+    assert m.trace is not None
+    assert (m.trace.drafted_tokens, m.trace.accepted_tokens, m.trace.preemptions) == (10, 4, 1)
+    assert m.trace.chunks == first.chunks
+
+
+def test_prefill_chunks_are_bounded() -> None:
+    trace = RequestTrace()
+    for i in range(MAX_CHUNKS + 10):
+        add_chunk(trace, PrefillChunk(float(i), i + 0.5, 2))
+    assert len(trace.chunks) == MAX_CHUNKS
+    assert sum(c.tokens for c in trace.chunks) == 2 * (MAX_CHUNKS + 10)
+    assert trace.chunks[-1].end == MAX_CHUNKS + 9.5

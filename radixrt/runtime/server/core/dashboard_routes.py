@@ -15,7 +15,12 @@ import msgspec
 from fastapi import FastAPI, HTTPException, Query, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
-from radixrt.runtime.server.core.dashboard_auth import DASHBOARD_COOKIE, DASHBOARD_PATH, KEY_QUERY
+from radixrt.runtime.server.core.dashboard_auth import (
+    DASHBOARD_COOKIE,
+    DASHBOARD_PATH,
+    KEY_QUERY,
+    BrowserKeys,
+)
 from radixrt.runtime.server.core.dashboard_feed import DashboardFeed
 from radixrt.runtime.server.core.http_openapi import documented
 from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
@@ -41,9 +46,10 @@ PAGE_HEADERS = {
 }
 
 
-def add_dashboard_routes(app: FastAPI, manager: TokenizerManager, keyed: bool,
+def add_dashboard_routes(app: FastAPI, manager: TokenizerManager, browser: BrowserKeys | None,
                          show_text: bool) -> None:
-    """keyed: the server has API keys (a key brought in the query becomes a cookie)."""
+    """browser: the server's keys as a browser brings them (None: no keys), so a key brought in
+    the query becomes the cookie's token."""
     feed = DashboardFeed(manager)
     files = {name: (STATIC_DIR / name).read_bytes() for name in [PAGE, *STATIC_FILES]}
 
@@ -55,10 +61,11 @@ def add_dashboard_routes(app: FastAPI, manager: TokenizerManager, keyed: bool,
         """The operator's live page (HTML): throughput, latency, the KV pool and its tiers,
         tenants and the radix tree, refreshed every 2 s."""
         key = request.query_params.get(KEY_QUERY)
-        if keyed and key:  # the middleware accepted it: keep it in a cookie, off the URL
+        token = browser.token(key) if browser is not None and key else None
+        if token is not None:  # the key came in the query: a cookie instead, off the URL
             moved = RedirectResponse(DASHBOARD_PATH, status_code=303)
-            moved.set_cookie(DASHBOARD_COOKIE, key, httponly=True, samesite="strict",
-                             path="/")
+            moved.set_cookie(DASHBOARD_COOKIE, token, httponly=True, samesite="strict",
+                             path="/", secure=request.url.scheme == "https")
             return moved
         return Response(files[PAGE], media_type="text/html; charset=utf-8",
                         headers=PAGE_HEADERS)

@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import JSONResponse, Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from radixrt.runtime.server.core.dashboard_auth import browser_key, is_dashboard_read
+from radixrt.runtime.server.core.dashboard_auth import BrowserKeys, is_dashboard_read
 from radixrt.runtime.server.core.error_shapes import APIError, error_response
 from radixrt.runtime.server.core.http_metrics import HTTPMetrics
 from radixrt.runtime.server.core.http_streaming import ClientGone
@@ -121,10 +121,13 @@ class BearerAuth:
     one of the keys (the dashboard's reads may carry it as a browser can: dashboard_auth.py);
     a named key's name becomes the request's tenant (scope state)."""
 
-    def __init__(self, app: ASGIApp, keys: ApiKeys, metrics: HTTPMetrics | None = None) -> None:
+    def __init__(self, app: ASGIApp, keys: ApiKeys, metrics: HTTPMetrics | None = None,
+                 browser: BrowserKeys | None = None) -> None:
+        """browser: the dashboard's reads may bring the key as a browser can (None: no)."""
         self.app = app
         self.keys = keys
         self.metrics = metrics
+        self.browser = browser
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in UNAUTHENTICATED_PATHS:
@@ -139,9 +142,8 @@ class BearerAuth:
             token = headers.get(b"x-api-key", b"")
             given = given or token
         found, name = self.keys.match(token.strip())
-        if not found and not given and is_dashboard_read(scope):
-            given = browser_key(scope)
-            found, name = self.keys.match(given)
+        if not found and not given and self.browser is not None and is_dashboard_read(scope):
+            found, name = self.browser.match(scope)
         if found:
             if name is not None:
                 scope.setdefault("state", {})[TENANT_STATE] = name

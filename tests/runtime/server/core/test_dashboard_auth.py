@@ -1,20 +1,29 @@
 """What a browser may bring as the API key (server/core/dashboard_auth.py): only GET/HEAD
-requests to the dashboard's paths, the key in the `api_key` query or the dashboard's cookie."""
+requests to the dashboard's paths; the key in the `api_key` query (any bytes, never a 500), or
+the cookie's token, an HMAC of the key under this process's secret (never the key, void for
+another process); and the access log never shows a query's key."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import pytest
 
 from radixrt.runtime.server.core.dashboard_auth import (
     DASHBOARD_COOKIE,
-    browser_key,
+    BrowserKeys,
+    RedactKeys,
+    cookie_token,
     is_dashboard_read,
+    query_key,
 )
+from radixrt.runtime.server.core.tenants import ApiKeys
+
+KEYS = ApiKeys(((None, b"sk-1"), ("alice", "sk-é".encode())))
 
 
-def scope(path: str, method: str = "GET", query: bytes = b"",
+def scope(path: str = "/dashboard", method: str = "GET", query: bytes = b"",
           cookie: str | None = None) -> dict[str, Any]:
     headers = [(b"cookie", cookie.encode())] if cookie is not None else []
     return {"type": "http", "path": path, "method": method, "query_string": query,
@@ -33,12 +42,34 @@ def test_only_the_dashboards_reads(path: str, method: str, allowed: bool) -> Non
     assert is_dashboard_read(scope(path, method)) is allowed
 
 
-def test_the_key_from_the_query_or_the_cookie() -> None:
-    assert browser_key(scope("/dashboard", query=b"api_key=sk-1")) == b"sk-1"
-    assert browser_key(scope("/dashboard", query=b"api_key=a%2Bb%3D")) == b"a+b="
-    assert browser_key(scope("/dashboard", cookie=f"x=1; {DASHBOARD_COOKIE}=sk-2")) == b"sk-2"
-    assert browser_key(scope("/dashboard", query=b"api_key=q",
-                             cookie=f"{DASHBOARD_COOKIE}=c")) == b"q"
-    assert browser_key(scope("/dashboard")) == b""
-    assert browser_key(scope("/dashboard", cookie="other=1")) == b""
-    assert browser_key(scope("/dashboard", cookie='bad"cookie;;==')) == b""
+def test_the_key_in_the_query() -> None:
+    browser = BrowserKeys(KEYS)
+    assert browser.match(scope(query=b"api_key=sk-1")) == (True, None)
+    assert browser.match(scope(query=b"api_key=sk-%C3%A9")) == (True, "alice")  # UTF-8
+    assert browser.match(scope(query=b"api_key=sk-2")) == (False, None)
+    for odd in (b"api_key=%FF", b"api_key=%E2%82%AC", b"api_key=%00", b"api_key="):
+        assert browser.match(scope(query=odd)) == (False, None)  # refused, never raised
+    assert query_key(scope(query=b"x=1&api_key=a%2Bb")) == "a+b"
+    assert query_key(scope()) is None
+
+
+def test_the_cookie_holds_a_token_of_this_process_never_the_key() -> None:
+    browser = BrowserKeys(KEYS)
+    token = browser.token("sk-é")
+    assert token is not None and "sk-" not in token
+    assert browser.token("sk-2") is None  # no cookie for a wrong key
+    assert browser.match(scope(cookie=f"x=1; {DASHBOARD_COOKIE}={token}")) == (True, "alice")
+    assert browser.match(scope(cookie=f"{DASHBOARD_COOKIE}=sk-1")) == (False, None)
+    assert BrowserKeys(KEYS).match(scope(cookie=f"{DASHBOARD_COOKIE}={token}")) == (False, None)
+    assert cookie_token(scope(cookie='bad"cookie;;==')) == ""
+    assert cookie_token(scope()) == ""
+
+
+def test_the_access_log_never_shows_a_key() -> None:
+    record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1,
+                               '%s - "%s %s HTTP/%s" %d',
+                               ("127.0.0.1:5", "GET", "/dashboard?x=1&api_key=sk-secret&y=2",
+                                "1.1", 303), None)
+    assert RedactKeys().filter(record)
+    assert record.getMessage() == ('127.0.0.1:5 - "GET /dashboard?x=1&api_key=***&y=2 '
+                                   'HTTP/1.1" 303')

@@ -61,20 +61,30 @@ def test_a_browser_brings_the_key_once_and_the_cookie_opens_only_the_dashboard(
     for path in ("/dashboard", "/dashboard/stats", "/dashboard/dashboard.js", "/debug/radix_tree"):
         assert http.get(path).status_code == 401, path
     assert http.get("/dashboard", params={"api_key": "wrong"}).status_code == 401
+    for odd in ("%FF", "%E2%82%AC"):  # not the key, and not a 500 either
+        assert http.get(f"/dashboard?api_key={odd}").status_code == 401
     given = http.get("/dashboard", params={"api_key": API_KEY}, follow_redirects=False)
     assert given.status_code == 303 and given.headers["location"] == "/dashboard"
     cookie = given.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie, cookie
-    with httpx.Client(base_url=http.base_url, cookies={DASHBOARD_COOKIE: API_KEY}) as browser:
+    assert API_KEY not in cookie and "Secure" not in cookie  # a token; plain http here
+    token = given.cookies[DASHBOARD_COOKIE]
+    with httpx.Client(base_url=http.base_url, cookies={DASHBOARD_COOKIE: token}) as browser:
         check_cookie_reads(browser)
+    with httpx.Client(base_url=http.base_url, cookies={DASHBOARD_COOKIE: API_KEY}) as browser:
+        assert browser.get("/dashboard/stats").status_code == 401  # the raw key is no token
     header = {"Authorization": f"Bearer {API_KEY}"}
+    # a good header with a junk query key: the page, and no cookie for the junk
+    page = http.get("/dashboard", params={"api_key": "junk"}, headers=header,
+                    follow_redirects=False)
+    assert page.status_code == 200 and "set-cookie" not in page.headers
     assert http.get("/debug/radix_tree", headers=header).status_code == 200
     assert http.get("/metrics", params={"api_key": API_KEY}).status_code == 401
     # every refusal above is counted, as the alerting rules read it
     scraped = http.get("/metrics", headers=header).text
     refused = re.search(r'^radixrt_rejected_requests_total\{status="401"\} (\S+)$', scraped,
                         re.MULTILINE)
-    assert refused is not None and float(refused.group(1)) == 8
+    assert refused is not None and float(refused.group(1)) == 11
 
 
 def check_cookie_reads(http: httpx.Client) -> None:
@@ -110,6 +120,8 @@ def test_the_tree_shows_the_shared_prefix_with_its_hits(apps: Apps) -> None:
     assert all(SALT not in n["namespace"] for n in nodes)
     salted = [r for r in roots if r["namespace"] != "default"]
     assert len(salted) == 1 and salted[0]["namespace"].startswith("salt:")
+    # a salted namespace's prompts are never shown, even with --dashboard-show-text
+    assert all(n["text"] is None for n in nodes if n["namespace"] != "default")
     shared = max((n for n in nodes if n["depth"] == 1 and n["namespace"] == "default"),
                  key=lambda n: n["subtree_tokens"])
     assert shared["hits"] >= 2 and shared["tokens"] >= 60 and shared["children"] >= 3
