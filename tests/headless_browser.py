@@ -1,5 +1,6 @@
 """A real browser for the tests: Debian's Chromium, headless, driven over the DevTools protocol
-(a WebSocket, JSON commands) with nothing between the test and the browser.
+(a WebSocket, JSON commands) with nothing between the test and the browser. It reaches nothing
+but loopback: its background services are off and every other host name resolves to nothing.
 
     with Browser() as browser:
         browser.open("http://127.0.0.1:PORT/page")
@@ -47,8 +48,13 @@ class Browser:
         self._log = open(Path(self._profile.name) / LOG_NAME, "w")  # noqa: SIM115 (closed in close)
         self._proc = subprocess.Popen(
             [chromium_path(), "--headless=new", "--no-sandbox", "--disable-gpu",
+             "--disable-dev-shm-usage",  # containers often have a tiny /dev/shm
              "--no-first-run", "--no-default-browser-check", "--disable-extensions",
-             "--disable-background-networking", "--remote-debugging-address=127.0.0.1",
+             "--disable-background-networking", "--disable-component-update",
+             "--disable-sync", "--no-pings", "--disable-domain-reliability",
+             # nothing but loopback: every other host name resolves to nothing
+             "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1",
+             "--remote-debugging-address=127.0.0.1",
              "--remote-debugging-port=0", f"--user-data-dir={self._profile.name}",
              f"--window-size={width},{height}", "about:blank"],
             stdout=subprocess.DEVNULL, stderr=self._log, text=True)

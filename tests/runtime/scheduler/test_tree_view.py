@@ -4,6 +4,7 @@ counted where a request takes a cached prefix, and no cache_salt ever shown."""
 
 from __future__ import annotations
 
+import gc
 import random
 import time
 from collections import Counter
@@ -150,6 +151,7 @@ def test_100000_namespaces_cost_no_more_than_the_budget() -> None:
         page += 4
     busy = tree.match_prefix([1, 2, 3], "user-5").node  # an old namespace, in use now
     tree.lock(busy)
+    gc.collect()  # as above: the new nodes' collection is the tree's cost
     started = time.perf_counter()
     view = snapshot(tree, TreeViewRequest(call_id=1, depth=2, limit=MAX_TREE_NODES), SECRET)
     elapsed = time.perf_counter() - started
@@ -199,6 +201,7 @@ def test_a_tree_of_100000_nodes_is_seen_in_bounded_time_and_size() -> None:
     for _ in range(3):  # one branch of the 25,000 is hot: it must be among those walked
         tree.match_prefix(system + [2777]).node.record_hit()
     request = TreeViewRequest(call_id=1, depth=16, limit=MAX_TREE_NODES, text_tokens=24)
+    gc.collect()  # the 100,000 new nodes' debt to the collector is the tree's, not the view's
     times = []
     for _ in range(3):
         started = time.perf_counter()
@@ -206,9 +209,8 @@ def test_a_tree_of_100000_nodes_is_seen_in_bounded_time_and_size() -> None:
         times.append(time.perf_counter() - started)
     assert not view.complete and view.scanned <= SCAN_BUDGET
     assert len(view.nodes) == MAX_TREE_NODES
-    # a pause of the step loop: ~11 ms here, whatever the tree's size (a first call may also
-    # pay for a garbage collection of the 100,000 nodes, as any allocation in the loop may);
-    # the bounds leave room for a loaded CI machine
+    # a pause of the step loop: ~12 ms here, whatever the tree's size; the bounds leave room
+    # for a loaded CI machine
     assert min(times) < 0.1 and max(times) < 1.0, times
     print(f"snapshot of {nodes} nodes: {[round(t * 1000, 1) for t in times]} ms, "
           f"{view.scanned} walked")
