@@ -16,7 +16,7 @@ tokens/s and of TTFT p50, and the ratio to off; the radix tree view's own cost (
 `elapsed_s` and the round trip, over the tree the load left); spans and bytes the collector got.
 Plotted: docs/plots/observability.png.
 
-    python benchmarks/observability.py            # about 3 minutes on 2 CPU cores
+    python benchmarks/observability.py            # about 4 minutes on 2 CPU cores
     python benchmarks/observability.py --quick    # the shape in about a minute
 """
 
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import os
 import random
 import statistics
 import threading
@@ -33,7 +34,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import httpx
-from plots import Panel, add_plot_dir, bar_panels, plot_path
+from plots import add_plot_dir, bar_panels, plot_path
 from serving_requests import openai_client
 from serving_systems import radixrt_system, running
 
@@ -147,9 +148,9 @@ def tree_cost(base: str, calls: int) -> tuple[float, float, int]:
     the round trip (ms), and its node count."""
     inside, trips, nodes = [], [], 0
     with httpx.Client(base_url=base, timeout=60) as http:
-        for _ in range(calls):
+        for i in range(calls):  # each a new question: no caller shares another's snapshot
             start = time.perf_counter()
-            view = http.get("/debug/radix_tree", params={"depth": 16, "limit": 1000}).json()
+            view = http.get("/debug/radix_tree", params={"depth": 16, "limit": 1000 - i}).json()
             trips.append(time.perf_counter() - start)
             inside.append(view["elapsed_s"])
             nodes = view["scanned"]
@@ -162,7 +163,7 @@ def main() -> None:
     p.add_argument("--requests", type=int, default=None, help="per round (default 48)")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=None, help="per configuration (default 3)")
+    p.add_argument("--rounds", type=int, default=None, help="per configuration (default 5)")
     p.add_argument("--pages", type=int, default=4, help="dashboards open at once")
     p.add_argument("--poll-s", type=float, default=0.5,
                    help="seconds between a page's polls (the page itself: 2)")
@@ -171,7 +172,7 @@ def main() -> None:
     add_plot_dir(p)
     args = p.parse_args()
     args.requests = args.requests or (16 if args.quick else 48)
-    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.rounds = args.rounds or (1 if args.quick else 5)
     collector = Collector()
     plain_system = radixrt_system("radixrt-lpm", args, flags=[])
     traced_system = radixrt_system("radixrt-lpm", args,
@@ -185,13 +186,16 @@ def main() -> None:
     print(f"\n{args.requests} requests x {args.rounds} rounds per configuration, "
           f"{args.concurrency} at a time, {args.max_tokens} tokens each; dashboard: "
           f"{args.pages} pages polling every {args.poll_s} s\n")
-    print("| configuration | tokens/s | vs off | TTFT p50 ms | vs off |")
+    print("| configuration | tokens/s | vs off (median of rounds) | TTFT p50 ms | vs off |")
     print("|---|---|---|---|---|")
-    off = med["off"]
     for c in CONFIGS:
         m = med[c]
-        print(f"| {c} | {m['tokens_s']:.1f} | {m['tokens_s'] / off['tokens_s']:.2f} | "
-              f"{m['ttft_ms']:.0f} | {m['ttft_ms'] / off['ttft_ms']:.2f} |")
+        # each round's figure against the same round's off: the machine's drift cancels
+        speed = statistics.median(r["tokens_s"] / o["tokens_s"]
+                                  for r, o in zip(results[c], results["off"]))
+        ttft = statistics.median(r["ttft_ms"] / o["ttft_ms"]
+                                 for r, o in zip(results[c], results["off"]))
+        print(f"| {c} | {m['tokens_s']:.1f} | {speed:.2f} | {m['ttft_ms']:.0f} | {ttft:.2f} |")
     polls = sum(r.get("polls", 0) for r in results["dashboard"])
     print(f"\ndashboard polls answered: {polls}; /debug/radix_tree over the load's tree "
           f"({nodes} nodes): {tree_ms:.2f} ms in the scheduler, {trip_ms:.1f} ms round trip "
@@ -200,14 +204,13 @@ def main() -> None:
     path = bar_panels(
         plot_path("observability", args.plot_dir), "What seeing inside costs (2 CPU cores)",
         list(CONFIGS),
-        [Panel("output tokens/s (higher is better)",
-               {"radixrt": [med[c]["tokens_s"] for c in CONFIGS]}),
-         Panel("TTFT p50, ms (lower is better)",
-               {"radixrt": [med[c]["ttft_ms"] for c in CONFIGS]})],
+        [("output tokens/s (higher is better)",
+          {"radixrt": [med[c]["tokens_s"] for c in CONFIGS]}),
+         ("TTFT p50, ms (lower is better)",
+          {"radixrt": [med[c]["ttft_ms"] for c in CONFIGS]})],
         caption=f"{args.requests} chat requests per round behind one system prompt, "
                 f"{args.concurrency} at a time; medians of {args.rounds} interleaved rounds")
-    if path:
-        print(f"plot: {path}")
+    assert path is None or os.path.exists(path)
 
 
 if __name__ == "__main__":

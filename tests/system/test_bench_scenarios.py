@@ -271,3 +271,18 @@ def test_embeddings_quick(tmp_path: Path) -> None:
     assert len(table_rows(out, "| workload | system |")) == 6, out
     assert "radixrt / sentence-transformers = " in out and "command: " in out
     check_png(tmp_path / "embeddings.png")
+
+
+def test_observability_quick(tmp_path: Path) -> None:
+    """benchmarks/observability.py: the load runs in every configuration, the dashboards'
+    polls are answered, the traced server's spans reach the collector, the tree view is timed."""
+    out = run_quick("observability.py", tmp_path, "--requests", "8", "--max-tokens", "8",
+                    "--pages", "2")
+    rows = table_rows(out, "| configuration |")
+    assert [r[0] for r in rows] == ["off", "dashboard", "traced"], out
+    assert all(float(r[1]) > 0 and float(r[3]) > 0 for r in rows), rows
+    polls = re.search(r"dashboard polls answered: (\d+)", out)
+    posts = re.search(r"collector: (\d+) OTLP posts", out)
+    assert polls and int(polls.group(1)) > 0 and posts and int(posts.group(1)) > 0, out
+    assert re.search(r"/debug/radix_tree over the load's tree \(\d+ nodes\): [\d.]+ ms", out)
+    check_png(tmp_path / "observability.png")
