@@ -35,11 +35,12 @@ class RequestTrace(msgspec.Struct):
 
 def merged(first: RequestTrace, other: RequestTrace) -> RequestTrace:
     """The record of a request of n > 1 samples from two of its samples': they share the
-    prompt's stages (the first's), their drafts and preemptions add up."""
+    prompt's stages (the first's), their drafts add up; preemptions: the most any sample went
+    through (each counts its parent's, before the fork)."""
     return msgspec.structs.replace(
         first, drafted_tokens=first.drafted_tokens + other.drafted_tokens,
         accepted_tokens=first.accepted_tokens + other.accepted_tokens,
-        preemptions=first.preemptions + other.preemptions)
+        preemptions=max(first.preemptions, other.preemptions))
 
 
 def add_chunk(trace: RequestTrace, chunk: PrefillChunk) -> None:

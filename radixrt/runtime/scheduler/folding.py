@@ -207,7 +207,8 @@ class ResultFolder:
                 cached_len=parent.cached_len,
                 prompt_logprobs_done=True,
                 trace=None if parent.trace is None else msgspec.structs.replace(
-                    parent.trace, chunks=list(parent.trace.chunks)),
+                    parent.trace, chunks=list(parent.trace.chunks),
+                    preemptions=parent.num_preemptions),
             )
             children.append(child)
         table.fork(parent, children)

@@ -152,11 +152,10 @@ class KVManager:
         match = self.tree.match_prefix(key, req.extra_key)
         if req.trace is not None and req.admitted_at < 0:  # before its first admission
             req.trace.hit_tokens = tokens_by_tier(match.node)  # (the last try is the one)
-        if self.tiers is not None:
-            self.tiers.stats.hit_tokens[DEVICE_TIER] += match.device_length
-            if match.length > match.device_length:  # load back what there is room for
-                on_device = self.tiers.load_back(match)
-                match = self.tree.match_prefix(key[:on_device], req.extra_key)
+        req.prefix_on_device = match.device_length
+        if self.tiers is not None and match.length > match.device_length:
+            on_device = self.tiers.load_back(match)  # load back what there is room for
+            match = self.tree.match_prefix(key[:on_device], req.extra_key)
         if match.length:
             self.tree.lock(match.node)
             req.tree_node = match.node
@@ -164,6 +163,15 @@ class KVManager:
             req.pages = list(match.pages)
             req.kv_len = match.length
         return match.length
+
+    def admitted(self, req: Request, first: bool) -> None:
+        """The request admitted keeps the prefix `admit` gave it (a try sent back for want of
+        memory counts nothing): the device tier's hit, and on its `first` admission a hit on
+        each node of its cached path (the tree's live view)."""
+        if self.tiers is not None:
+            self.tiers.stats.hit_tokens[DEVICE_TIER] += req.prefix_on_device
+        if first and req.tree_node is not None:
+            req.tree_node.record_hit()
 
     def cache_prefix(self, req: Request) -> int:
         """Put the request's computed whole pages into the tree (so others can share them now).

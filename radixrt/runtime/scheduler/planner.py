@@ -246,10 +246,9 @@ class Planner:
             if slots is None:
                 self.kv.release(req, cache=False)
                 break
+            self.kv.admitted(req, first=req.admitted_at < 0)  # (not per try)
             if req.admitted_at < 0:
                 req.admitted_s = time.monotonic()
-                if req.tree_node is not None:  # the cached prefix it takes (once, not per try)
-                    req.tree_node.record_hit()
                 if req.trace is not None:
                     req.trace.admitted_at = time.time()
                 self.stats.prompt_tokens += len(req.prompt_ids)

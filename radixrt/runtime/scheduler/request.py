@@ -57,6 +57,7 @@ class Request:
     pages: list[int] = field(default_factory=list)  # page of each page_size run of positions
     kv_len: int = 0  # positions whose K/V is computed (or planned in the current step)
     cached_len: int = 0  # prompt tokens served from the radix cache at (first) admission
+    prefix_on_device: int = 0  # of its latest admission try: matched tokens on the device
     tree_node: RadixNode | None = None  # deepest radix node this request holds a lock on
     admitted_at: int = -1  # admission counter: preemption picks the most recent
     # outputs it had at its latest admission or swap-in: fair share preempts it only once it

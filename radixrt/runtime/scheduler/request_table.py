@@ -325,7 +325,7 @@ class RequestTable:
     def _final_trace(req: Request) -> RequestTrace | None:
         if req.trace is None:
             return None
-        req.trace.preemptions = req.num_preemptions
+        req.trace.preemptions += req.num_preemptions  # (a fork's: its parent's, before it)
         return req.trace
 
     def _forget_sample(self, req: Request) -> None:

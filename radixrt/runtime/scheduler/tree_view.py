@@ -16,7 +16,8 @@ files' digest; the request front names the adapter) and "salt:<hmac>", an HMAC u
 the scheduler process, so a label cannot be turned back into the salt by trying salts. The first
 tokens of a node (its text, when the server shows text) are never sent for a salted namespace:
 a salt says its prompts are someone's own. With more namespaces than a quarter of the budget,
-those with locked nodes (in use) come first, then the most recently made.
+the unsalted ones (the default, the adapters') come first, then those with locked nodes (in
+use), then the most recently made.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def _roots(tree: RadixCache) -> tuple[list[RadixNode], bool]:
         return any(c.lock_count for c in itertools.islice(root.children.values(), IN_USE_PEEK))
 
     chosen = heapq.nlargest(MAX_NAMESPACES, range(len(roots)),
-                            key=lambda i: (in_use(roots[i]), i))
+                            key=lambda i: (not is_salted(roots[i].extra_key), in_use(roots[i]),
+                                           i))
     return [roots[i] for i in sorted(chosen)], False
 
 

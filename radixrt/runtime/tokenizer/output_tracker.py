@@ -48,7 +48,8 @@ class OutputTracker:
                 if sample.finish_reason is None:
                     sample.finish_reason = delta.finish_reason
                     chunks.append(
-                        StreamChunk(out.rid, sample.index, "", [], delta.finish_reason)
+                        StreamChunk(out.rid, sample.index, "", [], delta.finish_reason,
+                                    trace=None if chunks else delta.trace)
                     )
             return chunks, False
         sample = out.samples[delta.index]

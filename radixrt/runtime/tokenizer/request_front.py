@@ -226,6 +226,7 @@ class RequestFront:
             return []
         if isinstance(msg, SubmitError):
             self._pin_callbacks.pop(msg.rid, None)
+            self._compile_times.pop(msg.rid, None)
             if self._trackers.pop(msg.rid, None) is not None:
                 self._compiling.pop(msg.rid, None)
                 stream = self._streams.get(msg.rid)

@@ -76,8 +76,11 @@ class RequestTracer:
             exporter, schedule_delay_millis=EXPORT_DELAY_MS))
         self.tracer = self._provider.get_tracer("radixrt")
         self.propagator = TraceContextTextMapPropagator()
-        # rid -> (a finished request waiting for the scheduler's record, until when)
+        # rid -> (a finished request waiting for the scheduler's record, until when), and
+        # rid -> (a record that came before its request finished here, until when); both in
+        # the order they came, which is their order of expiry
         self._waiting: dict[int, tuple[RequestMetrics, float]] = {}
+        self._early: dict[int, tuple[RequestTrace, float]] = {}
 
     # --- at submission -----------------------------------------------------------------------
     def context(self) -> Any | None:
@@ -97,21 +100,38 @@ class RequestTracer:
         if m.trace_context is None or m.finished is None:
             return
         now = time.monotonic()
-        for rid, (waiting, until) in list(self._waiting.items()):
-            if until < now or len(self._waiting) > MAX_WAITING:
-                del self._waiting[rid]
-                self._spans(waiting)
+        self._expire(now)
         if m.trace is None and m.rid >= 0:
-            self._waiting[m.rid] = (m, now + LATE_TRACE_S)
-            return
+            early = self._early.pop(m.rid, None)
+            if early is None:
+                self._waiting[m.rid] = (m, now + LATE_TRACE_S)
+                return
+            m.trace = early[0]
         self._spans(m)
 
     def late(self, rid: int, trace: RequestTrace) -> None:
-        """The front's on_late_trace: the scheduler's record of a request that ended here."""
+        """The front's on_late_trace: the scheduler's record of a request whose reader ended
+        (or is ending: it may come before the reader's own end is recorded)."""
         entry = self._waiting.pop(rid, None)
         if entry is not None:
             entry[0].trace = trace
             self._spans(entry[0])
+        else:
+            self._early[rid] = (trace, time.monotonic() + LATE_TRACE_S)
+            self._expire(time.monotonic())
+
+    def _expire(self, now: float) -> None:
+        """Requests waiting past LATE_TRACE_S (or past MAX_WAITING of them) go without the
+        scheduler's stages; records nobody claimed are dropped. Oldest first, stopping at the
+        first that may still wait."""
+        for table in (self._waiting, self._early):
+            while table:
+                rid, (item, until) = next(iter(table.items()))
+                if until >= now and len(table) <= MAX_WAITING:
+                    break
+                del table[rid]
+                if isinstance(item, RequestMetrics):
+                    self._spans(item)
 
     def _spans(self, m: RequestMetrics) -> None:
         assert m.finished is not None
@@ -170,6 +190,7 @@ class RequestTracer:
         for m, _ in self._waiting.values():
             self._spans(m)
         self._waiting.clear()
+        self._early.clear()
         self._provider.shutdown()
 
 

@@ -29,6 +29,7 @@ from radixrt.runtime.tokenizer.request_tracer import RequestTracer
 from radixrt.runtime.tree_messages import TEXT_HEAD_TOKENS, TreeView
 
 TREE_VIEW_MAX_AGE_S = 1.0  # radix_tree: one snapshot per question this often at most
+TREE_VIEW_INTERVAL_S = 0.25  # ... and any two snapshots this far apart
 
 
 class SchedulerLink(Protocol):
@@ -89,6 +90,8 @@ class TokenizerManager:
         self.tracer: RequestTracer | None = None  # trace_with
         # (depth, limit, show_text) -> (when asked, the snapshot): radix_tree
         self._tree_views: dict[tuple[int, int, bool], tuple[float, asyncio.Future]] = {}
+        self._tree_turn = asyncio.Lock()  # one snapshot at a time ...
+        self._last_tree_view = -TREE_VIEW_INTERVAL_S  # ... this far apart (monotonic s)
 
     @property
     def context_length(self) -> int:
@@ -229,8 +232,10 @@ class TokenizerManager:
         """The top of the radix tree (tree_messages.TreeView; a bad bound is a ValueError):
         adapters' namespaces by their names, and with `show_text` each node's first words.
         Every snapshot pauses the scheduler's loop between two steps, so however many pages
-        and callers ask, the same question gets one snapshot per TREE_VIEW_MAX_AGE_S: the
-        callers share it (the one being taken, or the last one while it is that fresh)."""
+        and callers ask, the same question gets one snapshot per TREE_VIEW_MAX_AGE_S (the
+        callers share it: the one being taken, or the last one while it is that fresh), and
+        snapshots are taken one at a time, TREE_VIEW_INTERVAL_S apart at least, whatever the
+        questions: many different ones wait their turn instead of stalling the scheduler."""
         key = (depth, limit, show_text)
         now = time.monotonic()
         self._tree_views = {k: v for k, v in self._tree_views.items()
@@ -241,8 +246,15 @@ class TokenizerManager:
         return await asyncio.shield(self._tree_views[key][1])
 
     async def _take_tree_view(self, depth: int, limit: int, show_text: bool) -> TreeView:
-        future = self.front.call_tree_view(depth, limit, TEXT_HEAD_TOKENS if show_text else 0)
-        view = msgspec.convert(await asyncio.wrap_future(future), TreeView)
+        async with self._tree_turn:
+            wait = self._last_tree_view + TREE_VIEW_INTERVAL_S - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            self._last_tree_view = time.monotonic()
+            future = self.front.call_tree_view(depth, limit,
+                                               TEXT_HEAD_TOKENS if show_text else 0)
+            taken = await asyncio.wrap_future(future)
+        view = msgspec.convert(taken, TreeView)
         names = {f"lora:{a.get('digest', '')[:16]}": f"lora:{name}"
                  for name, a in self.loras.items()}
         nodes = [msgspec.structs.replace(

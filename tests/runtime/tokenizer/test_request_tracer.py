@@ -5,7 +5,9 @@ makes none."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from opentelemetry import context, trace
@@ -186,3 +188,44 @@ def test_prefill_chunks_are_bounded() -> None:
     assert len(trace.chunks) == MAX_CHUNKS
     assert sum(c.tokens for c in trace.chunks) == 2 * (MAX_CHUNKS + 10)
     assert trace.chunks[-1].end == MAX_CHUNKS + 9.5
+
+
+def test_the_record_may_come_before_the_reader_ends(traced) -> None:
+    """On the in-process link the scheduler's record of a request a stop string ended comes
+    inside the front's receive, before the reader's end is recorded: it is kept for it."""
+    tracer, exporter = traced
+    m = metrics(context.get_current(), rid=11)
+    stages, m.trace = m.trace, None
+    tracer.late(11, stages)
+    tracer.record(m)
+    tracer.flush()
+    assert "prefill" in {s.name for s in exporter.get_finished_spans()}
+
+
+def test_a_stop_string_keeps_the_stages_through_a_real_engine(loaded_model: Any) -> None:
+    from radixrt import Engine
+    from radixrt.runtime.sampling_params import SamplingParams
+
+    engine = Engine(model=loaded_model, max_total_tokens=1024, check_integrity=True)
+    manager = engine.tokenizer_manager()
+    exporter = InMemorySpanExporter()
+    tracer = RequestTracer("http://127.0.0.1:4318", exporter=exporter)
+    manager.trace_with(tracer)
+    ids = manager.encode("The capital of France is")
+
+    async def run(params: SamplingParams) -> list[Any]:
+        return [c async for c in manager.generate(ids, params)]
+
+    plain = asyncio.run(run(SamplingParams(max_tokens=8, temperature=0)))
+    word = "".join(c.text for c in plain).split()[1]
+    stopped = asyncio.run(run(SamplingParams(max_tokens=16, temperature=0, stop=[word])))
+    assert stopped[-1].finish_reason == "stop"
+    tracer.shutdown()
+    spans = exporter.get_finished_spans()
+    requests = [s for s in spans if s.name == "radixrt.request"]
+    assert len(requests) == 2
+    for request in requests:
+        stages = {s.name for s in spans if s.parent is not None
+                  and s.parent.span_id == request.context.span_id}
+        assert {"queued", "prefix_match", "prefill", "decode"} <= stages, stages
+    engine.check_integrity()

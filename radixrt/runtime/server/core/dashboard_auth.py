@@ -15,7 +15,7 @@ import logging
 import os
 import re
 from http.cookies import CookieError, SimpleCookie
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote_plus
 
 from starlette.types import Scope
 
@@ -23,10 +23,10 @@ from radixrt.runtime.server.core.tenants import ApiKeys
 
 DASHBOARD_PATH = "/dashboard"
 DASHBOARD_PATHS = (DASHBOARD_PATH, "/debug/radix_tree")  # and what is below them
-DASHBOARD_COOKIE = "radixrt_dashboard"
+DASHBOARD_COOKIE = "radixrt_dashboard"  # + "_<port>": a host's servers keep their own
 KEY_QUERY = "api_key"
 SECRET_BYTES = 32
-KEY_IN_QUERY = re.compile(rf"({KEY_QUERY}=)[^&\s\"]*")
+QUERY_PAIR = re.compile(r"([?&;])([^=&;\s\"]*)=([^&;\s\"]*)")
 
 
 def is_dashboard_read(scope: Scope) -> bool:
@@ -71,7 +71,15 @@ def query_key(scope: Scope) -> str | None:
     return values[-1] if values else None
 
 
+def cookie_name(scope: Scope) -> str:
+    """The dashboard cookie's name on this server: cookies are the host's, whatever the port,
+    so two servers on one host would otherwise overwrite each other's."""
+    server = scope.get("server")
+    return f"{DASHBOARD_COOKIE}_{server[1]}" if server and server[1] else DASHBOARD_COOKIE
+
+
 def cookie_token(scope: Scope) -> str:
+    name_here = cookie_name(scope)
     for name, value in scope["headers"]:
         if name == b"cookie":
             cookie: SimpleCookie = SimpleCookie()
@@ -79,16 +87,25 @@ def cookie_token(scope: Scope) -> str:
                 cookie.load(value.decode("latin-1"))
             except CookieError:
                 continue
-            if DASHBOARD_COOKIE in cookie:
-                return cookie[DASHBOARD_COOKIE].value
+            if name_here in cookie:
+                return cookie[name_here].value
     return ""
 
 
+def redact(path: str) -> str:
+    """`path?api_key=KEY` -> `path?api_key=***`, however the name is spelled (`api%5Fkey`)."""
+    def masked(m: re.Match[str]) -> str:
+        if unquote_plus(m.group(2)) == KEY_QUERY:
+            return f"{m.group(1)}{m.group(2)}=***"
+        return m.group(0)
+
+    return QUERY_PAIR.sub(masked, path) if "?" in path else path
+
+
 class RedactKeys(logging.Filter):
-    """On uvicorn's access log: `?api_key=KEY` is written `?api_key=***`."""
+    """On uvicorn's access log: a query's API key is written `api_key=***`."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if isinstance(record.args, tuple):
-            record.args = tuple(KEY_IN_QUERY.sub(r"\1***", a) if isinstance(a, str) else a
-                                for a in record.args)
+            record.args = tuple(redact(a) if isinstance(a, str) else a for a in record.args)
         return True

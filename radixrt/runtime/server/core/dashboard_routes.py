@@ -16,10 +16,10 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from radixrt.runtime.server.core.dashboard_auth import (
-    DASHBOARD_COOKIE,
     DASHBOARD_PATH,
     KEY_QUERY,
     BrowserKeys,
+    cookie_name,
 )
 from radixrt.runtime.server.core.dashboard_feed import DashboardFeed
 from radixrt.runtime.server.core.http_openapi import documented
@@ -64,8 +64,8 @@ def add_dashboard_routes(app: FastAPI, manager: TokenizerManager, browser: Brows
         token = browser.token(key) if browser is not None and key else None
         if token is not None:  # the key came in the query: a cookie instead, off the URL
             moved = RedirectResponse(DASHBOARD_PATH, status_code=303)
-            moved.set_cookie(DASHBOARD_COOKIE, token, httponly=True, samesite="strict",
-                             path="/", secure=request.url.scheme == "https")
+            moved.set_cookie(cookie_name(request.scope), token, httponly=True,
+                             samesite="strict", path="/", secure=request.url.scheme == "https")
             return moved
         return Response(files[PAGE], media_type="text/html; charset=utf-8",
                         headers=PAGE_HEADERS)

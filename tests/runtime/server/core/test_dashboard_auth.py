@@ -14,9 +14,11 @@ from radixrt.runtime.server.core.dashboard_auth import (
     DASHBOARD_COOKIE,
     BrowserKeys,
     RedactKeys,
+    cookie_name,
     cookie_token,
     is_dashboard_read,
     query_key,
+    redact,
 )
 from radixrt.runtime.server.core.tenants import ApiKeys
 
@@ -65,6 +67,16 @@ def test_the_cookie_holds_a_token_of_this_process_never_the_key() -> None:
     assert cookie_token(scope()) == ""
 
 
+def test_each_server_of_a_host_has_its_own_cookie() -> None:
+    browser = BrowserKeys(KEYS)
+    token = browser.token("sk-1")
+    here = {**scope(cookie=f"{DASHBOARD_COOKIE}_8000={token}"), "server": ("127.0.0.1", 8000)}
+    assert cookie_name(here) == f"{DASHBOARD_COOKIE}_8000"
+    assert browser.match(here) == (True, None)
+    there = {**here, "server": ("127.0.0.1", 8001)}  # another server's cookie: not this one's
+    assert browser.match(there) == (False, None)
+
+
 def test_the_access_log_never_shows_a_key() -> None:
     record = logging.LogRecord("uvicorn.access", logging.INFO, __file__, 1,
                                '%s - "%s %s HTTP/%s" %d',
@@ -73,3 +85,9 @@ def test_the_access_log_never_shows_a_key() -> None:
     assert RedactKeys().filter(record)
     assert record.getMessage() == ('127.0.0.1:5 - "GET /dashboard?x=1&api_key=***&y=2 '
                                    'HTTP/1.1" 303')
+    # however the name is spelled, as long as the server would read it as the key
+    for spelled in ("api%5Fkey", "api%5fkey", "%61pi_key"):
+        assert query_key(scope(query=f"{spelled}=sk-1".encode())) == "sk-1"
+        assert redact(f"/dashboard?{spelled}=sk-1&a=b") == f"/dashboard?{spelled}=***&a=b"
+    assert redact("/v1/models?api_keys=1") == "/v1/models?api_keys=1"
+    assert redact("/dashboard") == "/dashboard"

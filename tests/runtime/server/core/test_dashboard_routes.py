@@ -6,7 +6,9 @@ and `--disable-dashboard`."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
@@ -68,10 +70,11 @@ def test_a_browser_brings_the_key_once_and_the_cookie_opens_only_the_dashboard(
     cookie = given.headers["set-cookie"]
     assert "HttpOnly" in cookie and "SameSite=strict" in cookie, cookie
     assert API_KEY not in cookie and "Secure" not in cookie  # a token; plain http here
-    token = given.cookies[DASHBOARD_COOKIE]
-    with httpx.Client(base_url=http.base_url, cookies={DASHBOARD_COOKIE: token}) as browser:
+    [(name, token)] = given.cookies.items()  # the cookie of this server (its port)
+    assert name == f"{DASHBOARD_COOKIE}_{http.base_url.port}"
+    with httpx.Client(base_url=http.base_url, cookies={name: token}) as browser:
         check_cookie_reads(browser)
-    with httpx.Client(base_url=http.base_url, cookies={DASHBOARD_COOKIE: API_KEY}) as browser:
+    with httpx.Client(base_url=http.base_url, cookies={name: API_KEY}) as browser:
         assert browser.get("/dashboard/stats").status_code == 401  # the raw key is no token
     header = {"Authorization": f"Bearer {API_KEY}"}
     # a good header with a junk query key: the page, and no cookie for the junk
@@ -132,6 +135,22 @@ def test_the_tree_shows_the_shared_prefix_with_its_hits(apps: Apps) -> None:
                             headers={"Authorization": f"Bearer {API_KEY}"}).json()
     assert [n["hits"] for n in hidden["nodes"]] == [n["hits"] for n in nodes]
     assert all(n["text"] is None and n["head_ids"] == [] for n in hidden["nodes"])
+
+
+def test_snapshots_are_taken_one_at_a_time_and_spaced(apps: Apps) -> None:
+    """Five different questions at once (each needs its own snapshot of the tree) are answered
+    one after another, TREE_VIEW_INTERVAL_S apart: a caller cannot stall the scheduler by
+    asking many."""
+    from radixrt.runtime.tokenizer.tokenizer_manager import TREE_VIEW_INTERVAL_S
+
+    def ask(limit: int) -> int:
+        return apps.open.get("/debug/radix_tree", params={"limit": limit}).status_code
+
+    time.sleep(TREE_VIEW_INTERVAL_S)  # none taken just before
+    started = time.monotonic()
+    with ThreadPoolExecutor(5) as pool:
+        assert list(pool.map(ask, range(300, 305))) == [200] * 5
+    assert time.monotonic() - started >= 4 * TREE_VIEW_INTERVAL_S
 
 
 @pytest.mark.parametrize("query", [{"depth": 0}, {"depth": 17}, {"limit": 0},
