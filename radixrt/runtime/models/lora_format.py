@@ -285,13 +285,32 @@ def module_shapes(hidden: int, q_rows: int, kv_rows: int, intermediate: int,
                 "down_proj": dense_mlp_layers})
 
 
+LORA_NAMESPACE_MARK = "\x00lora:"
+ADAPTER_KEY_DIGITS = 16
+
+
+def adapter_key(digest: str) -> str:
+    """The key requests name an adapter by in the worker and the radix tree: its files'
+    digest's first ADAPTER_KEY_DIGITS digits."""
+    return digest[:ADAPTER_KEY_DIGITS]
+
+
 def lora_namespace_of(key: str) -> str:
-    """The prefix every radix namespace of the adapter with this key (its digest's first 16
-    digits) begins with."""
-    return f"\x00lora:{key}"
+    """The prefix every radix namespace of the adapter with this key begins with."""
+    return LORA_NAMESPACE_MARK + key
 
 
 def lora_namespace(digest: str, cache_salt: str | None) -> str:
     """The radix tree's namespace of a request under the adapter of `digest`: apart from the
     base model's and every other adapter's (a NUL never appears in a cache_salt)."""
-    return lora_namespace_of(digest[:16]) + ("" if cache_salt is None else "\x00" + cache_salt)
+    return lora_namespace_of(adapter_key(digest)) + (
+        "" if cache_salt is None else "\x00" + cache_salt)
+
+
+def split_namespace(extra_key: str | None) -> tuple[str | None, str | None]:
+    """A radix namespace as (adapter key, cache_salt), each None where there is none: the
+    inverse of lora_namespace (and of a plain cache_salt's namespace, the salt itself)."""
+    if extra_key is None or not extra_key.startswith(LORA_NAMESPACE_MARK):
+        return None, extra_key
+    key, sep, salt = extra_key[len(LORA_NAMESPACE_MARK):].partition("\x00")
+    return key, salt if sep else None

@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from radixrt.runtime.lora_messages import LoraAdapter, LoraModuleShapes
-from radixrt.runtime.models.lora_format import LoraSpec, lora_namespace, read_spec
+from radixrt.runtime.models.lora_format import LoraSpec, adapter_key, lora_namespace, read_spec
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class LoadedLora:
 
     @property
     def key(self) -> str:
-        return self.spec.digest[:16]
+        return adapter_key(self.spec.digest)
 
     def describe(self) -> dict:
         return {"name": self.name, "path": self.spec.path, "rank": self.spec.rank,

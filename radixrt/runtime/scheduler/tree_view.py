@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 
 from radixrt.runtime.messages import TIER_NAMES
+from radixrt.runtime.models.lora_format import split_namespace
 from radixrt.runtime.scheduler.radix_cache import RadixCache
 from radixrt.runtime.scheduler.radix_node import RadixNode
 from radixrt.runtime.tree_messages import TreeView, TreeViewNode, TreeViewRequest
@@ -37,23 +38,20 @@ from radixrt.runtime.tree_messages import TreeView, TreeViewNode, TreeViewReques
 SCAN_BUDGET = 10_000  # nodes walked per snapshot: ~10 ms of the step loop on a slow CPU
 MAX_NAMESPACES = SCAN_BUDGET // 4  # namespace roots walked at most
 IN_USE_PEEK = 16  # children of a namespace's root looked at for a lock (in use now)
-LORA_MARK = "\x00lora:"
 SALT_LABEL_DIGITS = 12
 
 
 def namespace_label(extra_key: str | None, secret: bytes) -> str:
     """A namespace's name for the view, which never shows a cache_salt itself."""
-    if extra_key is None:
-        return "default"
-    if extra_key.startswith(LORA_MARK):
-        key, _, salt = extra_key[len(LORA_MARK):].partition("\x00")
-        return f"lora:{key}" + (f"/salt:{_salt_label(salt, secret)}" if salt else "")
-    return f"salt:{_salt_label(extra_key, secret)}"
+    key, salt = split_namespace(extra_key)
+    salted = None if salt is None else f"salt:{_salt_label(salt, secret)}"
+    if key is None:
+        return salted or "default"
+    return f"lora:{key}" + ("" if salted is None else f"/{salted}")
 
 
 def is_salted(extra_key: str | None) -> bool:
-    return extra_key is not None and (not extra_key.startswith(LORA_MARK)
-                                      or "\x00" in extra_key[len(LORA_MARK):])
+    return split_namespace(extra_key)[1] is not None
 
 
 def _salt_label(salt: str, secret: bytes) -> str:

@@ -32,6 +32,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequen
 from concurrent.futures import Future
 from typing import Any
 
+import msgspec
+
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.messages import (
@@ -201,9 +203,8 @@ class RequestFront:
     def call_tree_view(self, depth: int, limit: int, text_tokens: int) -> Future:
         """A snapshot of the radix tree's top (tree_messages.TreeViewRequest; a bad bound is a
         ValueError here); the scheduler's TreeView, as builtins, arrives with the ControlReply."""
-        TreeViewRequest(call_id=0, depth=depth, limit=limit, text_tokens=text_tokens)
-        return self._call(lambda call_id: TreeViewRequest(
-            call_id=call_id, depth=depth, limit=limit, text_tokens=text_tokens))
+        asked = TreeViewRequest(call_id=0, depth=depth, limit=limit, text_tokens=text_tokens)
+        return self._call(lambda call_id: msgspec.structs.replace(asked, call_id=call_id))
 
     def _call(self, message: Callable[[int], ToScheduler]) -> Future:
         call_id = next(self._call_ids)

@@ -19,6 +19,7 @@ import msgspec
 
 from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.messages import Scheduling
+from radixrt.runtime.models.lora_format import adapter_key
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.pooling_params import PoolingInfo
 from radixrt.runtime.sampling_params import SamplingParams
@@ -255,7 +256,7 @@ class TokenizerManager:
                                                TEXT_HEAD_TOKENS if show_text else 0)
             taken = await asyncio.wrap_future(future)
         view = msgspec.convert(taken, TreeView)
-        names = {f"lora:{a.get('digest', '')[:16]}": f"lora:{name}"
+        names = {f"lora:{adapter_key(a.get('digest', ''))}": f"lora:{name}"
                  for name, a in self.loras.items()}
         nodes = [msgspec.structs.replace(
             node, namespace=_adapter_named(node.namespace, names),
