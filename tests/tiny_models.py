@@ -23,6 +23,10 @@ LONGROPE = {"rope_type": "longrope", "rope_theta": 10000.0,
             "short_factor": [1.0 + 0.05 * i for i in range(6)]}
 YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
         "original_max_position_embeddings": ORIGINAL_CONTEXT}
+# latent attention of 4 heads: a latent of 32 + a rotary key of 16, heads' nope 24 and value 20
+DEEPSEEK_MLA = dict(num_key_value_heads=4, kv_lora_rank=32, qk_rope_head_dim=16,
+                    qk_nope_head_dim=24, v_head_dim=20, moe_intermediate_size=32,
+                    n_shared_experts=1, first_k_dense_replace=1)
 
 
 def _configs() -> dict[str, tuple[Any, Any, dict[str, Any]]]:
@@ -77,6 +81,27 @@ def _configs() -> dict[str, tuple[Any, Any, dict[str, Any]]]:
                          rope_parameters={**YARN, "rope_theta": 150000.0,
                                           "beta_fast": 32.0, "beta_slow": 1.0,
                                           "truncate": False})),
+        # DeepSeek's latent attention and MoE; GLM-4.5's MoE (MoE from the second layer on)
+        "deepseek-v2-lite": (tf.DeepseekV2Config, tf.DeepseekV2ForCausalLM,
+                             dict(DEEPSEEK_MLA, q_lora_rank=None, head_dim=16,
+                                  n_routed_experts=8, num_experts_per_tok=2,
+                                  topk_method="greedy",
+                                  rope_parameters={**YARN, "mscale": 0.707,
+                                                   "mscale_all_dim": 0.707})),
+        "deepseek-v3": (tf.DeepseekV3Config, tf.DeepseekV3ForCausalLM,
+                        dict(DEEPSEEK_MLA, q_lora_rank=48, n_routed_experts=8,
+                             num_experts_per_tok=2, n_group=4, topk_group=2,
+                             routed_scaling_factor=2.5, norm_topk_prob=True,
+                             rope_parameters={**YARN, "mscale": 1.0, "mscale_all_dim": 1.0,
+                                              "beta_fast": 32.0, "beta_slow": 1.0})),
+        "glm4-moe": (tf.Glm4MoeConfig, tf.Glm4MoeForCausalLM,
+                     dict(head_dim=16, attention_bias=True, use_qk_norm=True,
+                          n_routed_experts=8, num_experts_per_tok=2, n_group=2, topk_group=1,
+                          moe_intermediate_size=32, n_shared_experts=1,
+                          first_k_dense_replace=1, routed_scaling_factor=1.5,
+                          norm_topk_prob=True,
+                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                           "partial_rotary_factor": 0.5})),
     }
 
 
@@ -88,7 +113,8 @@ def tiny_names() -> list[str]:
 
 def tiny_moe_names() -> list[str]:
     """The mixture-of-experts families' checkpoints."""
-    return ["mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "gpt-oss"]
+    return ["mixtral", "qwen2-moe", "qwen3-moe", "olmoe", "gpt-oss", "deepseek-v2-lite",
+            "deepseek-v3", "glm4-moe"]
 
 
 def build_config(name: str, vocab_size: int, bos: int = 1, eos: int = 2) -> Any:
@@ -106,6 +132,10 @@ def build_tiny(name: str, folder: Path, tokenizer: Any, seed: int = 0) -> Any:
     model = _configs()[name][1](config).eval()
     # RMSNorm by (1 + w) in Gemma: w near 0
     randomize_weights(model, 0.0 if name.startswith("gemma") else 1.0, sinks_std=1.0)
+    with torch.no_grad():  # DeepSeek-V3's balancing bias is a buffer: drawn too
+        for bname, buf in model.named_buffers():
+            if bname.endswith("e_score_correction_bias"):
+                buf.normal_(0.0, 0.1)
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return model

@@ -13,7 +13,9 @@ Conventions shared with the Triton kernels (keep these signatures):
 - logit_cap c (0: off): each score s = q.k * sm_scale becomes c * tanh(s / c) before the softmax.
 - sinks (None: off): [num_heads] float, a logit per query head that joins each softmax's
   denominator (not scaled, not capped) and adds no value (gpt-oss).
-- The output tensor o is written in place.
+- The output tensor o is written in place. v_cache may have fewer dims than k_cache (a latent
+  layer's values are the first value_dim dims of its keys: v_cache = k_cache[..., :value_dim]);
+  o then has v_cache's.
 
 Without either option attention runs through PyTorch's SDPA (fused kernels). A window reads only
 the keys some query can see (a decode gathers the last W positions; an extend a mask over them);
@@ -90,7 +92,7 @@ def _attend(
         mask = _mask4(mask).expand(-1, 1, q_len, kv_len).repeat(1, 1, group, 1)
     qg = q.reshape(b, num_kv_heads, group * q_len, head_dim)
     out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
-    return out.reshape(b, num_heads, q_len, head_dim)
+    return out.reshape(b, num_heads, q_len, v.shape[-1])
 
 
 def _mask4(mask: Tensor) -> Tensor:
@@ -111,8 +113,8 @@ def _attend_capped(
     if mask is not None:  # [b|1, 1, 1, q_len|1, kv_len] over [b, kvh, group, q_len, kv_len]
         scores.masked_fill_(~_mask4(mask).unsqueeze(2), float("-inf"))
     probs = torch.softmax(scores, dim=-1).view(b, num_kv_heads, group * q_len, -1)
-    out = torch.matmul(probs, v.float())  # [b, kv_heads, group * q_len, head_dim]
-    return out.view(b, num_heads, q_len, head_dim).to(q.dtype)
+    out = torch.matmul(probs, v.float())  # [b, kv_heads, group * q_len, v_dim]
+    return out.view(b, num_heads, q_len, v.shape[-1]).to(q.dtype)
 
 
 def extend_attention_ref(
@@ -194,7 +196,7 @@ def _extend_request_chunked(
     time, each chunk reading only the keys its queries may see."""
     q_len, num_heads, _ = q_req.shape
     device = q_req.device
-    out = torch.empty_like(q_req)  # [q_len, num_heads, head_dim]
+    out = q_req.new_empty(q_len, num_heads, v_cache.shape[-1])  # [q_len, num_heads, v_dim]
     rows = _query_chunk_rows(num_heads, slots.numel(), window)
     for first in range(0, q_len, rows):
         last = min(q_len, first + rows)  # rows first..last-1, at positions prefix_len + row
@@ -354,9 +356,9 @@ def cascade_decode_attention_padded(
     out, lse = attend_with_lse(qg, k, v, valid[:, None, None, :], sm_scale, logit_cap)
     if bool(groups[1].any()):  # some group has a prefix
         _merge_prefixes(qg, out, lse, k_cache, v_cache, groups, sm_scale, logit_cap)
-    if sinks is not None:  # over the merged attention: [bs, kv_heads, group, head_dim]
+    if sinks is not None:  # over the merged attention: [bs, kv_heads, group, v_dim]
         out = apply_sinks(out, lse, sinks.view(num_kv_heads, group))
-    o.copy_(out.reshape(bs, num_heads, head_dim))
+    o.copy_(out.reshape(bs, num_heads, v_cache.shape[-1]))
 
 
 def _merge_prefixes(
@@ -375,7 +377,7 @@ def _merge_prefixes(
     v_p = gather_kv(v_cache, prefix).transpose(1, 2)  # [G, kv_heads, max_prefix, head_dim]
     out_p, lse_p = attend_with_lse(q_p, k_p, v_p, prefix_valid[:, None, None, :], sm_scale,
                                    logit_cap)
-    out_p = out_p.reshape(num_groups, num_kv_heads, width, group, head_dim).transpose(1, 2)
+    out_p = out_p.reshape(num_groups, num_kv_heads, width, group, -1).transpose(1, 2)
     lse_p = lse_p.reshape(num_groups, num_kv_heads, width, group).transpose(1, 2)
     rows = members[member_valid]  # [sum of group sizes]
     out[rows], lse[rows] = merge_attention(out[rows], lse[rows], out_p[member_valid],

@@ -33,7 +33,8 @@ def attend_with_lse(
     PyTorch's fused CPU flash-attention kernel (the one SDPA uses, which also returns the
     log-sum-exp); anything else (a logit cap included) the plain formula in float32.
     """
-    fused = q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32
+    fused = (q.device.type == "cpu" and q.dtype == k.dtype == v.dtype == torch.float32
+             and k.shape[-1] == v.shape[-1])
     if fused and logit_cap == 0:
         mask = None
         if valid is not None:  # additive, in the query's dtype (as the kernel requires)
@@ -66,7 +67,7 @@ def attend_with_sinks(
         mask = mask.expand(-1, 1, q_len, -1).repeat(1, 1, group, 1)
     qg = q.reshape(b, num_kv_heads, group * q_len, head_dim)
     out, lse = attend_with_lse(qg, k, v, mask, scale, logit_cap)  # [b, kvh, group * q_len, (d)]
-    out = apply_sinks(out.reshape(b, num_heads, q_len, head_dim), lse.reshape(b, num_heads, q_len),
+    out = apply_sinks(out.reshape(b, num_heads, q_len, -1), lse.reshape(b, num_heads, q_len),
                       sinks.view(1, num_heads, 1))  # fmt: skip
     return out.to(q.dtype)
 

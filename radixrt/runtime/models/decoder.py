@@ -19,6 +19,7 @@ from radixrt.runtime.forward.attention.base import LayerAttention
 from radixrt.runtime.models.fused_decode import FusedDecode
 from radixrt.runtime.models.layers import GatedMLP, RMSNorm, soft_cap
 from radixrt.runtime.models.linear import LinearWeight
+from radixrt.runtime.models.mla import LatentAttention
 from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.moe import MoEBlock, expert_target
 from radixrt.runtime.models.parallel import (
@@ -134,7 +135,11 @@ class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, layer_id: int, backend: AttentionBackend,
                  shard: ShardPlan, tp: TPGroup, packed: bool = False) -> None:
         super().__init__()
-        self.self_attn = Attention(config, layer_id, backend, shard, tp, packed)
+        self.self_attn: Attention | LatentAttention
+        if config.kv_lora_rank:
+            self.self_attn = LatentAttention(config, layer_id, backend, shard, tp, packed)
+        else:
+            self.self_attn = Attention(config, layer_id, backend, shard, tp, packed)
         self.mlp: GatedMLP | MoEBlock
         if config.moe_kinds[layer_id]:
             self.mlp = MoEBlock(config, shard.rows_of(config.moe_intermediate_size).indices(),

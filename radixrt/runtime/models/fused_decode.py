@@ -117,6 +117,8 @@ def unsupported(model: CausalLM) -> str | None:
     cfg = model.config
     if model.tp.size != 1:
         return "tensor parallelism (the layers' collectives)"
+    if cfg.kv_lora_rank:
+        return "latent attention"
     if cfg.norm_layout != "pre" or cfg.qk_norm_all_heads:
         return f"{cfg.norm_layout}-norm layers or a norm over all heads"
     if cfg.hidden_act not in FUSED_ACTIVATIONS:

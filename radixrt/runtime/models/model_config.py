@@ -29,13 +29,32 @@ value that changes nothing (Llama's) by default, so a family sets only what diff
                        factors by it (models/rope.py)
     attention_sinks    a learned per-head logit in every softmax's denominator (gpt-oss)
 
+Multi-head latent attention (models/mla.py; kv_lora_rank 0 = ordinary attention):
+    q_lora_rank        the query's low-rank compression (0: a full q projection, V2-Lite)
+    kv_lora_rank       the latent each token caches (512 for V3), after its RMSNorm
+    qk_nope_head_dim, qk_rope_head_dim, v_head_dim   each head's unrotated and rotated query /
+                       key dims and its value dim; head_dim is their query-key sum
+    rope_interleave    rotary pairs interleaved (x0, x1), (x2, x3)... (DeepSeek) not halves
+    The KV pool then holds one row of kv_lora_rank + qk_rope_head_dim per token and layer
+    (kv_layout).
+
 Mixture of experts (models/moe.py; num_experts 0 = dense):
     num_experts, num_experts_per_tok, moe_intermediate_size (each expert's)
     moe_layers         per layer: True where the MLP is the MoE block (() = every layer)
-    routing            "softmax_topk" (renormalised when norm_topk_prob) or "topk_softmax"
+    routing            "softmax_topk" (renormalised when norm_topk_prob), "topk_softmax"
+                       (gpt-oss) or "sigmoid_topk" (DeepSeek-V3, GLM-4.5: sigmoid scores,
+                       chosen with score_correction_bias, weights without it, renormalised
+                       when norm_topk_prob)
+    n_group, topk_group   grouped top-k: experts in n_group groups, only the topk_group best
+                       groups compete (a group's score: its best expert's for softmax, its two
+                       best's sum for sigmoid)
+    routed_scaling_factor  the routing weights times this (DeepSeek)
+    score_correction_bias  a per-expert bias added to the scores when choosing (DeepSeek-V3's
+                       auxiliary-loss-free balancing), never to the weights
     router_bias, expert_bias      biases on the router and on the experts' projections
     expert_activation  "silu" (SwiGLU) or "swiglu_oai" (gpt-oss: clamped, alpha, limit)
-    shared_expert_intermediate_size   a shared expert with a sigmoid gate (Qwen2-MoE)
+    shared_expert_intermediate_size   a shared expert added to every token: scaled by a
+                       sigmoid gate (Qwen2-MoE) or not (shared_expert_gated False: DeepSeek)
 """
 
 from __future__ import annotations
@@ -46,7 +65,20 @@ from typing import Any
 from radixrt.runtime.models.rope import ROPE_TYPES, rope_type_of
 
 NORM_LAYOUTS = ("pre", "sandwich", "post")
+ROUTINGS = ("softmax_topk", "topk_softmax", "sigmoid_topk")
 ROPE_LAYER_KINDS = ("global", "local", "none")
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """What one token's KV is in one rank's pool (forward.kv_cache.KVShape): kv_parts
+    tensors (2: K and V; 1: MLA's latent, whose first value dims are also its value) of
+    num_kv_heads x head_dim per layer."""
+
+    num_layers: int
+    kv_parts: int
+    num_kv_heads: int
+    head_dim: int
 
 
 @dataclass(frozen=True)
@@ -102,6 +134,17 @@ class ModelConfig:
     swiglu_alpha: float = 1.702
     swiglu_limit: float = 7.0
     shared_expert_intermediate_size: int = 0
+    shared_expert_gated: bool = True
+    n_group: int = 1
+    topk_group: int = 1
+    routed_scaling_factor: float = 1.0
+    score_correction_bias: bool = False
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False
     # a classification head (`*ForSequenceClassification`: score.weight [num_labels, hidden])
     # in place of the LM head; 0: the LM head. labels: id2label's names, in label order
     num_labels: int = 0
@@ -133,6 +176,18 @@ class ModelConfig:
         if self.num_experts and not 1 <= self.num_experts_per_tok <= self.num_experts:
             raise ValueError(f"num_experts_per_tok={self.num_experts_per_tok} must be within "
                              f"1..num_experts={self.num_experts}")
+        if self.routing not in ROUTINGS:
+            raise ValueError(f"routing {self.routing!r}: use one of {ROUTINGS}")
+        if self.num_experts and (self.n_group < 1 or self.num_experts % self.n_group
+                                 or not 1 <= self.topk_group <= self.n_group):
+            raise ValueError(f"n_group={self.n_group} must divide num_experts="
+                             f"{self.num_experts}, with 1 <= topk_group={self.topk_group} <= "
+                             "n_group")
+        if self.kv_lora_rank and (self.qk_nope_head_dim + self.qk_rope_head_dim != self.head_dim
+                                  or self.v_head_dim < 1 or self.qk_rope_head_dim % 2):
+            raise ValueError(f"latent attention: head_dim={self.head_dim} must be "
+                             f"qk_nope_head_dim + qk_rope_head_dim (an even rotary part), "
+                             f"with v_head_dim >= 1")
         if any(w is not None and w < 1 for w in self.windows):
             raise ValueError(f"sliding windows must be >= 1: {self.windows}")
 
@@ -142,7 +197,17 @@ class ModelConfig:
 
     @property
     def rotary_dim(self) -> int:
+        if self.kv_lora_rank:
+            return self.qk_rope_head_dim
         return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        """One token's KV in an unsharded pool: K and V per KV head, or MLA's one latent row
+        (kv_lora_rank + qk_rope_head_dim: 576 for V3)."""
+        if self.kv_lora_rank:
+            return KVLayout(self.num_layers, 1, 1, self.kv_lora_rank + self.qk_rope_head_dim)
+        return KVLayout(self.num_layers, 2, self.num_kv_heads, self.head_dim)
 
     @property
     def windows(self) -> tuple[int | None, ...]:

@@ -1,12 +1,17 @@
 """The mixture-of-experts block: a router picks top_k experts per token, the experts' gated MLPs
 run on the tokens routed to them, and their outputs are summed by the routing weights; a shared
-expert (Qwen2-MoE), scaled by a sigmoid gate, is added to every token.
+expert, scaled by a sigmoid gate (Qwen2-MoE) or not (DeepSeek's shared experts), is added to
+every token.
 
 Stages, in order:
 1. router logits = x W_r^T (+ b_r)                                   [num_tokens, num_experts]
-2. routing: "softmax_topk" (Mixtral, Qwen-MoE, OLMoE): softmax over all experts in float32, the
-   top_k, renormalised to sum 1 when norm_topk_prob; "topk_softmax" (gpt-oss): the top_k logits,
-   then a softmax over them.                                 ids, weights [num_tokens, top_k]
+2. routing (Routing): "softmax_topk" (Mixtral, Qwen-MoE, OLMoE, DeepSeek-V2): softmax over all
+   experts in float32, the top_k, renormalised to sum 1 when norm_topk_prob; "topk_softmax"
+   (gpt-oss): the top_k logits, then a softmax over them; "sigmoid_topk" (DeepSeek-V3,
+   GLM-4.5): sigmoid scores, the top_k of scores + the correction bias, weighted by their
+   scores (renormalised when norm_topk_prob). Grouped top-k (n_group > 1) first keeps the
+   topk_group best groups of experts; the weights are then times routed_scaling_factor.
+                                                             ids, weights [num_tokens, top_k]
 3. experts: kernels' fused_moe (the grouped PyTorch reference on the CPU: each expert's product
    once over the tokens routed to it; the Triton fused-MoE kernel on CUDA), activation silu
    (SwiGLU) or gpt-oss's clamped SwiGLU, with biases where the checkpoint has them.
@@ -24,6 +29,7 @@ then up rows) and down [num_experts, hidden, local_inter]. Checkpoints ship them
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -32,25 +38,66 @@ from torch import Tensor, nn
 from radixrt.kernels.moe_reference import fused_moe_ref
 from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.models.layers import GatedMLP
-from radixrt.runtime.models.model_config import ModelConfig
+from radixrt.runtime.models.model_config import ROUTINGS, ModelConfig
 from radixrt.runtime.models.parallel import take
 from radixrt.runtime.models.tensor_source import Weight, read_all
 
-ROUTINGS = ("softmax_topk", "topk_softmax")
 # per-expert checkpoint tensor -> (our parameter, its part): gate rows, up rows, down
 EXPERT_PARTS = {"gate_proj": ("gate_up", 0), "up_proj": ("gate_up", 1), "down_proj": ("down", 0)}
 
 
-def route(logits: Tensor, top_k: int, routing: str, renormalize: bool) -> tuple[Tensor, Tensor]:
-    """logits [num_tokens, num_experts] -> (ids [num_tokens, top_k] int64, weights float32)."""
-    if routing == "topk_softmax":
+@dataclass(frozen=True)
+class Routing:
+    """How the router's logits pick experts (model_config.py's MoE traits)."""
+
+    top_k: int
+    kind: str = "softmax_topk"
+    renormalize: bool = False
+    n_group: int = 1
+    topk_group: int = 1
+    scaling: float = 1.0
+
+    @classmethod
+    def of(cls, config: ModelConfig) -> Routing:
+        return cls(config.num_experts_per_tok, config.routing, config.norm_topk_prob,
+                   config.n_group, config.topk_group, config.routed_scaling_factor)
+
+
+def route(logits: Tensor, routing: Routing,
+          correction: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """logits [num_tokens, num_experts] -> (ids [num_tokens, top_k] int64, weights float32);
+    correction: [num_experts], added to sigmoid scores for the choice only."""
+    top_k = routing.top_k
+    if routing.kind == "topk_softmax":
         values, ids = torch.topk(logits.float(), top_k, dim=-1)
         return ids, torch.softmax(values, dim=-1)
-    probs = torch.softmax(logits.float(), dim=-1)  # [num_tokens, num_experts]
-    weights, ids = torch.topk(probs, top_k, dim=-1)
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return ids, weights
+    sigmoid = routing.kind == "sigmoid_topk"
+    probs = logits.float().sigmoid() if sigmoid else torch.softmax(logits.float(), dim=-1)
+    choice = probs if correction is None else probs + correction.float()
+    if routing.n_group > 1:
+        choice = _keep_best_groups(choice, routing, two_best=sigmoid)
+    if sigmoid or correction is not None:
+        ids = torch.topk(choice, top_k, dim=-1)[1]
+        weights = probs.gather(1, ids)
+    else:
+        weights, ids = torch.topk(choice, top_k, dim=-1)
+    if routing.renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-20 if sigmoid else 0.0))
+    return ids, weights * routing.scaling if routing.scaling != 1.0 else weights
+
+
+def _keep_best_groups(scores: Tensor, routing: Routing, two_best: bool) -> Tensor:
+    """scores [num_tokens, num_experts] with every expert outside the topk_group best of the
+    n_group groups masked out (-inf for sigmoid's choice, 0 for softmax probabilities, as
+    DeepSeek-V3 and V2 do). A group's score: its two best experts' sum, or its best's."""
+    n, experts = scores.shape
+    grouped = scores.view(n, routing.n_group, experts // routing.n_group)
+    group_scores = (grouped.topk(2, dim=-1)[0].sum(dim=-1) if two_best
+                    else grouped.max(dim=-1).values)  # [num_tokens, n_group]
+    best = torch.topk(group_scores, routing.topk_group, dim=-1)[1]
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+    keep = keep.unsqueeze(-1).expand_as(grouped).reshape(n, experts)
+    return scores.masked_fill(~keep, float("-inf") if two_best else 0.0)
 
 
 class Experts(nn.Module):
@@ -128,7 +175,8 @@ def _copy(dest: Tensor, piece: Tensor) -> None:
 
 
 class MoEBlock(nn.Module):
-    """Router, experts and (where the family has one) a gated shared expert."""
+    """Router, experts and (where the family has one) a shared expert, gated or not; the
+    router's score_correction_bias where the family has one (DeepSeek-V3)."""
 
     def __init__(self, config: ModelConfig, rows: Sequence[int | None],
                  shared_rows: Sequence[int | None], tp: TPGroup) -> None:
@@ -136,24 +184,29 @@ class MoEBlock(nn.Module):
         if config.routing not in ROUTINGS:
             raise ValueError(f"routing {config.routing!r}: use one of {ROUTINGS}")
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=config.router_bias)
+        self.score_correction_bias: nn.Parameter | None = None  # [num_experts]
+        if config.score_correction_bias:
+            self.score_correction_bias = nn.Parameter(torch.empty(config.num_experts))
         self.experts = Experts(config, rows, tp)
         self.shared_expert: GatedMLP | None = None
         self.shared_expert_gate: nn.Linear | None = None
         if config.shared_expert_intermediate_size:
             self.shared_expert = GatedMLP(config.hidden_size, shared_rows, TPGroup.single(),
                                           config.hidden_act)
-            self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
-        self.top_k = config.num_experts_per_tok
-        self.routing, self.renormalize = config.routing, config.norm_topk_prob
+            if config.shared_expert_gated:
+                self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
+        self.routing = Routing.of(config)
         self.tp = tp
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [num_tokens, hidden] -> [num_tokens, hidden]
-        ids, weights = route(self.gate(x), self.top_k, self.routing, self.renormalize)
+        ids, weights = route(self.gate(x), self.routing, self.score_correction_bias)
         out = self.experts(x, ids, weights)
-        if self.shared_expert is not None and self.shared_expert_gate is not None:
+        if self.shared_expert is not None:
             shared = self.shared_expert(x)  # this rank's partial sum, like the experts'
-            out = out + F.sigmoid(self.shared_expert_gate(x)) * shared
+            if self.shared_expert_gate is not None:
+                shared = F.sigmoid(self.shared_expert_gate(x)) * shared
+            out = out + shared
         return self.tp.all_reduce(out)
 
 

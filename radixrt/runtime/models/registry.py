@@ -8,8 +8,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from typing import Any
 
+from radixrt.runtime.models.families.deepseek import DEEPSEEK
 from radixrt.runtime.models.families.family import ModelFamily
 from radixrt.runtime.models.families.gemma import GEMMA
+from radixrt.runtime.models.families.glm4_moe import GLM4_MOE
 from radixrt.runtime.models.families.gpt_oss import GPT_OSS
 from radixrt.runtime.models.families.granite import GRANITE
 from radixrt.runtime.models.families.llama import LLAMA
@@ -28,7 +30,7 @@ CLASSIFIER_SUFFIX = "ForSequenceClassification"
 MAX_LABELS = 1 << 16
 
 FAMILIES: tuple[ModelFamily, ...] = (LLAMA, GEMMA, PHI3, OLMO2, GRANITE, SMOLLM3, MIXTRAL,
-                                      QWEN_MOE, OLMOE, GPT_OSS)
+                                      QWEN_MOE, OLMOE, GPT_OSS, DEEPSEEK, GLM4_MOE)
 
 
 def supported_architectures() -> tuple[str, ...]:

@@ -18,7 +18,8 @@ an attention factor that multiplies cos and sin (1 for all but YaRN and LongRoPE
   exact with transformers (docs/models.md says this).
 
 Partial rotary (Phi-4-mini, partial_rotary_factor < 1) rotates the first rotary_dim dimensions of
-each head and passes the rest through. The layout is rotate-half (NeoX / transformers).
+each head and passes the rest through. The layout is rotate-half (NeoX / transformers), or
+neighbouring pairs (apply_rotary_interleaved: DeepSeek's latent attention).
 """
 
 from __future__ import annotations
@@ -79,7 +80,8 @@ def _llama3_scaled(inv_freq: Tensor, factor: float, scaling: Mapping[str, Any]) 
     return torch.where(in_between, blended, scaled)
 
 
-def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    """YaRN's magnitude correction for an extension by `scale` (1 when not extended)."""
     return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
@@ -97,9 +99,9 @@ def _yarn(rotary_dim: int, theta: float, scaling: Mapping[str, Any],
     if attention_factor is None:
         mscale, mscale_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
         if mscale and mscale_all:
-            attention_factor = _yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all)
+            attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all)
         else:
-            attention_factor = _yarn_mscale(factor)
+            attention_factor = yarn_mscale(factor)
     beta_fast = float(scaling.get("beta_fast") or YARN_BETA_FAST)
     beta_slow = float(scaling.get("beta_slow") or YARN_BETA_SLOW)
 
@@ -176,3 +178,12 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     x1, x2 = rot[..., :half], rot[..., half:]
     rotated = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
     return rotated if rest.shape[-1] == 0 else torch.cat((rotated, rest), dim=-1)
+
+
+def apply_rotary_interleaved(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """apply_rotary with the rotated dimensions paired as neighbours (x0, x1), (x2, x3), ...
+    (DeepSeek's layout, transformers' view_as_complex form): pair i turns by frequency i.
+    x [num_tokens, heads, rotary_dim] (all of it rotated); cos, sin [num_tokens, 1,
+    rotary_dim // 2]."""
+    even, odd = x[..., 0::2], x[..., 1::2]
+    return torch.stack((even * cos - odd * sin, odd * cos + even * sin), dim=-1).flatten(-2)

@@ -28,7 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from radixrt.runtime.models.model_config import ModelConfig
+from radixrt.runtime.models.model_config import KVLayout, ModelConfig
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -51,13 +51,6 @@ class Slice:
 
     def indices(self) -> list[int | None]:
         return [i if i < self.real else None for i in range(self.start, self.start + self.size)]
-
-
-@dataclass(frozen=True)
-class KVShapeOfRank:
-    num_layers: int
-    num_kv_heads: int  # this rank's, padding included
-    head_dim: int
 
 
 @dataclass(frozen=True)
@@ -86,9 +79,12 @@ class ShardPlan:
         dimension, a shared expert's)."""
         return Slice.of(size, self.tp_size, self.rank)
 
-    def kv_shape(self, config: ModelConfig) -> KVShapeOfRank:
-        """The shape of this rank's KV pool (forward.kv_cache.KVShape)."""
-        return KVShapeOfRank(config.num_layers, self.num_kv_heads, config.head_dim)
+    def kv_shape(self, config: ModelConfig) -> KVLayout:
+        """The shape of this rank's KV pool (forward.kv_cache.KVShape): its KV heads, or the
+        whole latent of a latent-attention model (replicated on every rank)."""
+        if config.kv_lora_rank:
+            return config.kv_layout
+        return KVLayout(config.num_layers, 2, self.num_kv_heads, config.head_dim)
 
     @classmethod
     def single(cls, config: ModelConfig) -> ShardPlan:
@@ -114,7 +110,8 @@ class ShardPlan:
             "heads_per_rank": self.num_heads,
             "kv_heads_per_rank": self.num_kv_heads,
             "padded_heads": padded_q,
-            "kv_heads": "split" if kv % tp == 0 else ("replicated" if tp % kv == 0 else "padded"),
+            "kv_heads": ("latent, replicated" if config.kv_lora_rank else "split" if kv % tp == 0
+                         else ("replicated" if tp % kv == 0 else "padded")),
             "intermediate_per_rank": self.intermediate.size,
             "vocab_per_rank": self.vocab.size,
         }

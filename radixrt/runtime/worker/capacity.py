@@ -29,12 +29,29 @@ GIB = 1 << 30
 
 
 def kv_bytes_per_token(config: KVShape, dtype_bytes: int) -> int:
-    """K and V of one token across all layers (of one rank's KV heads under tensor
-    parallelism: ShardPlan.kv_shape)."""
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * dtype_bytes
+    """K and V (or MLA's latent) of one token across all layers (of one rank's KV heads under
+    tensor parallelism: ShardPlan.kv_shape; ModelConfig.kv_layout for the whole model).
+    DeepSeek-V3 in bf16: 1 latent x (512 + 64) dims x 61 layers x 2 bytes = 70,272."""
+    return (config.kv_parts * config.num_layers * config.num_kv_heads * config.head_dim
+            * dtype_bytes)
+
+
+def _latent_attention_parameters(config: ModelConfig) -> int:
+    """An MLA layer's projections and norms (models/mla.py)."""
+    h, heads, rank, rope = (config.hidden_size, config.num_heads, config.kv_lora_rank,
+                            config.qk_rope_head_dim)
+    q_rank, bias = config.q_lora_rank, config.attention_bias
+    q = (h * q_rank + q_rank + q_rank * heads * config.head_dim + (q_rank if bias else 0)
+         if q_rank else h * heads * config.head_dim)
+    kv = h * (rank + rope) + (rank + rope if bias else 0) + rank
+    kv += rank * heads * (config.qk_nope_head_dim + config.v_head_dim)
+    o = heads * config.v_head_dim * h + (h if config.o_proj_bias else 0)
+    return q + kv + o + 2 * h
 
 
 def _attention_parameters(config: ModelConfig) -> int:
+    if config.kv_lora_rank:
+        return _latent_attention_parameters(config)
     h, q, kv = (config.hidden_size, config.num_heads * config.head_dim,
                 config.num_kv_heads * config.head_dim)
     count = h * q + 2 * h * kv + q * h + (q + 2 * kv if config.attention_bias else 0)
@@ -54,6 +71,12 @@ def projection_parameters(config: ModelConfig) -> int:
                 config.num_kv_heads * config.head_dim)
     mlp = [3 * h * (config.shared_expert_intermediate_size if moe else config.intermediate_size)
            for moe in config.moe_kinds]
+    if config.kv_lora_rank:  # every MLA projection but kv_b (kept in floats: models/mla.py)
+        rank, heads = config.kv_lora_rank, config.num_heads
+        q_rank = config.q_lora_rank
+        attn = (h * q_rank + q_rank * q) if q_rank else h * q
+        attn += h * (rank + config.qk_rope_head_dim) + heads * config.v_head_dim * h
+        return config.num_layers * attn + sum(mlp)
     return config.num_layers * (2 * h * q + 2 * h * kv) + sum(mlp)
 
 
@@ -67,7 +90,9 @@ def _moe_parameters(config: ModelConfig) -> int:
     """A MoE block without its experts: the router and the shared expert with its gate."""
     h, shared = config.hidden_size, config.shared_expert_intermediate_size
     router = config.num_experts * h + (config.num_experts if config.router_bias else 0)
-    return router + (3 * h * shared + h if shared else 0)
+    router += config.num_experts if config.score_correction_bias else 0
+    gate = h if config.shared_expert_gated else 0
+    return router + (3 * h * shared + gate if shared else 0)
 
 
 def parameter_count(config: ModelConfig, active: bool = False) -> int:
@@ -166,7 +191,7 @@ def plan(config: ModelConfig, memory_bytes: int, dtype_bytes: int, page_size: in
     if free <= 0:
         raise ValueError(f"the weights alone take {weights / GIB:.2f} GiB of the "
                          f"{memory_bytes / GIB:.2f} GiB: nothing is left for the KV cache")
-    per_token = kv_bytes_per_token(config, dtype_bytes)
+    per_token = kv_bytes_per_token(config.kv_layout, dtype_bytes)
     pages = pool_tokens(free, mem_fraction, per_token) // page_size
     capacity = Capacity(per_token, page_size, pages, context_length)
     mean = work.prompt_tokens + work.mean_output_tokens

@@ -2,7 +2,8 @@
 pages move between them and the device pool (``PageMove``, applied in the order planned).
 
 The scheduler decides every move (kv_manager.py); the worker only copies. Host pages live in one
-preallocated buffer laid out like the device pool ([2, num_layers, slots, kv_heads, head_dim]);
+preallocated buffer laid out like the device pool ([parts, num_layers, slots, kv_heads, head_dim]:
+K and V, or MLA's one latent);
 disk pages in this rank's file of the disk tier (disk_format.py: data first, then its record, so
 a torn write never reads back as KV). The disk directory is created 0700 and locked, so two
 servers never share it; its file is preallocated to its bound and never grows past it. Disk
@@ -255,11 +256,11 @@ class KVTiers:
                  disk: DiskFile | None) -> None:
         self.kv = kv_cache
         self.page_size = page_size
-        shape = (2, kv_cache.num_layers, host_pages * page_size, kv_cache.num_kv_heads,
-                 kv_cache.head_dim)
+        shape = (kv_cache.parts, kv_cache.num_layers, host_pages * page_size,
+                 kv_cache.num_kv_heads, kv_cache.head_dim)
         pin = kv_cache.device.type == "cuda"
         self.host = torch.empty(shape if host_pages else (0,), dtype=kv_cache.dtype,
-                                pin_memory=pin)  # [2, num_layers, host slots, kv_heads, dim]
+                                pin_memory=pin)  # [parts, num_layers, host slots, kv_heads, dim]
         self.disk = disk
         self.writer = DiskWriter(disk) if disk is not None else None
         self.seconds = 0.0  # spent applying moves on the step's thread, since take_seconds()
@@ -273,7 +274,7 @@ class KVTiers:
         return torch.tensor([p * ps + i for p in pages for i in range(ps)], dtype=torch.int64)
 
     def _read(self, tier: int, pages: list[int]) -> Tensor:
-        """[2, num_layers, len(pages) * page_size, kv_heads, head_dim] on the CPU."""
+        """[parts, num_layers, len(pages) * page_size, kv_heads, head_dim] on the CPU."""
         if tier == DEVICE_TIER:
             return self.kv.read_slots(self._slots(pages))
         if tier == HOST_TIER:
@@ -281,7 +282,7 @@ class KVTiers:
         assert self.disk is not None and self.writer is not None
         self.writer.wait(pages)
         kv = self.kv
-        shape = (2, kv.num_layers, self.page_size, kv.num_kv_heads, kv.head_dim)
+        shape = (kv.parts, kv.num_layers, self.page_size, kv.num_kv_heads, kv.head_dim)
         parts = [torch.frombuffer(bytearray(self.disk.read(p)), dtype=torch.uint8)
                  .view(kv.dtype).reshape(shape) for p in pages]
         return torch.cat(parts, dim=2)
@@ -326,6 +327,7 @@ def fingerprint(model: bytes, dtype: torch.dtype, kv: KVCache, page_size: int, r
                 num_ranks: int) -> bytes:
     """What a disk page's KV depends on beside its tokens."""
     h = hashlib.sha256(model)
-    h.update(f"{dtype}|{kv.num_layers}|{kv.num_kv_heads}|{kv.head_dim}|{page_size}|{rank}|"
-             f"{num_ranks}".encode())
+    latent = "latent|" if kv.parts == 1 else ""  # (K/V pools' files keep their fingerprint)
+    h.update(f"{dtype}|{latent}{kv.num_layers}|{kv.num_kv_heads}|{kv.head_dim}|{page_size}|"
+             f"{rank}|{num_ranks}".encode())
     return h.digest()[:FINGERPRINT_BYTES]

@@ -119,7 +119,7 @@ def test_the_default_models_plan_counts_its_loaded_weights(loaded_model: Any) ->
     config = inspect_model("default")
     assert parameter_count(config) == loaded_model.model.weight_count()
     figures = plan(config, 1 << 30, 4, 1, 0.5, 8192, Workload(100, 50, 200))
-    assert figures["kv_bytes_per_token"] == kv_bytes_per_token(loaded_model.config, 4)
+    assert figures["kv_bytes_per_token"] == kv_bytes_per_token(loaded_model.config.kv_layout, 4)
     engine = SimpleNamespace(model="default", weight_format="auto", quantization=None)
     assert held_weight_bytes(engine, config, 4) == sum(
         loaded_model.model.weight_formats().values())
@@ -128,7 +128,7 @@ def test_the_default_models_plan_counts_its_loaded_weights(loaded_model: Any) ->
 def test_the_engine_states_its_capacity(make_engine: Any) -> None:
     engine = make_engine(max_total_tokens=4096, page_size=16)
     capacity = engine.stats()["capacity"]
-    per_token = kv_bytes_per_token(engine.model_config, 4)  # float32 on the CPU
+    per_token = kv_bytes_per_token(engine.model_config.kv_layout, 4)  # float32 on the CPU
     assert capacity["bytes_per_token"] == per_token
     assert capacity["pages"] * capacity["page_size"] == capacity["tokens"] == 4096
     assert capacity["bytes"] == 4096 * per_token

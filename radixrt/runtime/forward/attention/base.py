@@ -31,6 +31,10 @@ class LayerAttention:
         read at every call (no copy here). It takes no part in == and hash (a tensor has no
         boolean equality): two settings that differ only in their sinks compare equal, and
         the repr leaves it out.
+    value_dim: None = K and V are stored apart (num_kv_heads x head_dim each); an int = a
+        latent layer (multi-head latent attention, models/mla.py): the cache holds one row per
+        token, the key k (one KV head), v is None and never stored, and a key's value is its
+        first value_dim dims; the output is [num_tokens, num_heads, value_dim].
     """
 
     layer_id: int
@@ -38,12 +42,15 @@ class LayerAttention:
     sliding_window: int | None = None
     logit_cap: float = 0.0
     sinks: Tensor | None = field(default=None, compare=False, repr=False)
+    value_dim: int | None = None
 
     def __post_init__(self) -> None:
         if self.sliding_window is not None and self.sliding_window < 1:
             raise ValueError(f"sliding_window={self.sliding_window} must be >= 1 or None")
         if self.logit_cap < 0:
             raise ValueError(f"logit_cap={self.logit_cap} must be >= 0")
+        if self.value_dim is not None and self.value_dim < 1:
+            raise ValueError(f"value_dim={self.value_dim} must be >= 1 or None")
         if self.sinks is not None and self.sinks.dim() != 1:
             raise ValueError(f"sinks of shape {tuple(self.sinks.shape)}: expected [num_heads]")
 
@@ -63,7 +70,7 @@ class AttentionBackend(Protocol):
         self,
         q: Tensor,
         k: Tensor,
-        v: Tensor,
+        v: Tensor | None,
         layer: LayerAttention,
         kv_cache: KVCache,
         batch: ForwardBatch,
@@ -73,5 +80,7 @@ class AttentionBackend(Protocol):
         q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
         returns [num_tokens, num_heads, head_dim]: each new token attends to its request's prefix
         and causally to the request's new tokens, within layer.sliding_window when it has one.
+        A latent layer (layer.value_dim): v is None, k [num_tokens, 1, head_dim] is the row
+        stored, the output [num_tokens, num_heads, value_dim].
         """
         ...

@@ -10,6 +10,10 @@ KV in place through each request's slot list (no gather, no padding); a pass of 
 SMALL_PASS_ROWS rows and no group runs every row there (speculative drafts, short chunks: the
 fused decode step's kernel, so the two give the same floats). The slots are checked once per
 forward pass. Larger extends and cascade groups keep the reference kernels.
+
+A latent layer (LayerAttention.value_dim: multi-head latent attention) stores its one row per
+token and runs the same reference kernels (decode, cascade, extend) with the values as a view
+of the keys' first value_dim dims: one KV head that every query head reads.
 """
 
 from __future__ import annotations
@@ -88,17 +92,23 @@ class TorchAttentionBackend:
         self,
         q: Tensor,
         k: Tensor,
-        v: Tensor,
+        v: Tensor | None,
         layer: LayerAttention,
         kv_cache: KVCache,
         batch: ForwardBatch,
     ) -> Tensor:
         # q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
         k_cache, v_cache = kv_cache.k[layer.layer_id], kv_cache.v[layer.layer_id]
-        native = self._native_for(q, k_cache, batch)
-        if not (native and store_kv_cpu(k_cache, v_cache, k, v, batch.out_slots)):
-            store_kv_ref(k_cache, v_cache, k, v, batch.out_slots)
-        o = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
+        if v is None:  # a latent layer: one row per token, its values the first value_dim dims
+            k_cache[batch.out_slots] = k.to(k_cache.dtype)
+            v_cache = k_cache[..., : layer.value_dim]
+            native = False
+            o = q.new_empty(*q.shape[:2], v_cache.shape[-1])  # [num_tokens, num_heads, v_dim]
+        else:
+            native = self._native_for(q, k_cache, batch)
+            if not (native and store_kv_cpu(k_cache, v_cache, k, v, batch.out_slots)):
+                store_kv_ref(k_cache, v_cache, k, v, batch.out_slots)
+            o = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
         if native and self._small and decode_attention_cpu(
                 q.contiguous(), o, k_cache, v_cache, batch.kv_indptr, batch.kv_indices,
                 layer.softmax_scale(q.shape[-1]), sliding_window=layer.sliding_window,
@@ -111,7 +121,7 @@ class TorchAttentionBackend:
         if self._extend is not None:
             sub = self._extend
             q_sub = q if sub.rows is None else q[sub.rows]
-            o_sub = o if sub.rows is None else torch.empty_like(q_sub)
+            o_sub = o if sub.rows is None else o.new_empty(q_sub.shape[0], *o.shape[1:])
             extend_attention_ref(
                 q_sub, o_sub, k_cache, v_cache, sub.qo_indptr, sub.kv_indptr, sub.kv_indices,
                 layer.softmax_scale(q.shape[-1]), sliding_window=layer.sliding_window,
@@ -142,7 +152,7 @@ class TorchAttentionBackend:
         """The decode rows of q into o: [num_tokens, num_heads, head_dim] both."""
         scale, padding = layer.softmax_scale(q.shape[-1]), k_cache.shape[0] - 1
         q_dec = q if plan.rows is None else q[plan.rows]  # [num_decode, num_heads, head_dim]
-        o_dec = o if plan.rows is None else torch.empty_like(q_dec)
+        o_dec = o if plan.rows is None else o.new_empty(q_dec.shape[0], *o.shape[1:])
         if (native and not plan.uses_groups(layer.sliding_window) and decode_attention_cpu(
                 q_dec.contiguous(), o_dec, k_cache, v_cache, plan.full_indptr, plan.full_indices,
                 scale, sliding_window=plan.layer_window(layer.sliding_window),

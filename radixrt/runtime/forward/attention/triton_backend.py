@@ -17,6 +17,11 @@ from radixrt.kernels.decode_attention import (
     default_num_kv_splits,
 )
 from radixrt.kernels.extend_attention import extend_attention
+from radixrt.kernels.mla_attention import (
+    mla_decode_attention,
+    mla_extend_attention,
+    mla_head_blocks,
+)
 from radixrt.kernels.store_kv import store_kv
 from radixrt.runtime.forward.attention.base import LayerAttention
 from radixrt.runtime.forward.attention.decode_layout import DecodeLayout
@@ -50,7 +55,13 @@ class TritonAttentionBackend:
     decode request being an extend of one token. Every kernel takes the layer's sliding window,
     logit cap and sinks (the cascade kernel adds a sink in its final merge, exactly); a layer
     whose window is shorter than some request's KV decodes with the decode kernel (its last
-    `window` positions), never the cascade kernel (see DecodeLayout)."""
+    `window` positions), never the cascade kernel (see DecodeLayout).
+
+    A latent layer (LayerAttention.value_dim: multi-head latent attention) stores its one row
+    per token and runs the latent kernels (kernels/mla_attention.py: a tile of latent rows read
+    once for a block of query heads), decode or extend as above; it has no cascade kernel, so
+    its decode batches with prefix groups run the latent decode kernel (the shared prefix read
+    once per block of heads of each request)."""
 
     def __init__(self) -> None:
         self._plan: _StepPlan | None = None
@@ -82,7 +93,7 @@ class TritonAttentionBackend:
         self,
         q: Tensor,
         k: Tensor,
-        v: Tensor,
+        v: Tensor | None,
         layer: LayerAttention,
         kv_cache: KVCache,
         batch: ForwardBatch,
@@ -92,6 +103,8 @@ class TritonAttentionBackend:
         if plan is None:
             raise RuntimeError("TritonAttentionBackend.forward before init_forward")
         k_cache, v_cache = kv_cache.k[layer.layer_id], kv_cache.v[layer.layer_id]
+        if v is None:
+            return self._forward_latent(q, k, layer, k_cache, batch, plan)
         store_kv(k_cache, v_cache, k, v, batch.out_slots)
         scale, window, cap = layer.softmax_scale(q.shape[-1]), layer.sliding_window, layer.logit_cap
         sinks = layer.sinks
@@ -120,8 +133,29 @@ class TritonAttentionBackend:
             )  # fmt: skip
         return o
 
+    def _forward_latent(self, q: Tensor, k: Tensor, layer: LayerAttention, cache: Tensor,
+                        batch: ForwardBatch, plan: _StepPlan) -> Tensor:
+        """A latent layer: q [num_tokens, num_heads, head_dim], k [num_tokens, 1, head_dim]
+        (the rows to store) -> [num_tokens, num_heads, value_dim]."""
+        value_dim = layer.value_dim
+        assert value_dim is not None
+        cache[batch.out_slots] = k.to(cache.dtype)
+        q = q.contiguous()
+        o = q.new_empty(*q.shape[:2], value_dim)  # [num_tokens, num_heads, value_dim]
+        scale = layer.softmax_scale(q.shape[-1])
+        if plan.decode:
+            programs = mla_head_blocks(q.shape[1])  # per request, in place of KV heads
+            splits, workspace = self._decode_settings(q, programs, plan, None, value_dim)
+            mla_decode_attention(q, o, cache, batch.kv_indptr, batch.kv_indices, scale,
+                                 value_dim, num_kv_splits=splits, workspace=workspace)
+        else:
+            mla_extend_attention(q, o, cache, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
+                                 scale, value_dim, max_extend_len=plan.max_extend_len)
+        return o
+
     def _decode_settings(
-        self, q: Tensor, num_kv_heads: int, plan: _StepPlan, window: int | None
+        self, q: Tensor, num_kv_heads: int, plan: _StepPlan, window: int | None,
+        value_dim: int | None = None,
     ) -> tuple[int, Tensor]:
         """(num_kv_splits, workspace): the CUDA graph's, or the heuristic's for the longest KV
         a query sees (its window's at most)."""
@@ -130,7 +164,7 @@ class TritonAttentionBackend:
         bs, num_heads, head_dim = q.shape
         keys = plan.max_seq_len if window is None else min(plan.max_seq_len, window)
         splits = default_num_kv_splits(bs, num_kv_heads, q.device, keys)
-        numel = decode_workspace_numel(bs, num_heads, head_dim, splits)
+        numel = decode_workspace_numel(bs, num_heads, value_dim or head_dim, splits)
         ws = self._workspace
         if ws is None or ws.numel() < numel or ws.device != q.device:
             ws = self._workspace = torch.empty(max(numel, 1), dtype=torch.float32, device=q.device)
