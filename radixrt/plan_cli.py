@@ -177,7 +177,7 @@ def report(args: argparse.Namespace, architecture: str, memory: int, context: in
            f"{f['active_parameters'] / 1e9:.2f} B active per token"]
           if f["expert_parameters"] else []),
         f"KV cache: {f['kv_bytes_per_token']} bytes per token "
-        f"({f['kv_bytes_per_token'] / 1024:.0f} KiB)",
+        f"({f['kv_bytes_per_token'] / 1024:.0f} KiB; {f['kv_per_token']} x {args.dtype})",
         f"pool: {args.mem_fraction} of the {(memory - f['weight_bytes']) / gib:.2f} GiB left "
         f"= {f['pool_pages']} pages of {args.page_size} = {f['pool_tokens']} tokens "
         f"({f['pool_bytes'] / gib:.2f} GiB)",

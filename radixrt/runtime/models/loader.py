@@ -202,11 +202,15 @@ def iter_dummy_weights(config: ModelConfig, device: torch.device) -> Iterable[tu
         for name in LAYER_NORMS[config.norm_layout]:
             if name is not None:
                 yield pre + f"{name}.weight", norm(h)
-        for proj, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
+        if config.kv_lora_rank:
+            yield from _dummy_latent_attention(config, pre + "self_attn.", normal, norm)
+        for proj, rows in (() if config.kv_lora_rank else
+                           (("q_proj", q), ("k_proj", kv), ("v_proj", kv))):
             yield pre + f"self_attn.{proj}.weight", normal(rows, h)
             if config.attention_bias:
                 yield pre + f"self_attn.{proj}.bias", torch.zeros(rows, device=device)
-        yield pre + "self_attn.o_proj.weight", normal(h, q)
+        yield pre + "self_attn.o_proj.weight", normal(h, config.num_heads * (
+            config.v_head_dim if config.kv_lora_rank else hd))
         if config.o_proj_bias:
             yield pre + "self_attn.o_proj.bias", torch.zeros(h, device=device)
         if config.attention_sinks:
@@ -228,6 +232,22 @@ def iter_dummy_weights(config: ModelConfig, device: torch.device) -> Iterable[tu
         yield "lm_head.weight", normal(config.vocab_size, h)
 
 
+def _dummy_latent_attention(config: ModelConfig, pre: str, normal: Callable[..., Tensor],
+                            norm: Callable[[int], Tensor]) -> Iterable[tuple[str, Tensor]]:
+    """An MLA layer's projections and norms (models/mla.py), without biases."""
+    h, heads, rank = config.hidden_size, config.num_heads, config.kv_lora_rank
+    if config.q_lora_rank:
+        yield pre + "q_a_proj.weight", normal(config.q_lora_rank, h)
+        yield pre + "q_a_layernorm.weight", norm(config.q_lora_rank)
+        yield pre + "q_b_proj.weight", normal(heads * config.head_dim, config.q_lora_rank)
+    else:
+        yield pre + "q_proj.weight", normal(heads * config.head_dim, h)
+    yield pre + "kv_a_proj_with_mqa.weight", normal(rank + config.qk_rope_head_dim, h)
+    yield pre + "kv_a_layernorm.weight", norm(rank)
+    yield pre + "kv_b_proj.weight", normal(
+        heads * (config.qk_nope_head_dim + config.v_head_dim), rank)
+
+
 def _dummy_mlp(pre: str, h: int, inter: int,
                normal: Callable[..., Tensor]) -> Iterable[tuple[str, Tensor]]:
     yield pre + "gate_proj.weight", normal(inter, h)
@@ -247,10 +267,13 @@ def _dummy_moe(config: ModelConfig, pre: str, normal: Callable[..., Tensor],
     if config.expert_bias:
         yield pre + "experts.gate_up_proj_bias", torch.zeros(experts, 2 * inter, device=device)
         yield pre + "experts.down_proj_bias", torch.zeros(experts, h, device=device)
+    if config.score_correction_bias:
+        yield pre + "gate.e_score_correction_bias", torch.zeros(experts, device=device)
     if config.shared_expert_intermediate_size:
         yield from _dummy_mlp(pre + "shared_expert.", h, config.shared_expert_intermediate_size,
                               normal)
-        yield pre + "shared_expert_gate.weight", normal(1, h)
+        if config.shared_expert_gated:
+            yield pre + "shared_expert_gate.weight", normal(1, h)
 
 
 def weight_format_for(asked: str, gf: GGUFFile, device: torch.device, dtype: torch.dtype,

@@ -36,6 +36,17 @@ def kv_bytes_per_token(config: KVShape, dtype_bytes: int) -> int:
             * dtype_bytes)
 
 
+def kv_counted(config: ModelConfig) -> str:
+    """How kv_bytes_per_token counts: "K and V: 2 x 8 heads x 128 dims x 32 layers", or
+    "latent: (512 + 64) dims x 61 layers" for multi-head latent attention."""
+    layout = config.kv_layout
+    if layout.kv_parts == 1:
+        return (f"latent: ({config.kv_lora_rank} + {config.qk_rope_head_dim}) dims x "
+                f"{layout.num_layers} layers")
+    return (f"K and V: 2 x {layout.num_kv_heads} heads x {layout.head_dim} dims x "
+            f"{layout.num_layers} layers")
+
+
 def _latent_attention_parameters(config: ModelConfig) -> int:
     """An MLA layer's projections and norms (models/mla.py)."""
     h, heads, rank, rope = (config.hidden_size, config.num_heads, config.kv_lora_rank,
@@ -204,6 +215,7 @@ def plan(config: ModelConfig, memory_bytes: int, dtype_bytes: int, page_size: in
                               * expert_parameters(config)),
         "weight_bytes": weights,
         "kv_bytes_per_token": per_token,
+        "kv_per_token": kv_counted(config),
         "pool_pages": pages,
         "pool_tokens": capacity.tokens,
         "pool_bytes": capacity.tokens * per_token,

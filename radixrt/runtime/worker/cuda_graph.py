@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from radixrt.kernels.decode_attention import decode_workspace_numel, default_num_kv_splits
+from radixrt.kernels.mla_attention import mla_head_blocks
 from radixrt.kernels.triton_utils import interpreting
 from radixrt.runtime.forward.attention.triton_backend import TritonAttentionBackend
 from radixrt.runtime.forward.forward_batch import ForwardBatch
@@ -76,12 +77,17 @@ class CudaGraphRunner:
         self.kv_indptr = self.arange.clone()  # [max_bs + 1]
         self.kv_indices = torch.full((self.kv_capacity,), pad, **i64)  # [kv_capacity]
         config = model.config
+        # programs per request and split: KV heads, or a latent layer's blocks of query heads;
+        # the partial outputs' width: a head's, or the latent's
+        programs = (mla_head_blocks(config.num_heads) if config.kv_lora_rank
+                    else config.num_kv_heads)
+        width = config.kv_lora_rank or config.head_dim
         # graphs serve every context length, so the split count assumes long ones
         self.num_kv_splits = {
-            bs: default_num_kv_splits(bs, config.num_kv_heads, device) for bs in self.batch_sizes
+            bs: default_num_kv_splits(bs, programs, device) for bs in self.batch_sizes
         }
         numel = max(
-            decode_workspace_numel(bs, config.num_heads, config.head_dim, self.num_kv_splits[bs])
+            decode_workspace_numel(bs, config.num_heads, width, self.num_kv_splits[bs])
             for bs in self.batch_sizes
         )
         self.workspace = torch.empty(max(numel, 1), dtype=torch.float32, device=device)

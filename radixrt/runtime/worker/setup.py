@@ -211,6 +211,10 @@ def build_worker(
                                    torch.empty((), dtype=dtype).element_size())
     shapes, max_rank, lora = None, 0, None
     if config.lora_enabled:  # its slots first: the pool is sized from the memory left
+        if loaded.config.kv_lora_rank:
+            raise ValueError(f"{loaded.config.architecture} has latent attention, which LoRA "
+                             "adapters do not reach here (their q/k/v/o targets): serve it "
+                             "without --lora-paths / --enable-lora")
         shapes = lora_shapes(loaded.config)
         max_rank = lora_rank(config, shapes)
         lora = LoraManager(loaded.model, shapes, config.max_loras_per_batch, max_rank,
