@@ -203,3 +203,40 @@ def test_grouped_routing_keeps_to_the_best_groups() -> None:
     ids, weights = route(logits, v2)  # the group of the best expert (6) alone
     assert set(ids[0].tolist()) == {6, 7}
     torch.testing.assert_close(weights[0], logits.softmax(-1)[0, ids[0]])
+
+
+def test_the_latent_pool_moves_through_the_host_and_disk_tiers(
+        checkpoints: Callable[[str], tuple[Path, Any]], tmp_path: Path) -> None:
+    """A pool of 256 tokens under five 60-word documents asked twice: with a host tier and a
+    disk tier under it, the second round's prefixes come back from them (the latent rows
+    moved device -> host -> disk -> device) and the outputs are the outputs without tiers;
+    a new Engine on the same disk directory restores them (a latent pool's own fingerprint)."""
+    model = load_model(str(checkpoints("deepseek-v3")[0]))
+    words = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron "
+             "pi rho sigma tau upsilon").split()
+    docs = [f"Notes {i}: " + " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(60))
+            + "\nSummary:" for i in range(5)]
+    params = SamplingParams(max_tokens=5, temperature=0, logprobs=True)
+
+    def ask(**options: Any) -> tuple[list[Any], dict[str, Any]]:
+        engine = Engine(model, max_total_tokens=256, check_integrity=True, **options)
+        try:
+            outs = [engine.generate([d], params)[0] for _ in range(2) for d in docs]
+            return outs, engine.stats()
+        finally:
+            engine.close()
+
+    off, _ = ask()
+    tiers = dict(host_cache_tokens=160, disk_cache_dir=str(tmp_path), disk_cache_tokens=4096)
+    on, stats = ask(**tiers)
+    for a, b in zip(off, on, strict=True):
+        assert a.token_ids == b.token_ids
+        assert max(abs(p.logprob - q.logprob) for p, q in zip(a.logprobs, b.logprobs)) < 1e-4
+    moved = stats["kv_tiers"]["moved_tokens"]
+    assert moved.get("device->host", 0) > 0 and moved.get("host->disk", 0) > 0, stats["kv_tiers"]
+    assert stats["kv_tiers"]["disk"]["hit_tokens"] > 0
+    warm = Engine(model, max_total_tokens=256, check_integrity=True, **tiers)
+    try:
+        assert warm.stats()["kv_tiers"]["restored_tokens"] > 0
+    finally:
+        warm.close()

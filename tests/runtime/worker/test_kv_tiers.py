@@ -26,9 +26,11 @@ from radixrt.runtime.worker.kv_tiers import (
 PS = 2
 
 
-def tiers(tmp_path, dtype: torch.dtype = torch.float32) -> tuple[KVTiers, KVCache]:
-    kv = KVCache(num_layers=3, num_slots=8 * PS, num_kv_heads=2, head_dim=4, dtype=dtype,
-                 device="cpu")
+def tiers(tmp_path, dtype: torch.dtype = torch.float32,
+          parts: int = 2) -> tuple[KVTiers, KVCache]:
+    """parts 1: a latent pool (one row per token and layer, multi-head latent attention)."""
+    kv = KVCache(num_layers=3, num_slots=8 * PS, num_kv_heads=2 if parts == 2 else 1,
+                 head_dim=4 if parts == 2 else 12, dtype=dtype, device="cpu", parts=parts)
     kv.buffer.copy_(torch.randn(kv.buffer.shape).to(dtype))
     geo = Geometry(PS, kv.bytes_per_token() * PS, 10)
     disk = DiskFile(str(tmp_path / "kv"), 0, geo, b"m" * 32, write_names=True)
@@ -39,9 +41,11 @@ def page_kv(kv: KVCache, page: int) -> torch.Tensor:
     return kv.buffer[:, :, page * PS : (page + 1) * PS].clone()
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_a_round_trip_through_every_tier_keeps_the_kv(tmp_path, dtype: torch.dtype) -> None:
-    t, kv = tiers(tmp_path, dtype)
+@pytest.mark.parametrize(("dtype", "parts"), [(torch.float32, 2), (torch.bfloat16, 2),
+                                              (torch.bfloat16, 1)])
+def test_a_round_trip_through_every_tier_keeps_the_kv(tmp_path, dtype: torch.dtype,
+                                                      parts: int) -> None:
+    t, kv = tiers(tmp_path, dtype, parts)
     before = [page_kv(kv, p) for p in (1, 2)]
     tokens = [11, 12, 13, 14]
     t.apply([PageMove(DEVICE_TIER, HOST_TIER, [1, 2], [4, 0]),
