@@ -286,3 +286,17 @@ def test_observability_quick(tmp_path: Path) -> None:
     assert polls and int(polls.group(1)) > 0 and posts and int(posts.group(1)) > 0, out
     assert re.search(r"/debug/radix_tree over the load's tree \(\d+ nodes\): [\d.]+ ms", out)
     check_png(tmp_path / "observability.png")
+
+
+def test_latent_attention_quick(tmp_path: Path) -> None:
+    """benchmarks/latent_attention.py: the latent model's pool holds more tokens in the same
+    bytes and caches more of the prompts; both systems decode on both models."""
+    out = run_quick("latent_attention.py", tmp_path)
+    rows = {(r[0], r[1]): r for r in table_rows(out, "| model | system | KV bytes")}
+    mla, gqa = rows[("mla", "radixrt")], rows[("gqa", "radixrt")]
+    assert int(mla[2]) * 4 == int(gqa[2]) and int(mla[3]) // 4 - int(gqa[3]) in (0, 1), rows
+    assert float(mla[4].rstrip("%")) > float(gqa[4].rstrip("%")), rows
+    speeds = table_rows(out, "| model | batch | system | tokens/s |")
+    assert len(speeds) == 4 and all(float(r[3]) > 0 for r in speeds), speeds
+    assert len(re.findall(r"radixrt (?:TTFT )?/ HF = [\d.]+x", out)) == 4  # TTFT, decode per model
+    check_png(tmp_path / "latent_attention.png")

@@ -212,8 +212,9 @@ def test_the_latent_pool_moves_through_the_host_and_disk_tiers(
     moved device -> host -> disk -> device) and the outputs are the outputs without tiers;
     a new Engine on the same disk directory restores them (a latent pool's own fingerprint)."""
     model = load_model(str(checkpoints("deepseek-v3")[0]))
-    words = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron "
-             "pi rho sigma tau upsilon").split()
+    words = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota",
+             "kappa", "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau",
+             "upsilon")
     docs = [f"Notes {i}: " + " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(60))
             + "\nSummary:" for i in range(5)]
     params = SamplingParams(max_tokens=5, temperature=0, logprobs=True)
