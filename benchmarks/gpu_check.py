@@ -6,8 +6,9 @@
 1. runs tests/kernels/test_extend_attention.py, tests/kernels/test_cascade_attention.py,
    tests/kernels/test_decode_attention_windows.py, tests/kernels/test_decode_attention_sinks.py,
    tests/kernels/test_fused_moe.py, tests/kernels/test_packed_triton.py,
-   tests/kernels/test_lora_triton.py (the LoRA SGMV shrink / expand) and
-   tests/runtime/forward/attention/test_triton_backend.py
+   tests/kernels/test_lora_triton.py (the LoRA SGMV shrink / expand),
+   tests/kernels/test_mla_attention.py (the latent kernels),
+   tests/runtime/forward/attention/test_triton_backend.py and test_latent_backends.py
    natively (pytest);
 2. measures device-to-device copy bandwidth (the yardstick of "achieved bandwidth");
 3. times decode attention (batch 1-256 x context 512-8k) and extend attention against PyTorch
@@ -19,7 +20,9 @@
    (gpu_check_window.py); the fused mixture-of-experts kernel against its PyTorch reference on
    Qwen3-30B-A3B and gpt-oss-20b layer shapes (gpu_check_moe.py); the packed-weight products
    (int4, int8 and FP8 weights, the split-K GEMV and the tiled GEMM) against the same weights
-   in bfloat16 through torch, on Llama-3-8B's projection shapes (gpu_check_packed.py);
+   in bfloat16 through torch, on Llama-3-8B's projection shapes (gpu_check_packed.py); the
+   latent-attention decode and extend kernels against SDPA over the gathered latent, on
+   DeepSeek-V3's shapes (gpu_check_mla.py);
 4. times the decode step (forward + logits) of a dummy-weight Llama-3-8B-shaped model, eager and
    with CUDA graphs: tokens/s and model bandwidth utilisation (weights + KV bytes read per step /
    step time / copy bandwidth).
@@ -41,6 +44,7 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
+from gpu_check_mla import mla_bench
 from gpu_check_moe import moe_bench
 from gpu_check_packed import packed_bench
 from gpu_check_sizes import DRY_SIZES, GPU_SIZES, Sizes
@@ -73,7 +77,9 @@ def run_kernel_tests(sizes: Sizes, report: Report, timeout_s: float) -> None:
            "tests/kernels/test_decode_attention_windows.py",
            "tests/kernels/test_decode_attention_sinks.py", "tests/kernels/test_fused_moe.py",
            "tests/kernels/test_packed_triton.py", "tests/kernels/test_lora_triton.py",
-           "tests/runtime/forward/attention/test_triton_backend.py"]  # fmt: skip
+           "tests/kernels/test_mla_attention.py",
+           "tests/runtime/forward/attention/test_triton_backend.py",
+           "tests/runtime/forward/attention/test_latent_backends.py"]  # fmt: skip
     if sizes.test_filter:
         cmd += ["-k", sizes.test_filter]
     start = time.perf_counter()
@@ -354,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     section("window", 15, lambda: window_bench(sizes, device, dtype, report))
     section("moe", 15, lambda: moe_bench(args.dry, device, dtype, report))
     section("packed", 20, lambda: packed_bench(args.dry, device, dtype, report))
+    section("mla", 15, lambda: mla_bench(args.dry, device, dtype, report))
     section("model", 45, lambda: model_bench(sizes, device, dtype, bandwidth, report))
     if device.type != "cuda":
         report.add("model", "CUDA graphs", "not run: no CUDA in the dry run")

@@ -3,8 +3,10 @@ it, for tests/runtime/models/test_gguf_loader.py: the metadata keys of each arch
 class, llama.cpp's tensor names (gguf-py's own TensorNameMap), the Q/K row permutation of LlamaModel
 subclasses, Gemma's norms stored as w + 1, Phi-3's fused tensors and LongRoPE factor tensors, the
 experts stacked per layer (gpt-oss's de-interleaved and transposed; optionally fused gate / up as
---fuse-gate-up-exps writes them; optionally MXFP4 as real gpt-oss files hold them), plus a minimal
-byte-level tokenizer."""
+--fuse-gate-up-exps writes them; optionally MXFP4 as real gpt-oss files hold them), DeepSeek's
+kv_b_proj split per head (or whole, as earlier converters wrote it) and GLM-4.5's
+multi-token-prediction layer, plus a minimal byte-level tokenizer (and the same vocabulary as a
+transformers tokenizer, for tiny_models.build_tiny)."""
 
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ import torch
 from torch import Tensor
 
 EOT_TOKEN = 3  # written for Gemma, as llama.cpp's converter does (<end_of_turn>)
+TOKENS = [chr(c) for c in range(33, 127)] + ["\u0120", "\u0120\u0120"]  # byte-level BPE
+DEEPSEEK_MOE = ("deepseek2", "glm4moe")  # written by write_deepseek_metadata
 _ARCH_ENUMS = {name: arch for arch, name in gguf.MODEL_ARCH_NAMES.items()}
 MXFP4 = gguf.GGMLQuantizationType.MXFP4
 
@@ -29,9 +33,10 @@ def converter_permute(w: Tensor, n_head: int) -> Tensor:
         .reshape(w.shape)
 
 
-def converter_tensors(model: Any, arch: str,
-                      fuse_gate_up: bool = False) -> list[tuple[str, Tensor]]:
-    """The model's tensors under llama.cpp's names, transformed as the converter does."""
+def converter_tensors(model: Any, arch: str, fuse_gate_up: bool = False,
+                      earlier: bool = False) -> list[tuple[str, Tensor]]:
+    """The model's tensors under llama.cpp's names, transformed as the converter does (earlier:
+    DeepSeek's kv_b_proj whole, as converters before llama.cpp's absorbed MLA wrote it)."""
     cfg = model.config
     name_map = gguf.get_tensor_name_map(_ARCH_ENUMS[arch], cfg.num_hidden_layers)
     out = []
@@ -43,6 +48,11 @@ def converter_tensors(model: Any, arch: str,
         tensor = tensor.detach().float().clone()
         if ".mlp.experts." in name:
             out += expert_tensors(name, tensor, arch, fuse_gate_up)
+            continue
+        if name.endswith("e_score_correction_bias"):  # DeepseekV2Model / Glm4MoeModel
+            name = name.replace("e_score_correction_bias", "e_score_correction.bias")
+        if arch == "deepseek2" and not earlier and name.endswith("kv_b_proj.weight"):
+            out += split_kv_b(name, tensor, cfg)
             continue
         if arch in ("llama", "granite", "smollm3"):  # LlamaModel subclasses: undo_permute
             if name.endswith(("q_proj.weight", "q_proj.bias")):
@@ -87,13 +97,41 @@ def expert_tensors(name: str, tensor: Tensor, arch: str,
             (f"{blk}.ffn_up_exps.{suffix}", up.contiguous())]
 
 
+def split_kv_b(name: str, tensor: Tensor, cfg: Any) -> list[tuple[str, Tensor]]:
+    """DeepseekV2Model.modify_tensors: kv_b_proj [heads * (nope + v), rank] viewed per head and
+    split, k_b transposed: attn_k_b [heads, rank, nope], attn_v_b [heads, v, rank]."""
+    nope, v = cfg.qk_nope_head_dim, cfg.v_head_dim
+    kv_b = tensor.view(cfg.num_key_value_heads, nope + v, tensor.shape[-1])
+    k_b, v_b = torch.split(kv_b, [nope, v], dim=1)
+    blk = f"blk.{name.split('.')[2]}"
+    return [(f"{blk}.attn_k_b.weight", k_b.transpose(1, 2).contiguous()),
+            (f"{blk}.attn_v_b.weight", v_b.contiguous())]
+
+
+def mtp_tensors(tensors: list[tuple[str, Tensor]], cfg: Any) -> list[tuple[str, Tensor]]:
+    """GLM-4.5's multi-token-prediction layer, which transformers does not build: Glm4MoeModel
+    writes it as one more block (a decoder layer, here the last one's weights, and its nextn.*
+    tensors)."""
+    last, hidden = cfg.num_hidden_layers - 1, cfg.hidden_size
+    out = [(name.replace(f"blk.{last}.", f"blk.{last + 1}.", 1), tensor.clone())
+           for name, tensor in tensors if name.startswith(f"blk.{last}.")]
+    draw = torch.Generator().manual_seed(0)
+    nextn = {"eh_proj": torch.randn(hidden, 2 * hidden, generator=draw),
+             "enorm": torch.ones(hidden), "hnorm": torch.ones(hidden),
+             "shared_head_norm": torch.ones(hidden)}
+    return out + [(f"blk.{last + 1}.nextn.{part}.weight", t) for part, t in nextn.items()]
+
+
 def _rope_params(cfg: Any) -> dict[str, Any]:
     params = dict(cfg.rope_parameters or {})
     return dict(params.get("full_attention", params))
 
 
-def write_metadata(w: gguf.GGUFWriter, cfg: Any, arch: str) -> None:
+def write_metadata(w: gguf.GGUFWriter, cfg: Any, arch: str, earlier: bool = False) -> None:
     """set_gguf_parameters of the converter's model class for this architecture."""
+    if arch in DEEPSEEK_MOE:
+        write_deepseek_metadata(w, cfg, arch, earlier)
+        return
     rope = _rope_params(cfg)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
@@ -157,6 +195,71 @@ def write_moe_metadata(w: gguf.GGUFWriter, cfg: Any, arch: str) -> None:
         w.add_expert_feed_forward_length(cfg.intermediate_size)
 
 
+def write_deepseek_metadata(w: gguf.GGUFWriter, cfg: Any, arch: str, earlier: bool) -> None:
+    """TextModel.set_gguf_parameters, then DeepseekV2Model's or Glm4MoeModel's. earlier: as
+    converters before llama.cpp's absorbed MLA wrote deepseek2 (a V2-era file: the heads' sizes
+    as key / value_length, head_count_kv = heads, no group keys, the gating only for V3)."""
+    rope = _rope_params(cfg)
+    mtp = cfg.num_nextn_predict_layers if arch == "glm4moe" else 0  # DeepSeek's: skipped
+    w.add_block_count(cfg.num_hidden_layers + mtp)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    latent = arch == "deepseek2" and not earlier
+    w.add_head_count_kv(1 if latent else cfg.num_key_value_heads)  # MLA as MQA
+    w.add_rope_freq_base(rope["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if rope.get("rope_type") == "yarn":
+        w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(rope["factor"])
+        w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+        for key, add in (("beta_fast", w.add_rope_scaling_yarn_beta_fast),
+                         ("beta_slow", w.add_rope_scaling_yarn_beta_slow)):
+            if key in rope and not earlier:
+                add(rope[key])
+    w.add_expert_count(cfg.n_routed_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    if cfg.n_group is not None and not earlier:
+        w.add_expert_group_count(cfg.n_group)
+        w.add_expert_group_used_count(cfg.topk_group)
+    w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    w.add_expert_shared_count(cfg.n_shared_experts)
+    w.add_leading_dense_block_count(cfg.first_k_dense_replace)
+    w.add_expert_weights_scale(cfg.routed_scaling_factor)
+    if arch == "glm4moe":
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
+        w.add_rope_dimension_count(int(cfg.head_dim * rope.get("partial_rotary_factor", 0.5)))
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_expert_weights_norm(cfg.norm_topk_prob)
+        w.add_nextn_predict_layers(mtp)
+        return
+    # DeepSeek's config.json says scoring_func (sigmoid for V3); transformers' config drops it
+    v3 = cfg.model_type == "deepseek_v3"
+    nope, rope_dim, rank = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.kv_lora_rank
+    w.add_vocab_size(cfg.vocab_size)
+    if cfg.q_lora_rank is not None:
+        w.add_q_lora_rank(cfg.q_lora_rank)
+    w.add_kv_lora_rank(rank)
+    if latent:
+        w.add_key_length(rank + rope_dim)
+        w.add_value_length(rank)
+        w.add_key_length_mla(nope + rope_dim)
+        w.add_value_length_mla(cfg.v_head_dim)
+    else:
+        w.add_key_length(nope + rope_dim)
+        w.add_value_length(cfg.v_head_dim)
+    if v3 or not earlier:
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID if v3
+                                 else gguf.ExpertGatingFuncType.SOFTMAX)
+    if cfg.norm_topk_prob:
+        w.add_expert_weights_norm(True)
+    w.add_rope_dimension_count(rope_dim)
+    if rope.get("mscale_all_dim") is not None:
+        w.add_rope_scaling_yarn_log_mul(0.1 * rope["mscale_all_dim"])
+
+
 def extra_tensors(cfg: Any, arch: str) -> list[tuple[str, Tensor]]:
     """generate_extra_tensors: Llama 3.1's rope_freqs, Phi-3's LongRoPE factors (and the
     attention factor it writes beside them)."""
@@ -185,11 +288,10 @@ def extra_tensors(cfg: Any, arch: str) -> list[tuple[str, Tensor]]:
 
 def write_tokenizer(w: gguf.GGUFWriter, arch: str) -> None:
     """A byte-level BPE vocabulary of 96 tokens: printable ASCII, a space, two spaces."""
-    tokens = [chr(c) for c in range(33, 127)] + ["\u0120", "\u0120\u0120"]
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
-    w.add_token_list(tokens)
-    w.add_token_types([gguf.TokenType.NORMAL] * len(tokens))
+    w.add_token_list(TOKENS)
+    w.add_token_types([gguf.TokenType.NORMAL] * len(TOKENS))
     w.add_token_merges(["\u0120 \u0120"])
     w.add_bos_token_id(0)
     w.add_eos_token_id(1)
@@ -197,18 +299,35 @@ def write_tokenizer(w: gguf.GGUFWriter, arch: str) -> None:
         w.add_eot_token_id(EOT_TOKEN)
 
 
+def tiny_tokenizer() -> Any:
+    """write_tokenizer's vocabulary as a transformers tokenizer (bos 0, eos 1), to build a tiny
+    model of that vocabulary with tiny_models.build_tiny."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE(vocab={t: i for i, t in enumerate(TOKENS)},
+                                   merges=[("\u0120", "\u0120")]))
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=TOKENS[0],
+                                   eos_token=TOKENS[1])
+
+
 def write_gguf(path: Path, model: Any, arch: str,
                edit: Callable[[gguf.GGUFWriter], None] | None = None,
                fuse_gate_up: bool = False, mxfp4_experts: bool = False,
                squeeze: bool = False,
-               quantize: gguf.GGMLQuantizationType | None = None) -> None:
+               quantize: gguf.GGMLQuantizationType | None = None,
+               earlier: bool = False) -> None:
     """squeeze: every tensor squeezed, as an earlier convert_hf_to_gguf.py wrote them (its
     prepare_tensors keeps the call commented out now): Qwen2-MoE's shared-expert gate [hidden].
-    quantize: every 2-D weight whose rows are whole blocks written in that type by gguf-py's
-    quantizer, the token embedding in Q8_0 (as llama.cpp's quantize leaves it at low bit
-    widths); norms, 1-D tensors and rows of odd lengths stay float32."""
+    quantize: every 2-D weight (and DeepSeek's per-head attn_k_b / attn_v_b) whose rows are
+    whole blocks written in that type by gguf-py's quantizer, the token embedding in Q8_0 (as
+    llama.cpp's quantize leaves it at low bit widths); norms, 1-D tensors and rows of odd
+    lengths stay float32. earlier: deepseek2 as converters before llama.cpp's absorbed MLA
+    wrote it (write_deepseek_metadata)."""
     w = gguf.GGUFWriter(str(path), arch)
-    write_metadata(w, model.config, arch)
+    write_metadata(w, model.config, arch, earlier)
     if arch == "phi3":
         cfg = model.config
         scale = cfg.max_position_embeddings / cfg.original_max_position_embeddings
@@ -217,14 +336,17 @@ def write_gguf(path: Path, model: Any, arch: str,
     write_tokenizer(w, arch)
     if edit is not None:
         edit(w)
-    tensors = converter_tensors(model, arch, fuse_gate_up) + extra_tensors(model.config, arch)
-    for name, tensor in tensors:
+    tensors = converter_tensors(model, arch, fuse_gate_up, earlier)
+    if arch == "glm4moe":
+        tensors += mtp_tensors(tensors, model.config)
+    for name, tensor in tensors + extra_tensors(model.config, arch):
         data = (tensor.squeeze() if squeeze else tensor).numpy().astype(np.float32)
+        per_head = name.endswith(("attn_k_b.weight", "attn_v_b.weight"))
         if mxfp4_experts and name.endswith("_exps.weight"):
             w.add_tensor(name, gguf.quants.quantize(data, MXFP4), raw_dtype=MXFP4)
-        elif quantize is not None and data.ndim == 2 and "norm" not in name:
+        elif quantize is not None and (data.ndim == 2 or per_head) and "norm" not in name:
             qtype = gguf.GGMLQuantizationType.Q8_0 if name == "token_embd.weight" else quantize
-            if data.shape[1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0:
+            if data.shape[-1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0:
                 w.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
             else:
                 w.add_tensor(name, data)

@@ -64,6 +64,15 @@ def gather_kv(cache: Tensor, slots: Tensor) -> Tensor:
     return rows.view(*slots.shape, *cache.shape[1:])
 
 
+def gather_kv_pair(k_cache: Tensor, v_cache: Tensor, slots: Tensor) -> tuple[Tensor, Tensor]:
+    """gather_kv of both caches; a latent layer's values (v_cache a view of k_cache's first
+    dims) come out as the same view of the gathered keys, gathered once."""
+    k = gather_kv(k_cache, slots)
+    if v_cache.data_ptr() == k_cache.data_ptr() and v_cache.shape[:-1] == k_cache.shape[:-1]:
+        return k, k[..., : v_cache.shape[-1]]
+    return k, gather_kv(v_cache, slots)
+
+
 def _attend(
     q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, causal: bool, scale: float,
     logit_cap: float = 0.0, sinks: Tensor | None = None,
@@ -169,8 +178,9 @@ def _extend_request(
     q_len, kv_len = q_req.shape[0], slots.numel()
     qi = q_req.transpose(0, 1).unsqueeze(0)  # [1, num_heads, q_len, head_dim]
     # [1, num_kv_heads, kv_len, head_dim]
-    ki = gather_kv(k_cache, slots).transpose(0, 1).unsqueeze(0).to(q_req.dtype)
-    vi = gather_kv(v_cache, slots).transpose(0, 1).unsqueeze(0).to(q_req.dtype)
+    k_all, v_all = gather_kv_pair(k_cache, v_cache, slots)
+    ki = k_all.transpose(0, 1).unsqueeze(0).to(q_req.dtype)
+    vi = v_all.transpose(0, 1).unsqueeze(0).to(q_req.dtype)
     if prefix_len == 0:
         out = _attend(qi, ki, vi, None, q_len > 1, scale)
     else:
@@ -203,8 +213,9 @@ def _extend_request_chunked(
         lo = 0 if window is None else max(0, prefix_len + first + 1 - window)
         hi = prefix_len + last  # keys lo..hi-1
         # [1, num_kv_heads, hi - lo, head_dim]
-        ki = gather_kv(k_cache, slots[lo:hi]).transpose(0, 1).unsqueeze(0).to(q_req.dtype)
-        vi = gather_kv(v_cache, slots[lo:hi]).transpose(0, 1).unsqueeze(0).to(q_req.dtype)
+        k_part, v_part = gather_kv_pair(k_cache, v_cache, slots[lo:hi])
+        ki = k_part.transpose(0, 1).unsqueeze(0).to(q_req.dtype)
+        vi = v_part.transpose(0, 1).unsqueeze(0).to(q_req.dtype)
         pos_q = torch.arange(prefix_len + first, hi, device=device).unsqueeze(1)  # [rows, 1]
         pos_k = torch.arange(lo, hi, device=device).unsqueeze(0)  # [1, hi - lo]
         mask = pos_k <= pos_q  # [rows, hi - lo]
@@ -271,8 +282,8 @@ def decode_attention_padded(
     them once per forward pass, not once per layer; a sliding window is applied there: only
     the window's slots are padded in). slots, valid: [bs, max_len]."""
     # [bs, num_kv_heads, max_len, head_dim]
-    k = gather_kv(k_cache, slots).transpose(1, 2).to(q.dtype)
-    v = gather_kv(v_cache, slots).transpose(1, 2).to(q.dtype)
+    k_all, v_all = gather_kv_pair(k_cache, v_cache, slots)
+    k, v = k_all.transpose(1, 2).to(q.dtype), v_all.transpose(1, 2).to(q.dtype)
     mask = valid[:, None, None, :]  # [bs, 1, 1, max_len]
     # [bs, num_heads, 1, head_dim]
     out = _attend(q.unsqueeze(2), k, v, mask, False, sm_scale, logit_cap, sinks)
@@ -351,8 +362,9 @@ def cascade_decode_attention_padded(
     num_kv_heads = k_cache.shape[1]
     group = num_heads // num_kv_heads
     qg = q.reshape(bs, num_kv_heads, group, head_dim)  # [bs, kv_heads, group, head_dim]
-    k = gather_kv(k_cache, slots).transpose(1, 2)  # [bs, kv_heads, max_len, head_dim]
-    v = gather_kv(v_cache, slots).transpose(1, 2)  # [bs, kv_heads, max_len, head_dim]
+    k_all, v_all = gather_kv_pair(k_cache, v_cache, slots)
+    k = k_all.transpose(1, 2)  # [bs, kv_heads, max_len, head_dim]
+    v = v_all.transpose(1, 2)  # [bs, kv_heads, max_len, v_dim]
     out, lse = attend_with_lse(qg, k, v, valid[:, None, None, :], sm_scale, logit_cap)
     if bool(groups[1].any()):  # some group has a prefix
         _merge_prefixes(qg, out, lse, k_cache, v_cache, groups, sm_scale, logit_cap)
@@ -373,8 +385,9 @@ def _merge_prefixes(
     # each group's members' query heads of a KV head attend together: [G, kv_heads, W * group, d]
     q_p = qg[members].permute(0, 2, 1, 3, 4).reshape(num_groups, num_kv_heads, width * group,
                                                       head_dim)
-    k_p = gather_kv(k_cache, prefix).transpose(1, 2)  # [G, kv_heads, max_prefix, head_dim]
-    v_p = gather_kv(v_cache, prefix).transpose(1, 2)  # [G, kv_heads, max_prefix, head_dim]
+    k_pre, v_pre = gather_kv_pair(k_cache, v_cache, prefix)
+    k_p = k_pre.transpose(1, 2)  # [G, kv_heads, max_prefix, head_dim]
+    v_p = v_pre.transpose(1, 2)  # [G, kv_heads, max_prefix, v_dim]
     out_p, lse_p = attend_with_lse(q_p, k_p, v_p, prefix_valid[:, None, None, :], sm_scale,
                                    logit_cap)
     out_p = out_p.reshape(num_groups, num_kv_heads, width, group, -1).transpose(1, 2)

@@ -25,11 +25,11 @@ def test_gpu_check_dry_run() -> None:
     table = proc.stdout[proc.stdout.index("=== gpu_check summary") :]
     rows = table.splitlines()[2:]
     sections = {row.split()[0] for row in rows}
-    assert {"tests", "copy", "decode", "cascade", "extend", "window", "packed", "model",
+    assert {"tests", "copy", "decode", "cascade", "extend", "window", "packed", "mla", "model",
             "total"} <= sections
     assert "FAILED" not in table and "skipped" not in table
     assert rows[-1].startswith("total")
     for row in rows:
         # correct on the interpreter, not just timed
-        if row.startswith(("decode", "cascade", "extend", "window", "packed")):
+        if row.startswith(("decode", "cascade", "extend", "window", "packed", "mla")):
             assert float(row.rsplit("err", 1)[1]) < 1e-3, row

@@ -18,7 +18,10 @@ Per architecture (GGUF `general.architecture`):
 - whether it holds stacked experts (`experts`: Mixtral, written as llama with expert_count and
   so read by the MOE_VARIANTS entry; qwen2moe, qwen3moe, olmoe, gpt-oss). Their routers,
   shared expert, sinks and hard-coded routing are in models/gguf_moe.py, the stacked expert
-  tensors are read per expert by models/gguf_experts.py.
+  tensors are read per expert by models/gguf_experts.py;
+- DeepSeek-MoE's (`latent_attention`: deepseek2, DeepSeek's multi-head latent attention; and
+  glm4moe): their tensors, split kv_b_proj, routing keys and multi-token-prediction layers are
+  in models/gguf_deepseek.py.
 """
 
 from __future__ import annotations
@@ -27,6 +30,14 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from radixrt.runtime.models.gguf_deepseek import (
+    DEEPSEEK2_LAYERS,
+    DEEPSEEK_FEATURE_KEYS,
+    EXPERT_BIAS,
+    GLM4MOE_LAYERS,
+    read_deepseek2,
+    read_glm4moe,
+)
 from radixrt.runtime.models.gguf_meta import FULL, ArchMeta, sliding_layers
 from radixrt.runtime.models.gguf_moe import (
     GPT_OSS_NORMS,
@@ -117,6 +128,9 @@ class GGUFArchitecture:
     experts: bool = False  # stacked expert tensors (ffn_*_exps), read by gguf_experts.py
     # per-layer tensors named whole ("attn_sinks.weight") -> HF parameter inside the layer
     layer_tensors: Mapping[str, str] = field(default_factory=dict)
+    # DeepSeek's latent attention: key_length / value_length are not the heads' and kv_b_proj
+    # may be written split (models/gguf_deepseek.py)
+    latent_attention: bool = False
 
 
 def _gemma_query_scalar(meta: ArchMeta, cfg: Mapping[str, Any]) -> float:
@@ -223,6 +237,14 @@ GGUF_ARCHITECTURES: dict[str, GGUFArchitecture] = {
         GGUFArchitecture("gpt-oss", "GptOssForCausalLM", GPT_OSS_LAYERS, experts=True,
                          layer_tensors=GPT_OSS_TENSORS, read_config=read_gpt_oss,
                          feature_keys=MOE_FEATURE_KEYS | {"attention.sliding_window"}),
+        # DeepseekV3ForCausalLM where the file routes by sigmoid (read_deepseek2)
+        GGUFArchitecture("deepseek2", "DeepseekV2ForCausalLM", DEEPSEEK2_LAYERS, experts=True,
+                         layer_tensors=EXPERT_BIAS, latent_attention=True,
+                         read_config=read_deepseek2, feature_keys=DEEPSEEK_FEATURE_KEYS
+                         | {"rope.scaling.yarn_log_multiplier"}),
+        GGUFArchitecture("glm4moe", "Glm4MoeForCausalLM", GLM4MOE_LAYERS, experts=True,
+                         layer_tensors=EXPERT_BIAS, feature_keys=DEEPSEEK_FEATURE_KEYS,
+                         read_config=read_glm4moe),
     )
 }
 # an architecture that llama.cpp's converter also writes with experts (Mixtral as llama): the

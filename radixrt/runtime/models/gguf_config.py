@@ -64,9 +64,9 @@ def gguf_hf_config(meta: Mapping[str, Any], shapes: Mapping[str, Sequence[int]],
     """config.json fields of a GGUF file: its metadata, its tensors' shapes (torch order) and
     the values of the small tensors that carry RoPE factors (arch.config_tensors)."""
     arch = gguf_architecture(meta)
-    m = ArchMeta(meta, arch.name)
+    m = ArchMeta(meta, arch.name, shapes)
     _refuse_unhonoured_keys(m, arch)
-    cfg = _common_fields(m, shapes)
+    cfg = _common_fields(m, shapes, arch.latent_attention)
     cfg["architectures"] = [arch.hf_architecture]
     scaling = gguf_rope_scaling(m, factors, cfg)
     if scaling is not None:
@@ -91,15 +91,16 @@ def _asks_for(key: str, value: Any) -> bool:
     return bool(value) and value != NEUTRAL_VALUES.get(key)
 
 
-def _common_fields(m: ArchMeta, shapes: Mapping[str, Sequence[int]]) -> dict[str, Any]:
+def _common_fields(m: ArchMeta, shapes: Mapping[str, Sequence[int]],
+                   latent: bool = False) -> dict[str, Any]:
     """Sizes as llama.cpp reads them: head_dim is attention.key_length (default hidden / heads)
     and the rotary dimension rope.dimension_count (default head_dim; Phi-3 writes a partial
-    one)."""
+    one). Latent attention (DeepSeek's): its reader sets the head sizes (gguf_deepseek.py)."""
     heads = m.integer("attention.head_count")
     hidden = m.integer("embedding_length")
     head_dim = m.integer("attention.key_length", hidden // heads)
     value_dim = m.integer("attention.value_length", head_dim)
-    if value_dim != head_dim:
+    if value_dim != head_dim and not latent:
         raise ValueError(f"the GGUF's value heads ({value_dim}) differ from its key heads "
                          f"({head_dim}): not supported")
     rotary = m.integer("rope.dimension_count", head_dim)
@@ -118,7 +119,7 @@ def _common_fields(m: ArchMeta, shapes: Mapping[str, Sequence[int]]) -> dict[str
         "max_position_embeddings": m.integer("context_length", DEFAULT_CONTEXT),
         **_token_ids(m.meta),
     }
-    if rotary != head_dim:
+    if rotary != head_dim and not latent:
         cfg["partial_rotary_factor"] = rotary / head_dim
     return cfg
 

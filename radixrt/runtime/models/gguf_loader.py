@@ -19,6 +19,7 @@ from torch import Tensor
 from radixrt.kernels.packed_reference import PackedTensors
 from radixrt.runtime.models.gguf_archs import GLOBAL_NAMES, GGUFArchitecture, gguf_architecture
 from radixrt.runtime.models.gguf_config import gguf_hf_config
+from radixrt.runtime.models.gguf_deepseek import is_split_kv_b, mtp_layer, split_kv_b
 from radixrt.runtime.models.gguf_experts import expert_tensors, shared_expert_gate, split_name
 from radixrt.runtime.models.gguf_file import GGUFFile
 from radixrt.runtime.models.model_config import ModelConfig
@@ -121,12 +122,18 @@ def gguf_config(gf: GGUFFile) -> ModelConfig:
 
 def iter_gguf_weights(gf: GGUFFile, config: ModelConfig) -> Iterator[tuple[str, Weight]]:
     """(HF name, lazy float32 tensor) pairs, with the converter's transforms undone on reading;
-    stacked experts one expert at a time (models/gguf_experts.py). A tensor this architecture
-    does not have is refused (the model would run without it)."""
+    stacked experts one expert at a time (models/gguf_experts.py), a split kv_b_proj joined
+    (models/gguf_deepseek.py), multi-token-prediction layers left out. A tensor this
+    architecture does not have is refused (the model would run without it)."""
     arch = gguf_architecture(gf.metadata)
     for name in gf.tensors:
+        if mtp_layer(name, gf.metadata, arch.name, config.num_layers):
+            continue
         if arch.experts and split_name(name) is not None:
             yield from expert_tensors(gf, name, config.num_experts)
+            continue
+        if arch.latent_attention and is_split_kv_b(name):
+            yield from split_kv_b(gf, name, config)
             continue
         target = hf_name(name, arch)
         if target is None:

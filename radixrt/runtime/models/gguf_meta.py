@@ -5,18 +5,25 @@ llama.cpp's pattern of sliding-window layers. Shared by the dense architectures'
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 SLIDING, FULL = "sliding_attention", "full_attention"
 
 
 class ArchMeta:
-    """A GGUF's metadata read under its architecture's prefix ("gemma2.block_count" ...)."""
+    """A GGUF's metadata read under its architecture's prefix ("gemma2.block_count" ...), and
+    the names of its tensors (some traits are told by which tensors a file has)."""
 
-    def __init__(self, meta: Mapping[str, Any], arch: str) -> None:
+    def __init__(self, meta: Mapping[str, Any], arch: str,
+                 tensors: Collection[str] = ()) -> None:
         self.meta = meta
         self.arch = arch
+        self.tensors = tensors
+
+    def has_tensor(self, suffix: str) -> bool:
+        """Whether some tensor's name ends with suffix (".exp_probs_b.bias": on any layer)."""
+        return any(name.endswith(suffix) for name in self.tensors)
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.meta.get(f"{self.arch}.{key}", default)

@@ -51,6 +51,8 @@ Mixture of experts (models/moe.py; num_experts 0 = dense):
     routed_scaling_factor  the routing weights times this (DeepSeek)
     score_correction_bias  a per-expert bias added to the scores when choosing (DeepSeek-V3's
                        auxiliary-loss-free balancing), never to the weights
+    router_float32     the router's logits computed in float32 whatever the model's dtype
+                       (DeepSeek, GLM-4.5: a bf16 router would flip close choices)
     router_bias, expert_bias      biases on the router and on the experts' projections
     expert_activation  "silu" (SwiGLU) or "swiglu_oai" (gpt-oss: clamped, alpha, limit)
     shared_expert_intermediate_size   a shared expert added to every token: scaled by a
@@ -139,6 +141,7 @@ class ModelConfig:
     topk_group: int = 1
     routed_scaling_factor: float = 1.0
     score_correction_bias: bool = False
+    router_float32: bool = False
     q_lora_rank: int = 0
     kv_lora_rank: int = 0
     qk_nope_head_dim: int = 0

@@ -196,11 +196,14 @@ class MoEBlock(nn.Module):
             if config.shared_expert_gated:
                 self.shared_expert_gate = nn.Linear(config.hidden_size, 1, bias=False)
         self.routing = Routing.of(config)
+        self.router_float32 = config.router_float32
         self.tp = tp
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [num_tokens, hidden] -> [num_tokens, hidden]
-        ids, weights = route(self.gate(x), self.routing, self.score_correction_bias)
+        logits = (F.linear(x.float(), self.gate.weight.float(), None if self.gate.bias is None
+                           else self.gate.bias.float()) if self.router_float32 else self.gate(x))
+        ids, weights = route(logits, self.routing, self.score_correction_bias)
         out = self.experts(x, ids, weights)
         if self.shared_expert is not None:
             shared = self.shared_expert(x)  # this rank's partial sum, like the experts'

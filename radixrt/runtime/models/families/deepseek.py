@@ -59,6 +59,7 @@ def deepseek_moe_fields(cfg: Mapping[str, Any], num_layers: int) -> dict[str, An
         topk_group=int(cfg.get("topk_group") or 1),
         routed_scaling_factor=float(cfg.get("routed_scaling_factor") or 1.0),
         norm_topk_prob=bool(cfg.get("norm_topk_prob", False)),
+        router_float32=True,
     )
 
 
@@ -111,7 +112,7 @@ DEEPSEEK = ModelFamily(
     name="deepseek",
     architectures=("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM"),
     model_types=("deepseek_v2", "deepseek_v3"),
-    gguf_architectures=(),
+    gguf_architectures=("deepseek2",),
     read_config=read_deepseek,
     rename=rename_deepseek,
     features={"window": "-", "rope": "default, YaRN (DeepSeek's mscale), interleaved",
