@@ -1,8 +1,9 @@
 """Every family served as an operator runs it: `radixrt serve --model <folder>` on a tiny
 checkpoint of each (tests/tiny_models.py) starts, and the official openai client gets the
-completion the Engine gives for the same prompt; Gemma 2, Gemma 3, Qwen2-MoE and gpt-oss at
-tp_size 2 equal tp_size 1 (windows, soft-caps, q/k norms, local RoPE, every expert's
-intermediate rows, the shared expert, biases and sinks split across two gloo ranks)."""
+completion the Engine gives for the same prompt; Gemma 2, Gemma 3, Qwen2-MoE, gpt-oss and
+DeepSeek-V3 at tp_size 2 equal tp_size 1 (windows, soft-caps, q/k norms, local RoPE, every
+expert's intermediate rows, the shared expert, biases, sinks, and latent attention's heads
+split across two gloo ranks, its latent pool replicated)."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ GREEDY = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=T
 TOLERANCE = 1e-4
 # one checkpoint per family file, windows and the rarer RoPE kinds included
 SERVED = ["mistral-window", "gemma", "gemma2", "gemma3", "phi4-mini-longrope", "olmo2",
-          "granite", "smollm3", "mixtral", "qwen2-moe", "olmoe", "gpt-oss"]
+          "granite", "smollm3", "mixtral", "qwen2-moe", "olmoe", "gpt-oss", "deepseek-v3"]
 ALL = tiny_names() + tiny_moe_names()
 
 
@@ -67,7 +68,8 @@ def test_serve_each_family_answers_through_openai(name: str, folders: dict[str, 
         srv.stop()
 
 
-@pytest.fixture(scope="module", params=["gemma2", "gemma3", "qwen2-moe", "gpt-oss"])
+@pytest.fixture(scope="module", params=["gemma2", "gemma3", "qwen2-moe", "gpt-oss",
+                                        "deepseek-v3"])
 def tp_pair(request: pytest.FixtureRequest, folders: dict[str, Path]) -> Iterator[Any]:
     folder = folders[request.param]
     yield engine_answer(folder), engine_answer(folder, tp_size=2)
