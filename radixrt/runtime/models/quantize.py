@@ -27,7 +27,8 @@ QUANTIZATIONS = ("int8", "int4")
 GROUP = 32
 # the checkpoint tensors quantized (after the family's renames): projections, embedding, head
 _PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
-                "qkv_proj", "gate_up_proj")
+                "qkv_proj", "gate_up_proj", "q_a_proj", "q_b_proj", "kv_a_proj_with_mqa")
+# (latent attention's kv_b_proj stays in floats: it is folded into the query, models/mla.py)
 _TABLES = ("embed_tokens", "lm_head")
 
 
