@@ -156,7 +156,8 @@ def extend_attention_ref(
         q_req = q[q_start:q_end]  # [q_len, num_heads, head_dim]
         prefix_len = slots.numel() - q_req.shape[0]
         window = window_within(sliding_window, slots.numel())
-        if window is None and logit_cap == 0 and sinks is None:
+        whole = v_cache.shape[-1] == k_cache.shape[-1]  # (a latent layer: chunks of queries)
+        if window is None and logit_cap == 0 and sinks is None and whole:
             out = _extend_request(q_req, k_cache, v_cache, slots, prefix_len, sm_scale)
         else:
             out = _extend_request_chunked(q_req, k_cache, v_cache, slots, prefix_len, sm_scale,

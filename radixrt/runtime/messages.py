@@ -236,7 +236,7 @@ class WorkerReady(msgspec.Struct, frozen=True, tag=True):
     eos_token_ids: list[int]
     device: str
     dtype: str
-    kv_bytes_per_token: int = 0  # K and V of one token over all layers (worker/capacity.py)
+    kv_bytes_per_token: int = 0  # K and V (or the latent) of one token over all layers
     host_pages: int = 0  # the KV tiers below the pool (0: none)
     disk_pages: int = 0
     tp: TPLayout | None = None  # the tensor-parallel layout (None: one rank)

@@ -25,6 +25,7 @@ from radixrt.runtime.models.gguf_loader import (
 )
 from radixrt.runtime.models.hf_loader import hf_config, iter_safetensors_weights, load_hf_tokenizer
 from radixrt.runtime.models.model_config import ModelConfig
+from radixrt.runtime.models.moe import MoEBlock
 from radixrt.runtime.models.packed_gguf import PACKED_QTYPES
 from radixrt.runtime.models.quantize import quantized_weights
 from radixrt.runtime.models.registry import checkpoint_weights
@@ -158,7 +159,11 @@ def _build(
     shard = ShardPlan.for_rank(config, tp.size, tp.rank)
     with torch.device("meta"):
         net = CausalLM(config, create_attention_backend(attention_backend), shard, tp, packed)
-    net = net.to(dtype).to_empty(device=device)
+    net = net.to(dtype)
+    for module in net.modules():
+        if isinstance(module, MoEBlock):
+            module.keep_router_float32()
+    net = net.to_empty(device=device)
     for rotary in net.rotaries():
         rotary.materialize(device)
     named = checkpoint_weights(iter(weights), config)
@@ -234,15 +239,21 @@ def iter_dummy_weights(config: ModelConfig, device: torch.device) -> Iterable[tu
 
 def _dummy_latent_attention(config: ModelConfig, pre: str, normal: Callable[..., Tensor],
                             norm: Callable[[int], Tensor]) -> Iterable[tuple[str, Tensor]]:
-    """An MLA layer's projections and norms (models/mla.py), without biases."""
+    """An MLA layer's projections and norms (models/mla.py); zero biases on q_a and kv_a where
+    the config has attention_bias."""
     h, heads, rank = config.hidden_size, config.num_heads, config.kv_lora_rank
+    zeros = (lambda n: torch.zeros(n)) if config.attention_bias else None
     if config.q_lora_rank:
         yield pre + "q_a_proj.weight", normal(config.q_lora_rank, h)
+        if zeros is not None:
+            yield pre + "q_a_proj.bias", zeros(config.q_lora_rank)
         yield pre + "q_a_layernorm.weight", norm(config.q_lora_rank)
         yield pre + "q_b_proj.weight", normal(heads * config.head_dim, config.q_lora_rank)
     else:
         yield pre + "q_proj.weight", normal(heads * config.head_dim, h)
     yield pre + "kv_a_proj_with_mqa.weight", normal(rank + config.qk_rope_head_dim, h)
+    if zeros is not None:
+        yield pre + "kv_a_proj_with_mqa.bias", zeros(rank + config.qk_rope_head_dim)
     yield pre + "kv_a_layernorm.weight", norm(rank)
     yield pre + "kv_b_proj.weight", normal(
         heads * (config.qk_nope_head_dim + config.v_head_dim), rank)

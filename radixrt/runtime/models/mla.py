@@ -40,6 +40,10 @@ from radixrt.runtime.models.parallel import ColumnParallelLinear, RowParallelLin
 from radixrt.runtime.models.rope import apply_rotary, apply_rotary_interleaved
 from radixrt.runtime.models.shard_plan import ShardPlan, head_rows
 
+# the latent and query-compression norms' epsilon: DeepSeek's (and transformers') default, not
+# the config's rms_norm_eps
+LATENT_NORM_EPS = 1e-6
+
 if TYPE_CHECKING:
     from radixrt.runtime.forward.attention.base import AttentionBackend
     from radixrt.runtime.forward.forward_batch import ForwardBatch
@@ -67,13 +71,13 @@ class LatentAttention(nn.Module):
             q_in = config.q_lora_rank
             self.q_a_proj = ColumnParallelLinear(hidden, [list(range(q_in))], bias,
                                                  packed=packed)
-            self.q_a_layernorm = RMSNorm(q_in, config.rms_norm_eps)
+            self.q_a_layernorm = RMSNorm(q_in, LATENT_NORM_EPS)
         # the heads' queries, from q_a's normed latent, or from x where there is none (V2-Lite:
         # its checkpoint's q_proj, renamed by the family)
         self.q_b_proj = ColumnParallelLinear(q_in, [head_rows(heads, qk)], False, packed=packed)
         self.kv_a_proj_with_mqa = ColumnParallelLinear(
             hidden, [list(range(self.rank + self.rope))], bias, packed=packed)
-        self.kv_a_layernorm = RMSNorm(self.rank, config.rms_norm_eps)
+        self.kv_a_layernorm = RMSNorm(self.rank, LATENT_NORM_EPS)
         # floats whatever the checkpoint: its rows are folded into the query and the output
         self.kv_b_proj = ColumnParallelLinear(self.rank, [head_rows(heads, self.nope + self.v_dim)],
                                               False)

@@ -199,6 +199,15 @@ class MoEBlock(nn.Module):
         self.router_float32 = config.router_float32
         self.tp = tp
 
+    def keep_router_float32(self) -> None:
+        """The router's weight (and the correction bias) in float32 whatever the model's dtype,
+        where the family routes in float32 (transformers keeps them so: a bf16 bias or weight
+        moves choices at V3's top-8 of 256 boundary). Called after the model is cast."""
+        if self.router_float32:
+            self.gate.float()
+            if self.score_correction_bias is not None:
+                self.score_correction_bias.data = self.score_correction_bias.data.float()
+
     def forward(self, x: Tensor) -> Tensor:
         # x: [num_tokens, hidden] -> [num_tokens, hidden]
         logits = (F.linear(x.float(), self.gate.weight.float(), None if self.gate.bias is None

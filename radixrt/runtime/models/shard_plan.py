@@ -108,7 +108,7 @@ class ShardPlan:
         return {
             "tp_size": self.tp_size,
             "heads_per_rank": self.num_heads,
-            "kv_heads_per_rank": self.num_kv_heads,
+            "kv_heads_per_rank": 1 if config.kv_lora_rank else self.num_kv_heads,
             "padded_heads": padded_q,
             "kv_heads": ("latent, replicated" if config.kv_lora_rank else "split" if kv % tp == 0
                          else ("replicated" if tp % kv == 0 else "padded")),

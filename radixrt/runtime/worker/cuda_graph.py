@@ -140,7 +140,8 @@ class CudaGraphRunner:
         bs = batch.batch_size
         if bs == 0 or bs > self.max_bs or not batch.is_decode_only or batch.lora is not None:
             return None  # (the graphs were captured without LoRA products)
-        if batch.shared_reads_saved >= CASCADE_GRAPH_MIN_SAVED_READS:
+        if (batch.shared_reads_saved >= CASCADE_GRAPH_MIN_SAVED_READS
+                and not self.model.config.kv_lora_rank):  # (latent layers have no cascade kernel)
             return None  # worth the cascade kernel, eagerly (the graph ignores prefix groups)
         bucket = next(b for b in self.batch_sizes if b >= bs)
         if batch.kv_indices.numel() + bucket - bs > self.kv_capacity:

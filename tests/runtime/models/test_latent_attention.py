@@ -106,7 +106,7 @@ def test_absorbed_attention_equals_the_expanded_form(
 def test_the_pool_holds_one_latent_row_per_token(tmp_path: Path,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """DeepSeek-V3's KV: (512 + 64) dims x 61 layers x 2 bytes = 70,272 per token in bf16,
-    against 2 x 128 heads x 192 x 61 x 2 = 5,996,544 for per-head K and V (85x); `radixrt
+    against 128 heads x (192 + 128) x 61 x 2 = 4,997,120 for per-head K and V (71x); `radixrt
     plan` prints it and V3's active parameters (37.5 B of 671 B, as DeepSeek states them,
     without the multi-token-prediction layer)."""
     config = model_config(V3_CONFIG)
@@ -270,3 +270,24 @@ def test_int8_quantization_packs_the_latent_projections(
     # 0.024 measured; the tiny Qwen3-MoE measures 0.015 the same way (a close routing choice
     # flips under int8), the dense tiny Llama 0.0014; a projection loaded wrong is far above 1
     assert (ref.exp() * (ref - got)).sum(-1).mean().item() <= 0.05
+
+
+@torch.no_grad()
+def test_bf16_routes_as_transformers_does(checkpoints: Callable[[str], tuple[Path, Any]]) -> None:
+    """In bfloat16 the router's weight and V3's correction bias stay float32 (as transformers
+    keeps them), so 64 tokens' chosen experts and weights are transformers' router's."""
+    from transformers import AutoModelForCausalLM
+
+    folder = checkpoints("deepseek-v3")[0]
+    ours = load_model(str(folder), dtype="bfloat16").model.layers[1].mlp
+    theirs = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16).model.layers[1].mlp
+    assert ours.gate.weight.dtype == ours.score_correction_bias.dtype == torch.float32
+    x = torch.randn(64, ours.gate.in_features, generator=torch.Generator().manual_seed(4))
+    x = x.to(torch.bfloat16)
+    logits = torch.nn.functional.linear(x.float(), ours.gate.weight)
+    ids, weights = route(logits, ours.routing, ours.score_correction_bias)
+    _, ref_weights, ref_ids = theirs.gate(x)
+    order, ref_order = ids.sort(-1), ref_ids.sort(-1)
+    assert torch.equal(order.values, ref_order.values)
+    torch.testing.assert_close(weights.gather(1, order.indices),
+                               ref_weights.float().gather(1, ref_order.indices))

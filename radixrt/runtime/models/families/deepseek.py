@@ -30,6 +30,30 @@ _MOE_NAMES = {".mlp.shared_experts.": ".mlp.shared_expert.",
               ".mlp.gate.e_score_correction_bias": ".mlp.score_correction_bias"}
 
 
+# transformers' config classes' defaults, for the keys a config.json leaves out
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "DeepseekV2ForCausalLM": dict(
+        q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+        v_head_dim=128, n_routed_experts=64, n_shared_experts=2, moe_intermediate_size=1407,
+        first_k_dense_replace=0, routed_scaling_factor=1.0, norm_topk_prob=False,
+        topk_method="greedy"),
+    "DeepseekV3ForCausalLM": dict(
+        q_lora_rank=1536, kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128,
+        v_head_dim=128, n_routed_experts=256, n_shared_experts=1, moe_intermediate_size=2048,
+        first_k_dense_replace=3, routed_scaling_factor=2.5, norm_topk_prob=True, n_group=8,
+        topk_group=4, num_experts_per_tok=8),
+    "Glm4MoeForCausalLM": dict(
+        n_routed_experts=128, n_shared_experts=1, moe_intermediate_size=1408,
+        first_k_dense_replace=1, routed_scaling_factor=1.0, norm_topk_prob=True, n_group=1,
+        topk_group=1, num_experts_per_tok=8, partial_rotary_factor=0.5),
+}
+
+
+def with_defaults(cfg: Mapping[str, Any], architecture: str) -> dict[str, Any]:
+    """config.json over its architecture's defaults (a key present, even null, wins)."""
+    return {**_DEFAULTS.get(architecture, {}), **cfg}
+
+
 def latent_scale(head_dim: int, scaling: Mapping[str, Any] | None) -> float:
     """The softmax scale of a latent-attention head: head_dim ** -0.5, times YaRN's
     mscale_all_dim correction squared where the rope is YaRN-extended."""
@@ -65,6 +89,7 @@ def deepseek_moe_fields(cfg: Mapping[str, Any], num_layers: int) -> dict[str, An
 
 def read_deepseek(cfg: Mapping[str, Any], architecture: str) -> ModelConfig:
     v3 = architecture == "DeepseekV3ForCausalLM"
+    cfg = with_defaults(cfg, architecture)
     fields = common_fields(cfg, architecture)
     nope, rope = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])
     fields.update(deepseek_moe_fields(cfg, fields["num_layers"]))

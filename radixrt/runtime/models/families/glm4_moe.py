@@ -9,13 +9,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from radixrt.runtime.models.families.deepseek import deepseek_moe_fields, rename_deepseek_moe
+from radixrt.runtime.models.families.deepseek import (
+    deepseek_moe_fields,
+    rename_deepseek_moe,
+    with_defaults,
+)
 from radixrt.runtime.models.families.family import ModelFamily
 from radixrt.runtime.models.hf_fields import common_fields
 from radixrt.runtime.models.model_config import ModelConfig
 
 
 def read_glm4_moe(cfg: Mapping[str, Any], architecture: str) -> ModelConfig:
+    cfg = with_defaults(cfg, architecture)
     fields = common_fields(cfg, architecture)
     fields.update(deepseek_moe_fields(cfg, fields["num_layers"]))
     fields.update(o_proj_bias=False, qk_norm=bool(cfg.get("use_qk_norm", False)),
