@@ -42,12 +42,11 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from decode_bandwidth import decode_once  # noqa: E402
+from decode_peers import hf_decode, radixrt_decode, random_prompts  # noqa: E402
 from plots import add_plot_dir, bar_panels, plot_path  # noqa: E402
 
 import radixrt  # noqa: E402
 
-FIRST_TOKEN_ID = 10  # decode prompts use ids FIRST_TOKEN_ID..vocab-1
 WORDS = ("alpha", "beta", "gamma", "delta", "epsilon", "zeta", "eta", "theta", "iota", "kappa",
          "lambda", "mu", "nu", "xi", "omicron", "pi", "rho", "sigma", "tau", "upsilon", "phi",
          "chi", "psi", "omega")
@@ -184,39 +183,13 @@ def hf_tree_row(name: str, path: str, model: Any, args: argparse.Namespace) -> T
     return TreeRow(name, "HF transformers", 0, 0, 0.0, 1000 * statistics.median(ttfts))
 
 
-def prompts(args: argparse.Namespace, batch: int) -> list[list[int]]:
-    rng = random.Random(args.seed + batch)
-    return [[rng.randrange(FIRST_TOKEN_ID, args.vocab) for _ in range(args.prompt_len)]
-            for _ in range(batch)]
-
-
-def decode_row(name: str, path: str, batch: int, args: argparse.Namespace) -> DecodeRow:
-    engine = radixrt.Engine(path, max_total_tokens=batch * (args.prompt_len + args.output_len)
-                            + 64)
-    try:
-        decode_once(engine, prompts(args, batch), args.output_len)  # warm-up
-        runs = [decode_once(engine, prompts(args, batch), args.output_len)
-                for _ in range(args.runs)]
-    finally:
-        engine.close()
-    seconds = statistics.median(s for s, _ in runs)
-    return DecodeRow(name, batch, "radixrt", batch * runs[0][1] / seconds)
-
-
-def hf_decode_row(name: str, model: Any, batch: int, args: argparse.Namespace) -> DecodeRow:
-    ids = torch.tensor(prompts(args, batch))
-
-    def generate(new: int) -> float:
-        start = time.perf_counter()
-        with torch.no_grad():
-            model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                           max_new_tokens=new, min_new_tokens=new, pad_token_id=2)
-        return time.perf_counter() - start
-
-    generate(args.output_len)  # warm-up
-    seconds = statistics.median(generate(args.output_len) - generate(1)
-                                for _ in range(args.runs))
-    return DecodeRow(name, batch, "HF transformers", batch * (args.output_len - 1) / seconds)
+def decode_rows(name: str, path: str, model: Any, batch: int,
+                args: argparse.Namespace) -> list[DecodeRow]:
+    prompts = random_prompts(args.vocab, args.prompt_len, batch, args.seed)
+    ours = radixrt_decode(path, prompts, args.output_len, args.runs)[0]
+    theirs = hf_decode(model, prompts, args.output_len, args.runs)[0]
+    return [DecodeRow(name, batch, "radixrt", ours), DecodeRow(name, batch, "HF transformers",
+                                                               theirs)]
 
 
 def report(tree: list[TreeRow], decode: list[DecodeRow], args: argparse.Namespace) -> list[str]:
@@ -281,8 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             tree += [tree_row(name, path, args), hf_tree_row(name, path, model, args)]
         for batch in args.batches:
             for name, (path, model) in models.items():
-                decode += [decode_row(name, path, batch, args),
-                           hf_decode_row(name, model, batch, args)]
+                decode += decode_rows(name, path, model, batch, args)
     print(f"# benchmarks/latent_attention.py {' '.join(sys.argv[1:])} "
           f"({datetime.date.today()}, {torch.get_num_threads()} threads)")
     print("\n".join(report(tree, decode, args)))

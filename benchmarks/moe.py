@@ -32,23 +32,16 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import random
-import statistics
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from decode_bandwidth import decode_once  # noqa: E402
+from decode_peers import hf_decode, radixrt_decode, random_prompts  # noqa: E402
 from plots import add_plot_dir, bar_panels, plot_path  # noqa: E402
-
-import radixrt  # noqa: E402
-
-FIRST_TOKEN_ID = 10  # prompts use ids FIRST_TOKEN_ID..vocab-1
 
 
 @dataclass(frozen=True)
@@ -116,41 +109,15 @@ def build_models(args: argparse.Namespace, folder: str) -> dict[str, Any]:
     return out
 
 
-def prompts(args: argparse.Namespace, batch: int) -> list[list[int]]:
-    rng = random.Random(args.seed + batch)
-    return [[rng.randrange(FIRST_TOKEN_ID, args.vocab) for _ in range(args.prompt_len)]
-            for _ in range(batch)]
-
-
 def radixrt_row(name: str, path: str, batch: int, args: argparse.Namespace) -> Row:
-    engine = radixrt.Engine(path, max_total_tokens=batch * (args.prompt_len + args.output_len)
-                            + 64)
-    try:
-        decode_once(engine, prompts(args, batch), args.output_len)  # warm-up
-        runs = [decode_once(engine, prompts(args, batch), args.output_len)
-                for _ in range(args.runs)]
-    finally:
-        engine.close()
-    seconds = statistics.median(s for s, _ in runs)
-    steps = runs[0][1]
-    return Row(name, batch, "radixrt", batch * steps / seconds, 1000 * seconds / steps)
+    prompts = random_prompts(args.vocab, args.prompt_len, batch, args.seed)
+    return Row(name, batch, "radixrt", *radixrt_decode(path, prompts, args.output_len, args.runs))
 
 
 def hf_row(name: str, model: Any, batch: int, args: argparse.Namespace) -> Row:
-    ids = torch.tensor(prompts(args, batch))
-    mask = torch.ones_like(ids)
-
-    def generate(new: int) -> float:
-        start = time.perf_counter()
-        with torch.no_grad():
-            model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=new,
-                           min_new_tokens=new, pad_token_id=2)
-        return time.perf_counter() - start
-
-    generate(args.output_len)  # warm-up
-    decode = [generate(args.output_len) - generate(1) for _ in range(args.runs)]
-    seconds, steps = statistics.median(decode), args.output_len - 1
-    return Row(name, batch, "HF transformers", batch * steps / seconds, 1000 * seconds / steps)
+    prompts = random_prompts(args.vocab, args.prompt_len, batch, args.seed)
+    return Row(name, batch, "HF transformers", *hf_decode(model, prompts, args.output_len,
+                                                          args.runs))
 
 
 def explained_ratio(args: argparse.Namespace, batch: int) -> float:

@@ -196,7 +196,35 @@ def _decode_grouped_stage1(
     if NUM_SPLITS == 1 and HAS_SINKS:  # the sink joins the one chunk's denominator
         sinks = tl.load(sinks_ptr + heads, mask=mask_h, other=0.0).to(tl.float32)
         denominator = add_sink(l_i, m_i, sinks)
-    out = acc / denominator[:, None]
+    store_heads_split(acc / denominator[:, None], m_i, l_i, o_ptr, part_o_ptr, part_lse_ptr,
+                      req, heads, split, offs_d, mask_h, mask_d, stride_ob, stride_oh,
+                      num_heads, WIDTH=HEAD_DIM, NUM_SPLITS=NUM_SPLITS)
+
+
+@triton.jit
+def store_heads_split(
+    out,  # [BLOCK_H, BLOCK_D] float32: the heads' normalised output over this split
+    m_i,  # [BLOCK_H] running max (log2 domain)
+    l_i,  # [BLOCK_H] softmax denominators (0: the split saw no key)
+    o_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    req,
+    heads,  # [BLOCK_H] query heads
+    split,
+    offs_d,
+    mask_h,
+    mask_d,
+    stride_ob,
+    stride_oh,
+    num_heads,
+    WIDTH: tl.constexpr,  # the output's dims per head
+    NUM_SPLITS: tl.constexpr,
+):
+    """A block of heads' result of one KV split: the output itself with one split, else the
+    partial output and its log-sum-exp (-inf for an empty split) for _decode_stage2 to merge.
+    The grouped decode kernel and the latent decode kernel (mla_attention.py) end here."""
+    nonempty = l_i > 0
     mask_hd = mask_h[:, None] & mask_d[None, :]
     if NUM_SPLITS == 1:
         o_rows = o_ptr + req.to(tl.int64) * stride_ob + heads * stride_oh  # [BLOCK_H]
@@ -204,7 +232,7 @@ def _decode_grouped_stage1(
     else:
         lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
         part_rows = (req.to(tl.int64) * num_heads + heads) * NUM_SPLITS + split  # [BLOCK_H]
-        o_ptrs = part_o_ptr + part_rows[:, None] * HEAD_DIM + offs_d[None, :]
+        o_ptrs = part_o_ptr + part_rows[:, None] * WIDTH + offs_d[None, :]
         tl.store(o_ptrs, out, mask=mask_hd)
         tl.store(part_lse_ptr + part_rows, lse, mask=mask_h)
 

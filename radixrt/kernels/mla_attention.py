@@ -33,6 +33,7 @@ from radixrt.kernels.decode_attention import (
     _split_range,
     decode_workspace_numel,
     default_num_kv_splits,
+    store_heads_split,
 )
 from radixrt.kernels.mla_reference import check_indptr, check_mla_args
 from radixrt.kernels.triton_utils import (
@@ -172,18 +173,10 @@ def _mla_decode_stage1(
         ROWS=BLOCK_H, BLOCK_D=BLOCK_D, BLOCK_N=BLOCK_N, DOT_DTYPE=DOT_DTYPE,
         PRECISION=PRECISION, CAUSAL=False,
     )  # fmt: skip
-    nonempty = l_i > 0  # an empty split stores zeros and a log-sum-exp of -inf
-    out = acc / tl.where(nonempty, l_i, 1.0)[:, None]  # [BLOCK_H, BLOCK_D]
-    mask_hd = mask_h[:, None] & mask_d[None, :]
-    if NUM_SPLITS == 1:
-        o_rows = o_ptr + req.to(tl.int64) * stride_ob + heads * stride_oh  # [BLOCK_H]
-        tl.store(o_rows[:, None] + offs_d[None, :], out.to(o_ptr.dtype.element_ty), mask=mask_hd)
-    else:
-        lse = tl.where(nonempty, m_i + tl.log2(tl.where(nonempty, l_i, 1.0)), float("-inf"))
-        part_rows = (req.to(tl.int64) * num_heads + heads) * NUM_SPLITS + split  # [BLOCK_H]
-        o_ptrs = part_o_ptr + part_rows[:, None] * VALUE_DIM + offs_d[None, :]
-        tl.store(o_ptrs, out, mask=mask_hd)
-        tl.store(part_lse_ptr + part_rows, lse, mask=mask_h)
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # [BLOCK_H, BLOCK_D] (an empty split: 0)
+    store_heads_split(out, m_i, l_i, o_ptr, part_o_ptr, part_lse_ptr, req, heads, split, offs_d,
+                      mask_h, mask_d, stride_ob, stride_oh, num_heads, WIDTH=VALUE_DIM,
+                      NUM_SPLITS=NUM_SPLITS)
 
 
 @triton.jit
