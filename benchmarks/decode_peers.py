@@ -6,6 +6,7 @@ and the difference is its decode time. Medians of `runs`, after a warm-up."""
 
 from __future__ import annotations
 
+import argparse
 import random
 import statistics
 import time
@@ -17,6 +18,16 @@ from decode_bandwidth import decode_once
 import radixrt
 
 FIRST_TOKEN_ID = 10  # prompts use ids FIRST_TOKEN_ID..vocab-1
+
+
+def add_decode_args(p: argparse.ArgumentParser, output_len: int) -> None:
+    """The decode comparison's flags (and --quick)."""
+    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    p.add_argument("--prompt-len", type=int, default=64)
+    p.add_argument("--output-len", type=int, default=output_len)
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--quick", action="store_true", help="tiny sizes, one run (a smoke test)")
 
 
 def random_prompts(vocab: int, prompt_len: int, batch: int, seed: int) -> list[list[int]]:

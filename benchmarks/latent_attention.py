@@ -42,7 +42,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from decode_peers import hf_decode, radixrt_decode, random_prompts  # noqa: E402
+from decode_peers import add_decode_args, hf_decode, radixrt_decode, random_prompts  # noqa: E402
 from plots import add_plot_dir, bar_panels, plot_path  # noqa: E402
 
 import radixrt  # noqa: E402
@@ -81,12 +81,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--docs", type=int, default=6)
     p.add_argument("--doc-words", type=int, default=160)
     p.add_argument("--turns", type=int, default=3)
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--output-len", type=int, default=32)
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="tiny sizes, one run (a smoke test)")
+    add_decode_args(p, output_len=32)
     add_plot_dir(p)
     args = p.parse_args(argv)
     if args.quick:

@@ -40,7 +40,7 @@ from typing import Any
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
-from decode_peers import hf_decode, radixrt_decode, random_prompts  # noqa: E402
+from decode_peers import add_decode_args, hf_decode, radixrt_decode, random_prompts  # noqa: E402
 from plots import add_plot_dir, bar_panels, plot_path  # noqa: E402
 
 
@@ -60,12 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--experts", type=int, default=32)
     p.add_argument("--top-k", type=int, default=4)
     p.add_argument("--expert-inter", type=int, default=512)
-    p.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-    p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--output-len", type=int, default=48)
-    p.add_argument("--runs", type=int, default=3)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--quick", action="store_true", help="tiny sizes, one run (a smoke test)")
+    add_decode_args(p, output_len=48)
     add_plot_dir(p)
     args = p.parse_args(argv)
     if args.quick:
