@@ -8,7 +8,7 @@
    tests/kernels/test_fused_moe.py, tests/kernels/test_packed_triton.py,
    tests/kernels/test_lora_triton.py (the LoRA SGMV shrink / expand),
    tests/kernels/test_mla_attention.py (the latent kernels),
-   tests/runtime/forward/attention/test_triton_backend.py and test_latent_backends.py
+   tests/runtime/forward/attention/test_triton_backend.py and test_triton_backend_latent.py
    natively (pytest);
 2. measures device-to-device copy bandwidth (the yardstick of "achieved bandwidth");
 3. times decode attention (batch 1-256 x context 512-8k) and extend attention against PyTorch
@@ -79,7 +79,7 @@ def run_kernel_tests(sizes: Sizes, report: Report, timeout_s: float) -> None:
            "tests/kernels/test_packed_triton.py", "tests/kernels/test_lora_triton.py",
            "tests/kernels/test_mla_attention.py",
            "tests/runtime/forward/attention/test_triton_backend.py",
-           "tests/runtime/forward/attention/test_latent_backends.py"]  # fmt: skip
+           "tests/runtime/forward/attention/test_triton_backend_latent.py"]  # fmt: skip
     if sizes.test_filter:
         cmd += ["-k", sizes.test_filter]
     start = time.perf_counter()
