@@ -291,3 +291,30 @@ def test_bf16_routes_as_transformers_does(checkpoints: Callable[[str], tuple[Pat
     assert torch.equal(order.values, ref_order.values)
     torch.testing.assert_close(weights.gather(1, order.indices),
                                ref_weights.float().gather(1, ref_order.indices))
+
+
+def test_forked_samples_copy_the_latent_page_they_share(
+        checkpoints: Callable[[str], tuple[Path, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """n = 2 on pages of 16: the two samples share the prompt's pages and each copies the
+    partly filled last one before writing its own latent rows (copy-on-write); greedy, both
+    equal the n = 1 answer, and the pool is clean after."""
+    copied: list[int] = []
+    copy_slots = KVCache.copy_slots
+
+    def spy(self: KVCache, src: torch.Tensor, dst: torch.Tensor) -> None:
+        assert self.parts == 1
+        copied.append(int(src.numel()))
+        copy_slots(self, src, dst)
+
+    monkeypatch.setattr(KVCache, "copy_slots", spy)
+    engine = Engine(load_model(str(checkpoints("deepseek-v3")[0])), max_total_tokens=512,
+                    page_size=16, check_integrity=True)
+    try:
+        one = engine.generate([PROMPT], SamplingParams(max_tokens=6, temperature=0))[0]
+        two = engine.generate([PROMPT], SamplingParams(max_tokens=6, temperature=0, n=2))[0]
+        stats = engine.stats()
+    finally:
+        engine.close()
+    assert [s.token_ids for s in two.samples] == [one.token_ids] * 2
+    assert stats["kv_private"] == stats["kv_locked"] == 0
+    assert copied and all(0 < n < 16 for n in copied), copied  # the shared last page's rows
