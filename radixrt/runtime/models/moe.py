@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from radixrt.kernels.moe_reference import fused_moe_ref
 from radixrt.runtime.distributed.group import TPGroup
 from radixrt.runtime.models.layers import GatedMLP
-from radixrt.runtime.models.model_config import ROUTINGS, ModelConfig
+from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.parallel import take
 from radixrt.runtime.models.tensor_source import Weight, read_all
 
@@ -181,8 +181,6 @@ class MoEBlock(nn.Module):
     def __init__(self, config: ModelConfig, rows: Sequence[int | None],
                  shared_rows: Sequence[int | None], tp: TPGroup) -> None:
         super().__init__()
-        if config.routing not in ROUTINGS:
-            raise ValueError(f"routing {config.routing!r}: use one of {ROUTINGS}")
         self.gate = nn.Linear(config.hidden_size, config.num_experts, bias=config.router_bias)
         self.score_correction_bias: nn.Parameter | None = None  # [num_experts]
         if config.score_correction_bias:
@@ -210,8 +208,8 @@ class MoEBlock(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         # x: [num_tokens, hidden] -> [num_tokens, hidden]
-        logits = (F.linear(x.float(), self.gate.weight.float(), None if self.gate.bias is None
-                           else self.gate.bias.float()) if self.router_float32 else self.gate(x))
+        # (a float32 router's weight is float32: keep_router_float32)
+        logits = self.gate(x.float() if self.router_float32 else x)
         ids, weights = route(logits, self.routing, self.score_correction_bias)
         out = self.experts(x, ids, weights)
         if self.shared_expert is not None:

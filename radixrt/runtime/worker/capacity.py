@@ -47,17 +47,24 @@ def kv_counted(config: ModelConfig) -> str:
             f"{layout.num_layers} layers")
 
 
+def _latent_projections(config: ModelConfig) -> int:
+    """An MLA layer's projections that --quantization packs: q_a and q_b (or q), kv_a, o
+    (kv_b stays in floats: models/mla.py)."""
+    h, q, q_rank = config.hidden_size, config.num_heads * config.head_dim, config.q_lora_rank
+    attn = (h * q_rank + q_rank * q) if q_rank else h * q
+    return attn + h * (config.kv_lora_rank + config.qk_rope_head_dim) + (
+        config.num_heads * config.v_head_dim * h)
+
+
 def _latent_attention_parameters(config: ModelConfig) -> int:
-    """An MLA layer's projections and norms (models/mla.py)."""
-    h, heads, rank, rope = (config.hidden_size, config.num_heads, config.kv_lora_rank,
-                            config.qk_rope_head_dim)
-    q_rank, bias = config.q_lora_rank, config.attention_bias
-    q = (h * q_rank + q_rank + q_rank * heads * config.head_dim + (q_rank if bias else 0)
-         if q_rank else h * heads * config.head_dim)
-    kv = h * (rank + rope) + (rank + rope if bias else 0) + rank
-    kv += rank * heads * (config.qk_nope_head_dim + config.v_head_dim)
-    o = heads * config.v_head_dim * h + (h if config.o_proj_bias else 0)
-    return q + kv + o + 2 * h
+    """An MLA layer's weights (models/mla.py): its projections, kv_b, norms and biases."""
+    h, rank, rope, q_rank = (config.hidden_size, config.kv_lora_rank, config.qk_rope_head_dim,
+                             config.q_lora_rank)
+    kv_b = rank * config.num_heads * (config.qk_nope_head_dim + config.v_head_dim)
+    norms = q_rank + rank + 2 * h  # q_a's and kv_a's, and the layer's two
+    biases = (q_rank + rank + rope if config.attention_bias else 0) + (
+        h if config.o_proj_bias else 0)
+    return _latent_projections(config) + kv_b + norms + biases
 
 
 def _attention_parameters(config: ModelConfig) -> int:
@@ -82,12 +89,8 @@ def projection_parameters(config: ModelConfig) -> int:
                 config.num_kv_heads * config.head_dim)
     mlp = [3 * h * (config.shared_expert_intermediate_size if moe else config.intermediate_size)
            for moe in config.moe_kinds]
-    if config.kv_lora_rank:  # every MLA projection but kv_b (kept in floats: models/mla.py)
-        rank, heads = config.kv_lora_rank, config.num_heads
-        q_rank = config.q_lora_rank
-        attn = (h * q_rank + q_rank * q) if q_rank else h * q
-        attn += h * (rank + config.qk_rope_head_dim) + heads * config.v_head_dim * h
-        return config.num_layers * attn + sum(mlp)
+    if config.kv_lora_rank:
+        return config.num_layers * _latent_projections(config) + sum(mlp)
     return config.num_layers * (2 * h * q + 2 * h * kv) + sum(mlp)
 
 
