@@ -23,6 +23,7 @@ from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.scheduler.intake import SchedulerIntake
 from radixrt.runtime.scheduler.loop import StepLoop
 from radixrt.runtime.scheduler.scheduler import Scheduler
+from radixrt.runtime.tokenizer.image_refs import local_image
 from radixrt.runtime.tokenizer.pooling_inputs import (
     class_probs,
     embed_params,
@@ -100,7 +101,8 @@ class Engine:
                              self.config.check_integrity)
         self.intake = SchedulerIntake(self.scheduler, ready)
         self._grammars: GrammarCompiler | None = None
-        self.front = RequestFront(self.tokenizer, self._to_scheduler, lambda: self.grammars)
+        self.front = RequestFront(self.tokenizer, self._to_scheduler, lambda: self.grammars,
+                                  processor=self.worker.processor)
         self.link = EngineLink(self)  # generate_stream's steps, and any TokenizerManager's
 
     # --- the scheduler's side, by direct calls (EngineLink drives the same two) -----------
@@ -130,6 +132,7 @@ class Engine:
         tenant: str = "",
         timeout: float | None = None,
         lora: str | None = None,
+        images: Sequence[Any] = (),
     ) -> int:
         """Queue one prompt; returns its request id. Raises ValueError on bad input, QueueFull
         past max_queued_requests / max_queued_per_tenant (requests whose grammar is compiling
@@ -138,11 +141,14 @@ class Engine:
         extra_key: the radix cache's namespace (requests with different keys share nothing);
         priority: lower is more urgent (default 0); tenant: whose request it is (fair share);
         timeout: seconds it may wait in the queue before it ends with an error; lora: the name
-        of a LoRA adapter to run under (load_lora, or lora_paths)."""
+        of a LoRA adapter to run under (load_lora, or lora_paths). A vision-language model
+        takes images: as chat messages' image parts (`{"type": "image", "image": ...}`, or
+        OpenAI's image_url parts), or `images` for a text prompt that writes the model's image
+        token once per image; each a PIL image, bytes, a data: / http(s) URL or a path."""
         scheduling = Scheduling(priority=priority, tenant=tenant, extra_key=extra_key,
                                 timeout_s=timeout, lora=lora)
-        ids = self.front.encode(prompt)
-        rid = self.front.submit(ids, params or SamplingParams(), scheduling, pin)
+        ids, shown = self.front.encode_images(prompt, images, load=local_image)
+        rid = self.front.submit(ids, params or SamplingParams(), scheduling, pin, images=shown)
         refusal = self.front.refusal(rid)
         if refusal is not None:
             raise refusal_error(refusal)
@@ -308,8 +314,9 @@ class Engine:
         whether the prefix was pinned; a stream closed before that chunk was taken unpins it."""
         scheduling = Scheduling(priority=priority, tenant=tenant, extra_key=extra_key,
                                 timeout_s=timeout, lora=lora)
-        rid = self.front.submit(self.front.encode(prompt), params or SamplingParams(),
-                                scheduling, pin, stream=True)
+        ids, shown = self.front.encode_images(prompt, load=local_image)
+        rid = self.front.submit(ids, params or SamplingParams(), scheduling, pin, stream=True,
+                                images=shown)
         handed = False  # the chunk that hands the pin over was taken
         try:
             async for chunk in self.front.read(rid, self.link.progress):

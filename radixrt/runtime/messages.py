@@ -16,6 +16,7 @@ import math
 import msgspec
 
 from radixrt.runtime.config import MAX_NAME_CHARS
+from radixrt.runtime.image_messages import ImageInput
 from radixrt.runtime.lora_messages import LoraAdapter, LoraModuleShapes, LoraRequest
 from radixrt.runtime.pooling_params import PoolingInfo
 from radixrt.runtime.sampling_params import SamplingParams
@@ -46,6 +47,7 @@ class WorkerRequest(msgspec.Struct, frozen=True):
     seed_offset: int = 0  # which of the n samples of its prompt this request is
     prefix_slots: list[int] = []  # slots of the cached prefix it starts from (radix cache hit)
     lora: str | None = None  # the LoRA adapter it runs under (LoraAdapter.key); None: the base
+    images: list[ImageInput] = []  # its prompt's images (image_messages.py)
 
 
 class Run(msgspec.Struct, frozen=True):
@@ -247,6 +249,7 @@ class WorkerReady(msgspec.Struct, frozen=True, tag=True):
     lora_shapes: LoraModuleShapes | None = None
     lora_max_rank: int = 0  # the adapter slots' rank (--max-lora-rank, resolved)
     pooling: PoolingInfo = PoolingInfo()  # what pooling requests the model serves
+    takes_images: bool = False  # a vision-language model: prompts may carry images
 
 
 # --- tokenizer <-> scheduler ---------------------------------------------------------------------
@@ -304,6 +307,7 @@ class SubmitRequest(msgspec.Struct, frozen=True, tag=True):
     # False: its grammar is compiling; it waits in the queue (counted against the caps) and is
     # not admitted before GrammarReady
     grammar_ready: bool = True
+    images: list[ImageInput] = []  # its prompt's images: their placeholder ids are in prompt_ids
 
 
 class GrammarReady(msgspec.Struct, frozen=True, tag=True):

@@ -45,6 +45,7 @@ GROUND = [
     "radixrt.runtime.server_options",
     "radixrt.runtime.messages",
     "radixrt.runtime.lora_messages",
+    "radixrt.runtime.image_messages",
     "radixrt.runtime.tree_messages",
     "radixrt.runtime.trace_messages",
     "radixrt.runtime.errors",

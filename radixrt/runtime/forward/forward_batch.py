@@ -41,6 +41,9 @@ class ForwardBatch:
     extend_lens: list[int]  # new tokens per request
     prefix_groups: list[PrefixGroup] = field(default_factory=list)  # over decode requests
     lora: LoraBatch | None = None  # the rows' LoRA adapters (None: the base model alone)
+    # image placeholders' rows and the features that replace their embeddings (None: none)
+    image_rows: Tensor | None = None  # [num_image_rows] int64
+    image_embeds: Tensor | None = None  # [num_image_rows, hidden]
 
     @classmethod
     def build(

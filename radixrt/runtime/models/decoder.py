@@ -226,6 +226,8 @@ class CausalLM(nn.Module):
         if scale != 1.0:  # Gemma's rounded to the model's dtype first, as transformers does
             h = h * (torch.tensor(scale, dtype=h.dtype)
                      if self.config.embedding_scale_in_dtype else scale)
+        if batch.image_rows is not None:  # an image's features stand in for its placeholders
+            h[batch.image_rows] = batch.image_embeds.to(h.dtype)  # type: ignore[union-attr]
         ropes: dict[str, tuple[Tensor, Tensor] | None] = {"none": None}
         ropes["global"] = self.rotary.cos_sin(batch.positions, h.dtype)
         if self.local_rotary is not None:

@@ -11,16 +11,24 @@ from typing import Any
 from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.registry import model_config
 from radixrt.runtime.models.tensor_source import SafetensorsSlice
+from radixrt.runtime.models.vision.families import text_config_of, vision_family_of
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
 
 def hf_config(folder: str) -> ModelConfig:
+    """The decoder's config (a vision-language model's: its text_config's)."""
+    cfg = read_hf_config(folder)
+    return model_config(cfg if vision_family_of(cfg) is None else text_config_of(cfg))
+
+
+def read_hf_config(folder: str) -> dict[str, Any]:
+    """config.json as transformers reads it (as_transformers_reads)."""
     path = Path(folder) / "config.json"
     if not path.is_file():
         raise FileNotFoundError(f"{folder} has no config.json")
     with open(path) as f:
-        return model_config(as_transformers_reads(json.load(f)))
+        return as_transformers_reads(json.load(f))
 
 
 def as_transformers_reads(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -65,3 +73,14 @@ def load_hf_tokenizer(folder: str) -> Any | None:
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(folder)
+
+
+def load_hf_processor(folder: str) -> Any | None:
+    """A vision-language model's processor (its image processor and image token), or None
+    for a text model."""
+    if not (Path(folder) / "config.json").is_file() or not vision_family_of(
+            read_hf_config(folder)):
+        return None
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(folder)

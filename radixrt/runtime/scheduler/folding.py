@@ -197,6 +197,7 @@ class ResultFolder:
                 arrival=parent.arrival,
                 extra_key=parent.extra_key,
                 lora=parent.lora,
+                images=parent.images,
                 priority=parent.priority,
                 tenant=parent.tenant,
                 seed_offset=i,

@@ -76,7 +76,8 @@ class SchedulerIntake:
     def _submit(self, msg: SubmitRequest) -> list[ToTokenizer]:
         try:
             self.scheduler.add_request(msg.prompt_ids, msg.params, msg.scheduling, rid=msg.rid,
-                                       pin=msg.pin, grammar_ready=msg.grammar_ready)
+                                       pin=msg.pin, grammar_ready=msg.grammar_ready,
+                                       images=msg.images)
         except QueueFull as exc:
             return [SubmitError(rid=msg.rid, message=str(exc), retry_after_s=exc.retry_after_s)]
         except (ValueError, TypeError) as exc:

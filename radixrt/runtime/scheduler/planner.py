@@ -265,6 +265,7 @@ class Planner:
                     seed_offset=req.seed_offset,
                     prefix_slots=self.kv.slots(req, 0, req.kv_len - len(slots)),
                     lora=req.lora,
+                    images=req.images,
                 )
             )
             self._add_run(req, len(slots), slots, draft, draft_ids)

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from radixrt.runtime.image_messages import ImageInput
 from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.scheduler.draft_index import ContextIndex
@@ -43,6 +44,7 @@ class Request:
     arrival: int  # monotonically increasing submission counter (fcfs order)
     extra_key: str | None = None  # radix-cache namespace: different keys never share KV
     lora: str | None = None  # the LoRA adapter it runs under (the worker's key); None: base
+    images: list[ImageInput] = field(default_factory=list)  # its prompt's (image_messages.py)
     priority: int = 0  # lower is more urgent
     tenant: str = ""  # whose request it is (fair share between tenants)
     deadline_s: float | None = None  # monotonic seconds: still never admitted by then -> error

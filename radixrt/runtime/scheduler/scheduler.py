@@ -21,6 +21,7 @@ from typing import Any
 
 from radixrt.runtime.config import MAX_LORA_ADAPTERS, EngineConfig, parse_tenant_weights
 from radixrt.runtime.errors import QueueFull
+from radixrt.runtime.image_messages import ImageInput, check_image_prompt, is_image_id
 from radixrt.runtime.messages import (
     TIER_NAMES,
     LoraModuleShapes,
@@ -65,6 +66,7 @@ class Scheduler:
         lora_shapes: LoraModuleShapes | None = None,
         lora_max_rank: int = 0,
         pooling: PoolingInfo | None = None,
+        takes_images: bool = False,
     ) -> None:
         """kv_bytes_per_token: what one token costs in the pool (0: unknown, no capacity);
         vocab_size: the model's (WorkerReady), against which every request's token ids are
@@ -73,8 +75,10 @@ class Scheduler:
         the projections LoRA adapters may adapt and the slots' rank (None: no adapters; with
         them, config.lora_paths are loaded here). With a disk tier in
         config.disk_cache_dir, what it holds is restored into the tree (a warm restart).
-        pooling: what pooling requests the model serves (None: the simulation, no checks)."""
+        pooling: what pooling requests the model serves (None: the simulation, no checks).
+        takes_images: whether prompts may carry images (a vision-language model)."""
         self.config = config
+        self.takes_images = takes_images
         self.pooling = pooling
         self.context_length = context_length
         self.vocab_size = vocab_size
@@ -113,7 +117,7 @@ class Scheduler:
         return cls(config, ready.num_pages, ready.context_length, ready.eos_token_ids,
                    ready.kv_bytes_per_token, ready.vocab_size,
                    (ready.host_pages, ready.disk_pages), ready.lora_shapes, ready.lora_max_rank,
-                   ready.pooling)
+                   ready.pooling, ready.takes_images)
 
     # --- the views the engine, the loop and the tests read ----------------------------------
     @property
@@ -149,20 +153,22 @@ class Scheduler:
         rid: int | None = None,
         pin: bool = False,
         grammar_ready: bool = True,
+        images: Sequence[ImageInput] = (),
     ) -> Request:
         """Queue a request: every path (the Engine, the scheduler process) passes here once, so
         the checks that need the model (context length, vocabulary) are made here. `scheduling`:
         its priority, tenant, cache namespace and queue timeout (messages.Scheduling). With
         pin=True, a request that finishes normally keeps its prefix locked in the radix tree (so
         forks of a DSL program reuse it) until `unpin(rid)`. grammar_ready=False: its grammar is
-        compiling; it waits (counted against the caps) until `grammar_ready(rid)`. Raises
+        compiling; it waits (counted against the caps) until `grammar_ready(rid)`. images: the
+        prompt's images, whose placeholder ids stand in prompt_ids (image_messages.py). Raises
         ValueError for a prompt that
         breaks the context limits or token ids outside the vocabulary, QueueFull when the
         waiting queue (or the tenant's part of it) is at its cap; a request that can never fit
         the KV pool finishes at once with an error reason."""
         scheduling = scheduling or Scheduling()
         prompt_ids = [int(t) for t in prompt_ids]
-        max_tokens = self.check_limits(prompt_ids, params)
+        max_tokens = self.check_limits(prompt_ids, params, images)
         self.check_queue(scheduling.tenant)
         lora, extra_key = None, scheduling.extra_key
         if scheduling.lora is not None:
@@ -176,6 +182,7 @@ class Scheduler:
             grammar_ready=grammar_ready,
             extra_key=extra_key,
             lora=lora,
+            images=list(images),
             priority=scheduling.priority,
             tenant=scheduling.tenant,
             pin=pin,
@@ -219,13 +226,22 @@ class Scheduler:
                             f"(--max-queued-per-tenant); retry after "
                             f"{QUEUE_FULL_RETRY_AFTER_S}s", QUEUE_FULL_RETRY_AFTER_S)
 
-    def check_limits(self, prompt_ids: Sequence[int], params: SamplingParams) -> int:
+    def check_limits(self, prompt_ids: Sequence[int], params: SamplingParams,
+                     images: Sequence[ImageInput] = ()) -> int:
         """Raise ValueError for a prompt that breaks the context limits or names token ids the
-        model does not have; returns the max_tokens it runs with (None: the default rule)."""
+        model does not have (an image's placeholders aside); returns the max_tokens it runs
+        with (None: the default rule)."""
         if not prompt_ids:
             raise ValueError("prompt is empty: give at least one token")
+        if images:
+            if not self.takes_images:
+                raise ValueError("this model takes no images: serve a vision-language model")
+            if params.prompt_logprobs_start is not None:
+                raise ValueError("prompt logprobs (echo) are not returned for prompts with "
+                                 "images: leave them out")
+        check_image_prompt(prompt_ids, images)
         if self.vocab_size is not None:
-            check_token_ids(prompt_ids, self.vocab_size)
+            check_token_ids([t for t in prompt_ids if not is_image_id(t)], self.vocab_size)
             params.validate_for_vocab(self.vocab_size)
         if self.pooling is not None:
             check_pooling(params.pooling, self.pooling, self.vocab_size)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from radixrt.runtime.image_messages import is_image_id
 from radixrt.runtime.scheduler.draft_index import DraftIndex
 from radixrt.runtime.scheduler.request import DraftState, Request
 from radixrt.runtime.scheduler.stats import SchedulerStats
@@ -138,7 +139,9 @@ class Speculator:
         if own[1]:  # the longer match first, its own on a tie (a stable sort)
             found.insert(0, own)
         found.sort(key=lambda f: f[0], reverse=True)
-        paths = [path for _, path in found[:MAX_DRAFT_PATHS]]
+        # a draft never holds an image's placeholder: only its image's features could follow
+        paths = [_before_images(path) for _, path in found[:MAX_DRAFT_PATHS]]
+        paths = [path for path in paths if path]
         # unless its last main line was accepted whole, the main line leaves each other
         # continuation known at least the token where it parts from it; a tree verifies at most
         # the rows the main line would have verified had it been accepted whole (rows doubled)
@@ -182,3 +185,11 @@ class Speculator:
     def _back_off(state: DraftState) -> None:
         state.backoff = min(max(1, 2 * state.backoff), MAX_BACKOFF_STEPS)
         state.skip = state.backoff
+
+
+def _before_images(path: list[int]) -> list[int]:
+    """The path up to its first image placeholder (image_messages.py)."""
+    for i, token in enumerate(path):
+        if is_image_id(token):
+            return path[:i]
+    return path

@@ -36,6 +36,7 @@ import msgspec
 
 from radixrt.runtime.constrained.compiler import GrammarCompiler
 from radixrt.runtime.errors import QueueFull
+from radixrt.runtime.image_messages import ImageInput, is_image_id
 from radixrt.runtime.messages import (
     AbortRequest,
     ControlReply,
@@ -53,6 +54,8 @@ from radixrt.runtime.messages import (
 )
 from radixrt.runtime.outputs import RequestOutput, StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.tokenizer.chat_images import has_images, take_images
+from radixrt.runtime.tokenizer.image_prompts import ImagePrompts
 from radixrt.runtime.tokenizer.output_tracker import OutputTracker
 from radixrt.runtime.tokenizer.prompts import Prompt, encode_prompt
 from radixrt.runtime.trace_messages import RequestTrace
@@ -101,12 +104,13 @@ class Stream:
 
 class RequestFront:
     def __init__(self, tokenizer: Any, send: Callable[[ToScheduler], None],
-                 grammars: Callable[[], GrammarCompiler], rids: Iterator[int] | None = None
-                 ) -> None:
+                 grammars: Callable[[], GrammarCompiler], rids: Iterator[int] | None = None,
+                 processor: Any | None = None) -> None:
         """send: delivers a message to the scheduler; grammars: the compiler shared with the
         worker (made on first use); rids: where request ids come from (one scheduler, one
-        source)."""
+        source); processor: a vision-language model's (its images' placeholders)."""
         self.tokenizer = tokenizer
+        self.images = None if processor is None else ImagePrompts(processor)
         self._send = send
         self._grammars = grammars
         self._rids = rids if rids is not None else itertools.count()
@@ -124,16 +128,41 @@ class RequestFront:
 
     # --- intake ------------------------------------------------------------------------------
     def encode(self, prompt: Prompt) -> list[int]:
-        """Text, token ids or chat messages -> token ids. ValueError on a malformed prompt."""
+        """Text, token ids or chat messages -> token ids. ValueError on a malformed prompt
+        (and on chat messages with images: `encode_images` takes those)."""
+        if not isinstance(prompt, str) and has_images(prompt):  # type: ignore[arg-type]
+            raise ValueError("this prompt has images: it goes where images are taken "
+                             "(chat requests, generate)")
         return encode_prompt(self.tokenizer, prompt)
+
+    def encode_images(self, prompt: Prompt, images: Sequence[Any] = (),
+                      load: Callable[[Any], Any] | None = None
+                      ) -> tuple[list[int], list[ImageInput]]:
+        """A prompt with images -> token ids with their placeholders, and the images
+        (tokenizer/image_prompts.py). The images are chat messages' image parts
+        (tokenizer/chat_images.py), or `images` for a text prompt with one image token per
+        image; load(ref) turns a part's ref into a PIL image (None: they are images already).
+        ValueError for a model without images or a bad image."""
+        refs = list(images)
+        if not isinstance(prompt, str) and has_images(prompt):  # type: ignore[arg-type]
+            messages, refs = take_images(prompt)  # type: ignore[arg-type]
+            prompt = messages
+        ids = encode_prompt(self.tokenizer, prompt)
+        if self.images is None:
+            if refs:
+                raise ValueError("this model takes no images: serve a vision-language model")
+            return ids, []
+        return self.images.expand(ids, [load(r) for r in refs] if load else refs)
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams,
                scheduling: Scheduling | None = None, pin: bool = False, stream: bool = False,
-               on_pinned: Callable[[int], None] | None = None) -> int:
+               on_pinned: Callable[[int], None] | None = None,
+               images: Sequence[ImageInput] = ()) -> int:
         """Send one request to the scheduler; returns its rid. Raises ValueError for a broken
         grammar (before anything is queued). A refusal by the scheduler arrives through
         `receive` (at once for the Engine): into the request's stream (stream=True), else see
-        `refusal`. on_pinned(rid): called once the scheduler pinned its prefix (pin=True)."""
+        `refusal`. on_pinned(rid): called once the scheduler pinned its prefix (pin=True).
+        images: the prompt's (encode_images), whose placeholder ids are in prompt_ids."""
         constraint = None if params.prefill_only else params.constraint
         started = time.monotonic()
         cached = constraint is not None and self._grammars().cached(constraint)
@@ -144,7 +173,9 @@ class RequestFront:
             self._compile_times[rid] = timing
             grammar.add_done_callback(timing.done)
         ids = [int(t) for t in prompt_ids]
-        self._trackers[rid] = OutputTracker(self.tokenizer, rid, ids, params)
+        shown = ids if not images or self.images is None else [  # placeholders as the image token
+            self.images.image_token_id if is_image_id(t) else t for t in ids]
+        self._trackers[rid] = OutputTracker(self.tokenizer, rid, shown, params)
         if stream:
             self._streams[rid] = Stream()
         if pin and on_pinned is not None:
@@ -153,7 +184,7 @@ class RequestFront:
             self._compiling[rid] = grammar
         self._send(SubmitRequest(rid=rid, prompt_ids=ids, params=params,
                                  scheduling=scheduling or Scheduling(), pin=pin,
-                                 grammar_ready=grammar is None))
+                                 grammar_ready=grammar is None, images=list(images)))
         self.poll()  # a cached grammar is ready at once
         return rid
 

@@ -258,6 +258,7 @@ def build_worker(
         pooling=read_pooling_info(None if loaded.gguf_file else loaded.model_path,
                                   loaded.config, config.task, loaded.tokenizer,
                                   loaded.model.generates, loaded.gguf_pooling),
+        takes_images=loaded.vision is not None,
     )
     return worker, ready
 

@@ -16,6 +16,7 @@ from radixrt.runtime.constrained.grammar_engine import Grammar, GrammarState
 from radixrt.runtime.constrained.token_table import TokenTable
 from radixrt.runtime.forward.forward_batch import ForwardBatch, PrefixGroup
 from radixrt.runtime.forward.kv_cache import KVCache
+from radixrt.runtime.image_messages import ImageInput
 from radixrt.runtime.messages import (
     Run,
     RunResult,
@@ -36,6 +37,7 @@ from radixrt.runtime.worker.draft_verifier import (
     segments,
 )
 from radixrt.runtime.worker.grammar_rows import MaskRow, MaskThread, after_sample
+from radixrt.runtime.worker.image_embeds import ImageEmbedder, ImageEntry
 from radixrt.runtime.worker.kv_tiers import KVTiers
 from radixrt.runtime.worker.lora_manager import LoraManager
 from radixrt.runtime.worker.sampler import (
@@ -59,6 +61,7 @@ class _RequestState:
     grammar: GrammarState | None = None  # where a constrained output is in its grammar
     lora: str | None = None  # the LoRA adapter it runs under (LoraAdapter.key)
     pool: PoolState | None = None  # a pooling request: what it pooled of its prompt so far
+    images: list[ImageInput] | None = None  # its prompt's images (worker/image_embeds.py)
 
 
 class Worker:
@@ -92,6 +95,7 @@ class Worker:
         self.swapped: dict[int, torch.Tensor] = {}  # rid -> host K/V
         self.tiers: KVTiers | None = None  # the KV tiers below the pool (setup.build_tiers)
         self.tokenizer = loaded.tokenizer
+        self.processor = loaded.processor  # a vision-language model's (the request front's)
         self.grammars = grammars
         self.grammar_dir = grammar_dir
         self.grammar_backend = grammar_backend
@@ -100,6 +104,8 @@ class Worker:
         # grammar masks beside the forward pass where it runs on an accelerator
         self.masks = MaskThread(loaded.config.vocab_size, threaded=self.device.type != "cpu")
         self.lora: LoraManager | None = None  # LoRA adapters' slots (setup.build_worker)
+        self.images = (None if loaded.vision is None  # a vision-language model's images
+                       else ImageEmbedder(loaded.vision, self.device, self.dtype))
         self.graph_runner = None  # decode steps from CUDA graphs (triton backend on CUDA only)
         if cuda_graph_max_bs > 0 and self.device.type == "cuda":
             from radixrt.runtime.worker.cuda_graph import CudaGraphRunner, supports_cuda_graphs
@@ -167,6 +173,7 @@ class Worker:
             grammar=grammar,
             lora=new.lora,
             pool=None if params.pooling is None else PoolState(params.pooling),
+            images=new.images or None,
         )
 
     def _grammar(self, params: SamplingParams) -> Grammar:
@@ -185,6 +192,7 @@ class Worker:
         tables: list[list[int]] = []
         entry: dict[int, int] = {}  # rid -> its (first) batch entry
         adapters: list[str | None] = []  # each entry's LoRA adapter
+        images: list[ImageEntry] = []  # each entry's images and positions
         for run in plan.runs:
             state = self.states[run.rid]
             if len(state.slots) != run.start:
@@ -199,8 +207,11 @@ class Worker:
                 prefix_lens.append(prefix_len)
                 tables.append(table)
                 adapters.append(state.lora)
+                images.append((state.images or (), prefix_len, len(ids)))
         batch = ForwardBatch.build(tokens, prefix_lens, tables, device=self.device,
                                    prefix_groups=self._prefix_groups(plan, entry))
+        if self.images is not None:
+            self.images.place(batch, images)
         if self.lora is not None:
             batch.lora = self.lora.batch(adapters, batch.extend_lens, self.device)
         elif any(adapters):
@@ -211,7 +222,8 @@ class Worker:
         results: list[RunResult] = []
         allowed, timing = None, None
         try:
-            hidden = None if self.graph_runner is None else self.graph_runner.run(batch)
+            hidden = (None if self.graph_runner is None or batch.image_rows is not None
+                      else self.graph_runner.run(batch))
             if hidden is None:
                 hidden = self.model(batch, self.kv_cache)  # [num_tokens, hidden_size]
             pooled = self._pool(plan.runs, hidden)  # before sampling: a fork drops its parent

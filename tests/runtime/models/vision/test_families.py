@@ -1,0 +1,136 @@
+"""Every vision-language family against transformers on the same weights and images, through
+the Engine.
+
+For each tiny checkpoint of tests/tiny_vlms.py, chat prompts with one image, two images of
+different sizes, the first image again under another question, and no image at all run greedy
+in one batch, twice (the second time reversed: radix-cache hits), in each engine configuration
+below; every token must be transformers' argmax and its logprob transformers' within 1e-3
+(float32), the prompt's ids what the processor makes of the whole prompt, with the KV
+invariants checked after every step and the pool clean at the end."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tiny_vlms import BUILDERS, hf_vlm_logprobs, images
+
+from radixrt import Engine, SamplingParams
+from radixrt.runtime.models import load_model
+
+pytestmark = pytest.mark.model
+
+PICTURES = images([(40, 50), (64, 30), (33, 33)], seed=1)
+TWIN = images([(40, 50)], seed=2)[0]  # the first picture's size, other pixels
+PARAMS = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=True)
+TOLERANCE = 1e-3
+CONFIGS: dict[str, dict[str, Any]] = {
+    "radix-cache": {},
+    "page-16": dict(page_size=16),
+    "chunked-prefill": dict(max_num_batched_tokens=16),  # chunks of 16 cut every image
+    "preempt-recompute": dict(max_total_tokens=96, preemption="recompute"),
+}
+
+
+def chat(question: str, *pictures: Any) -> list[dict[str, Any]]:
+    parts = [{"type": "image", "image": p} for p in pictures]
+    return [{"role": "user", "content": [*parts, {"type": "text", "text": question}]}]
+
+
+PROMPTS = [
+    (chat("What is in this picture?", PICTURES[0]), [PICTURES[0]]),
+    (chat("Compare the two pictures.", PICTURES[1], PICTURES[2]), [PICTURES[1], PICTURES[2]]),
+    (chat("What colour is it mostly?", PICTURES[0]), [PICTURES[0]]),
+    ([{"role": "user", "content": "Say something about bees."}], []),
+]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory: pytest.TempPathFactory,
+                tokenizer: Any) -> Iterator[dict[str, tuple[Path, Any, Any]]]:
+    built: dict[str, tuple[Path, Any, Any]] = {}
+
+    class Lazy(dict):
+        def __missing__(self, name: str) -> tuple[Path, Any, Any]:
+            folder = tmp_path_factory.mktemp(name)
+            built[name] = (folder, *BUILDERS[name](folder, tokenizer))
+            return built[name]
+
+    yield Lazy()
+
+
+@pytest.fixture(scope="module")
+def loaded(checkpoints: dict[str, tuple[Path, Any, Any]]) -> Callable[[str], Any]:
+    models: dict[str, Any] = {}
+
+    def get(name: str) -> Any:
+        if name not in models:
+            models[name] = load_model(str(checkpoints[name][0]))
+        return models[name]
+
+    return get
+
+
+def assert_idle(engine: Engine) -> None:
+    engine.check_integrity()
+    stats = engine.stats()
+    assert stats["running"] == stats["waiting"] == stats["swapped"] == 0
+    assert stats["kv_private"] == stats["kv_locked"] == 0
+
+
+@pytest.mark.parametrize("config", list(CONFIGS))
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_family_matches_transformers(name: str, config: str, loaded: Callable[[str], Any],
+                                     checkpoints: dict[str, tuple[Path, Any, Any]]) -> None:
+    _, hf, processor = checkpoints[name]
+    engine = Engine(loaded(name), check_integrity=True,
+                    **{"max_total_tokens": 2048, **CONFIGS[config]})
+    messages = [m for m, _ in PROMPTS]
+    try:
+        outs = engine.generate(messages, PARAMS) + engine.generate(messages[::-1], PARAMS)
+        stats = engine.stats()
+        assert_idle(engine)
+    finally:
+        engine.close()
+    specs = PROMPTS + PROMPTS[::-1]
+    for out, (message, pictures) in zip(outs, specs, strict=True):
+        text = processor.apply_chat_template(message, add_generation_prompt=True)
+        whole = dict(processor(text=text, images=pictures or None, add_special_tokens=False,
+                               return_tensors="pt"))
+        assert out.prompt_token_ids == whole.pop("input_ids")[0].tolist(), "the processor's"
+        whole.pop("attention_mask", None)
+        ref = hf_vlm_logprobs(hf, out.prompt_token_ids + out.token_ids, whole)
+        n = out.prompt_tokens
+        for i, (token, lp) in enumerate(zip(out.token_ids, out.logprobs, strict=True)):
+            row = ref[n - 1 + i]
+            assert int(row.argmax()) == token, (name, config, i)
+            assert abs(lp.logprob - row[token].item()) < TOLERANCE, (name, config, i)
+    assert stats["cached_tokens"] > 0
+    if "preemption" in CONFIGS[config]:
+        assert stats["preemptions"] > 0
+
+
+@pytest.mark.parametrize("name", list(BUILDERS))
+def test_repeated_image_hits_and_a_different_one_misses(
+        name: str, loaded: Callable[[str], Any]) -> None:
+    """The same picture under a new question reuses its placeholders' KV and its features; a
+    different picture of the same size shares only the text before it, and is encoded."""
+    engine = Engine(loaded(name), check_integrity=True)
+    try:
+        images_of = engine.worker.images
+        first = engine.generate(chat("Describe it.", PICTURES[0]), PARAMS)[0]
+        encoded = images_of.encoded
+        again = engine.generate(chat("Describe it briefly.", PICTURES[0]), PARAMS)[0]
+        assert images_of.encoded == encoded, "its features came from the cache"
+        twin = engine.generate(chat("Describe it.", TWIN), PARAMS)[0]
+        assert images_of.encoded == encoded + 1
+    finally:
+        engine.close()
+    image_id = loaded(name).processor.image_token_id if hasattr(
+        loaded(name).processor, "image_token_id") else None
+    start = first.prompt_token_ids.index(image_id)
+    end = len(first.prompt_token_ids) - first.prompt_token_ids[::-1].index(image_id)
+    assert again.cached_tokens >= end, "the image's placeholders came from the tree"
+    assert twin.cached_tokens <= start, "a different image shares nothing past its start"

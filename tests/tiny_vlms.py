@@ -1,0 +1,104 @@
+"""Tiny random-weight vision-language checkpoints, built with transformers' own classes and
+processors from configs written here (nothing is downloaded): the default model's tokenizer
+with the family's image token(s) added, a small vision tower, the family's projector, and a
+4-layer decoder of width 64. `images` draws deterministic test pictures of any size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tiny_models import TINY, randomize_weights
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.content is string %}{{ m.content }}{% else %}{% for c in m.content %}"
+    "{% if c.type == 'image' %}<image>\n{% else %}{{ c.text }}{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+PATCH = 7
+IMAGE_SIDE = 28  # CLIP crops to this: (28 / 7) ** 2 = 16 patches, 16 placeholders an image
+
+
+def images(sizes: list[tuple[int, int]], seed: int = 0) -> list[Any]:
+    """RGB pictures of the given (width, height), from a seeded generator."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    return [Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
+            for w, h in sizes]
+
+
+def _tokenizer_with(tokenizer: Any, tokens: list[str]) -> Any:
+    import copy
+
+    tok = copy.deepcopy(tokenizer)
+    tok.add_special_tokens({"additional_special_tokens": tokens})
+    return tok
+
+
+def build_llava(folder: Path, tokenizer: Any, seed: int = 0) -> tuple[Any, Any]:
+    """A LLaVA-1.5 checkpoint (CLIP tower of 2 layers, hidden states of layer -2 without CLS,
+    the MLP projector) in folder; returns (transformers model, processor)."""
+    import transformers as tf
+
+    tok = _tokenizer_with(tokenizer, ["<image>"])
+    vision = tf.CLIPVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                 num_attention_heads=4, image_size=IMAGE_SIDE, patch_size=PATCH)
+    text = tf.LlamaConfig(**{**TINY, "vocab_size": len(tok)}, bos_token_id=tok.bos_token_id,
+                          eos_token_id=tok.eos_token_id)
+    config = tf.LlavaConfig(vision_config=vision, text_config=text,
+                            image_token_id=tok.convert_tokens_to_ids("<image>"),
+                            vision_feature_layer=-2, vision_feature_select_strategy="default",
+                            image_seq_length=(IMAGE_SIDE // PATCH) ** 2)
+    torch.manual_seed(seed)
+    model = tf.LlavaForConditionalGeneration(config).eval()
+    randomize_weights(model)
+    processor = tf.LlavaProcessor(
+        image_processor=tf.CLIPImageProcessor(size={"shortest_edge": IMAGE_SIDE},
+                                              crop_size={"height": IMAGE_SIDE,
+                                                         "width": IMAGE_SIDE}),
+        tokenizer=tok, patch_size=PATCH, vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,  # the CLS row, as LLaVA-1.5 checkpoints write it
+        chat_template=CHAT_TEMPLATE)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return model, processor
+
+
+def build_idefics3(folder: Path, tokenizer: Any, seed: int = 0) -> tuple[Any, Any]:
+    """An Idefics3 checkpoint (its SigLIP-style tower of 2 layers over tiles of 28 pixels, a
+    larger image split into up to 2 x 2 tiles + the global view, pixel shuffle by 2: 4
+    placeholders a tile) in folder; returns (transformers model, processor)."""
+    import transformers as tf
+
+    tok = _tokenizer_with(tokenizer, ["<image>", "<fake_token_around_image>", "<global-img>"])
+    vision = tf.Idefics3VisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                     num_attention_heads=4, image_size=IMAGE_SIDE,
+                                     patch_size=PATCH)
+    text = tf.LlamaConfig(**{**TINY, "vocab_size": len(tok)}, bos_token_id=tok.bos_token_id,
+                          eos_token_id=tok.eos_token_id)
+    config = tf.Idefics3Config(vision_config=vision, text_config=text, scale_factor=2,
+                               image_token_id=tok.convert_tokens_to_ids("<image>"))
+    torch.manual_seed(seed)
+    model = tf.Idefics3ForConditionalGeneration(config).eval()
+    randomize_weights(model)
+    processor = tf.Idefics3Processor(
+        image_processor=tf.Idefics3ImageProcessor(size={"longest_edge": 2 * IMAGE_SIDE},
+                                                  max_image_size={"longest_edge": IMAGE_SIDE}),
+        tokenizer=tok, image_seq_len=4, chat_template=CHAT_TEMPLATE)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return model, processor
+
+
+BUILDERS = {"llava": build_llava, "idefics3": build_idefics3}
+
+
+def hf_vlm_logprobs(model: Any, ids: list[int], image_inputs: dict[str, Any]) -> torch.Tensor:
+    """[len(ids), vocab] float32 log-probabilities of transformers' forward pass over ids
+    (with the images' placeholders as the image token) and the processor's image tensors."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids]), **image_inputs).logits[0]
+    return torch.log_softmax(logits.float(), dim=-1)
