@@ -50,7 +50,7 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
     replica: `--dp-size N` runs N of these behind the router (runtime/replicas/)."""
     import setproctitle
 
-    from radixrt.runtime.models.loader import load_tokenizer
+    from radixrt.runtime.models.loader import load_processor, load_tokenizer
     from radixrt.runtime.scheduler.scheduler_process import run_scheduler
     from radixrt.runtime.server.core.tenants import api_keys, with_key_weights
     from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
@@ -67,6 +67,7 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
     addrs, ipc_dir = Addresses.in_private_dir()
     try:
         tokenizer = load_tokenizer(config.model)
+        processor = load_processor(config.model)
         config, listen = _with_rendezvous(config)
         args = ServiceArgs(config, addrs, options.log_level)
         worker_args = args if listen is None else ServiceArgs(
@@ -92,7 +93,8 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
             if options.dsl_port is not None:
                 dsl.append(f"tcp://{options.host}:{options.dsl_port}")
             return asyncio.run(
-                _serve_http(lambda: TokenizerManager(ZmqSchedulerLink(tokenizer, addrs), name),
+                _serve_http(lambda: TokenizerManager(ZmqSchedulerLink(tokenizer, addrs, processor),
+                                                     name),
                             procs, options, keys, dsl, owner)
             )
         finally:

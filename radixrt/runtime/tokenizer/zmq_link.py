@@ -24,8 +24,9 @@ READY_POLL_MS = 500  # start-up: how often the processes' liveness is checked
 
 
 class ZmqSchedulerLink:
-    def __init__(self, tokenizer: Any, addrs: Addresses) -> None:
-        """Make it inside the event loop that serves it (its sockets are asyncio sockets)."""
+    def __init__(self, tokenizer: Any, addrs: Addresses, processor: Any | None = None) -> None:
+        """Make it inside the event loop that serves it (its sockets are asyncio sockets).
+        processor: a vision-language model's (its prompts' images)."""
         self.info: dict[str, Any] = {}
         self._ctx = zmq.asyncio.Context()
         inbox = self._ctx.socket(zmq.PULL)
@@ -39,7 +40,8 @@ class ZmqSchedulerLink:
         self._grammar_dir = addrs.grammar_dir
         self._grammars: GrammarCompiler | None = None
         self._receiver: asyncio.Task | None = None
-        self.front = RequestFront(tokenizer, self._send, self._grammar_compiler)
+        self.front = RequestFront(tokenizer, self._send, self._grammar_compiler,
+                                  processor=processor)
 
     async def start(self, alive: Callable[[], bool], timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
