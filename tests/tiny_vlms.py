@@ -93,12 +93,52 @@ def build_idefics3(folder: Path, tokenizer: Any, seed: int = 0) -> tuple[Any, An
     return model, processor
 
 
-BUILDERS = {"llava": build_llava, "idefics3": build_idefics3}
+QWEN_TEMPLATE = CHAT_TEMPLATE.replace("<image>\n", "<|vision_start|><|image_pad|><|vision_end|>")
+
+
+def build_qwen2_vl(folder: Path, tokenizer: Any, seed: int = 0) -> tuple[Any, Any]:
+    """A Qwen2-VL checkpoint (a 2-block ViT on patches of 7 at the image's own resolution,
+    between 28 x 28 and 4 x 56 x 56 pixels; merge 2; multimodal RoPE sections 2 + 3 + 3 of
+    the decoder's 8 frequencies) in folder; returns (transformers model, processor). The
+    processor is the one radixrt loads (models/vision/processors.py): transformers builds
+    Qwen2VLProcessor only with torchvision, which this machine lacks."""
+    import transformers as tf
+
+    from radixrt.runtime.models.hf_loader import load_hf_processor
+
+    names = ["<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"]
+    tok = _tokenizer_with(tokenizer, names)
+    tok.chat_template = QWEN_TEMPLATE
+    start, image, end, video = tok.convert_tokens_to_ids(names)
+    vision = dict(depth=2, embed_dim=32, hidden_size=TINY["hidden_size"], num_heads=4,
+                  mlp_ratio=2, patch_size=PATCH, spatial_merge_size=2, temporal_patch_size=2)
+    text = dict(TINY, vocab_size=len(tok), bos_token_id=tok.bos_token_id,
+                eos_token_id=tok.eos_token_id,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                 "mrope_section": [2, 3, 3]})
+    config = tf.Qwen2VLConfig(vision_config=vision, text_config=text,
+                              vision_start_token_id=start, image_token_id=image,
+                              vision_end_token_id=end, video_token_id=video)
+    torch.manual_seed(seed)
+    model = tf.Qwen2VLForConditionalGeneration(config).eval()
+    randomize_weights(model)
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    tf.Qwen2VLImageProcessor(min_pixels=28 * 28, max_pixels=4 * 56 * 56, patch_size=PATCH,
+                             merge_size=2, temporal_patch_size=2).save_pretrained(folder)
+    return model, load_hf_processor(str(folder))
+
+
+BUILDERS = {"llava": build_llava, "idefics3": build_idefics3, "qwen2-vl": build_qwen2_vl}
 
 
 def hf_vlm_logprobs(model: Any, ids: list[int], image_inputs: dict[str, Any]) -> torch.Tensor:
     """[len(ids), vocab] float32 log-probabilities of transformers' forward pass over ids
     (with the images' placeholders as the image token) and the processor's image tensors."""
+    input_ids = torch.tensor([ids])
+    if "image_grid_thw" in image_inputs:  # Qwen2-VL's processor marks its image tokens
+        image_inputs = {**image_inputs, "mm_token_type_ids":
+                        (input_ids == model.config.image_token_id).int()}
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([ids]), **image_inputs).logits[0]
+        logits = model(input_ids=input_ids, **image_inputs).logits[0]
     return torch.log_softmax(logits.float(), dim=-1)

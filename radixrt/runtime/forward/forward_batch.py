@@ -44,6 +44,8 @@ class ForwardBatch:
     # image placeholders' rows and the features that replace their embeddings (None: none)
     image_rows: Tensor | None = None  # [num_image_rows] int64
     image_embeds: Tensor | None = None  # [num_image_rows, hidden]
+    # multimodal RoPE's positions (temporal, height, width), where images moved them
+    mrope_positions: Tensor | None = None  # [3, num_tokens] int64
 
     @classmethod
     def build(

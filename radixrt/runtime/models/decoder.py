@@ -229,7 +229,9 @@ class CausalLM(nn.Module):
         if batch.image_rows is not None:  # an image's features stand in for its placeholders
             h[batch.image_rows] = batch.image_embeds.to(h.dtype)  # type: ignore[union-attr]
         ropes: dict[str, tuple[Tensor, Tensor] | None] = {"none": None}
-        ropes["global"] = self.rotary.cos_sin(batch.positions, h.dtype)
+        ropes["global"] = (self.rotary.cos_sin(batch.positions, h.dtype)
+                           if batch.mrope_positions is None else self.rotary.cos_sin_sections(
+                               batch.mrope_positions, self.config.mrope_section, h.dtype))
         if self.local_rotary is not None:
             ropes["local"] = self.local_rotary.cos_sin(batch.positions, h.dtype)
         fused = self.fused is not None and self.fused.applies(batch)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ from radixrt.runtime.models.model_config import ModelConfig
 from radixrt.runtime.models.registry import model_config
 from radixrt.runtime.models.tensor_source import SafetensorsSlice
 from radixrt.runtime.models.vision.families import text_config_of, vision_family_of
+from radixrt.runtime.models.vision.processors import load_processor
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
 
@@ -19,7 +21,10 @@ _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model"
 def hf_config(folder: str) -> ModelConfig:
     """The decoder's config (a vision-language model's: its text_config's)."""
     cfg = read_hf_config(folder)
-    return model_config(cfg if vision_family_of(cfg) is None else text_config_of(cfg))
+    if vision_family_of(cfg) is None:
+        return model_config(cfg)
+    text = text_config_of(cfg)
+    return replace(model_config(text), mrope_section=tuple(text.get("mrope_section", ())))
 
 
 def read_hf_config(folder: str) -> dict[str, Any]:
@@ -78,9 +83,10 @@ def load_hf_tokenizer(folder: str) -> Any | None:
 def load_hf_processor(folder: str) -> Any | None:
     """A vision-language model's processor (its image processor and image token), or None
     for a text model."""
-    if not (Path(folder) / "config.json").is_file() or not vision_family_of(
-            read_hf_config(folder)):
+    if not (Path(folder) / "config.json").is_file():
         return None
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(folder)
+    cfg = read_hf_config(folder)
+    family = vision_family_of(cfg)
+    if family is None:
+        return None
+    return load_processor(folder, str(cfg.get("model_type")), family.image_token)

@@ -148,6 +148,10 @@ class ModelConfig:
     qk_rope_head_dim: int = 0
     v_head_dim: int = 0
     rope_interleave: bool = False
+    # multimodal RoPE (Qwen2-VL): the rotary frequencies in sections taking their positions
+    # from the temporal, height and width streams in turn (ForwardBatch.mrope_positions); ()
+    # for 1-D positions
+    mrope_section: tuple[int, ...] = ()
     # a classification head (`*ForSequenceClassification`: score.weight [num_labels, hidden])
     # in place of the LM head; 0: the LM head. labels: id2label's names, in label order
     num_labels: int = 0

@@ -168,6 +168,24 @@ class RotaryEmbedding(nn.Module):
             cos, sin = cos * self.attention_factor, sin * self.attention_factor
         return cos.unsqueeze(1).to(dtype), sin.unsqueeze(1).to(dtype)
 
+    def cos_sin_sections(self, positions: Tensor, sections: tuple[int, ...],
+                         dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """Multimodal RoPE: positions [3, num_tokens] (temporal, height, width) -> cos, sin
+        [num_tokens, 1, rotary_dim // 2], the frequencies in `sections` (summing to
+        rotary_dim // 2) taking their positions from stream 0, 1, 2, 0, ... in turn."""
+        if sum(sections) != self.inv_freq.numel():
+            raise ValueError(f"mrope_section {sections} does not cover the "
+                             f"{self.inv_freq.numel()} rotary frequencies")
+        stream = torch.cat([torch.full((n,), i % 3, dtype=torch.int64)
+                            for i, n in enumerate(sections)]).to(positions.device)
+        # each frequency's position: [num_tokens, rotary_dim // 2]
+        chosen = positions.t().gather(1, stream.unsqueeze(0).expand(positions.shape[1], -1))
+        freqs = chosen.float() * self.inv_freq.float().unsqueeze(0)
+        cos, sin = freqs.cos(), freqs.sin()
+        if self.attention_factor != 1.0:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        return cos.unsqueeze(1).to(dtype), sin.unsqueeze(1).to(dtype)
+
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     """x [num_tokens, heads, head_dim]; cos, sin [num_tokens, 1, rotary_dim // 2]: the first

@@ -24,8 +24,10 @@ from torch import Tensor
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.image_messages import ImageInput, ImageTensor
 from radixrt.runtime.models.vision.encoder import VisionEncoder
+from radixrt.runtime.worker.image_positions import mrope_positions
 
 DEFAULT_FEATURE_CACHE_BYTES = 512 << 20  # the encoder's outputs kept, by image digest
+MAX_GRIDS = 4096  # images' merged grids kept (multimodal RoPE), by digest
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
            "int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
 
@@ -43,8 +45,11 @@ def image_tensor(t: ImageTensor, device: torch.device) -> Tensor:
 
 class ImageEmbedder:
     def __init__(self, encoder: VisionEncoder, device: torch.device, dtype: torch.dtype,
-                 cache_bytes: int = DEFAULT_FEATURE_CACHE_BYTES) -> None:
+                 cache_bytes: int = DEFAULT_FEATURE_CACHE_BYTES, mrope: bool = False) -> None:
+        """mrope: the decoder takes multimodal RoPE's 3-D positions (image_positions.py)."""
         self.encoder = encoder
+        self.mrope = mrope
+        self._grids: dict[str, tuple[int, int, int]] = {}  # digest -> merged grid
         self.device = device
         self.dtype = dtype
         self.cache_bytes = cache_bytes
@@ -82,7 +87,9 @@ class ImageEmbedder:
 
     def place(self, batch: ForwardBatch, entries: Sequence[ImageEntry]) -> None:
         """Set batch.image_rows / image_embeds for the entries' image positions (entries in
-        batch order, one per entry) and 0 as their ids."""
+        batch order, one per entry) and 0 as their ids; and multimodal RoPE's positions."""
+        if self.mrope:
+            batch.mrope_positions = mrope_positions(entries, self.grid, batch.input_ids.device)
         rows: list[Tensor] = []
         embeds: list[Tensor] = []
         offset = 0
@@ -104,6 +111,16 @@ class ImageEmbedder:
         batch.input_ids[index] = 0
         batch.image_rows = index
         batch.image_embeds = torch.cat(embeds)  # [len(index), hidden]
+
+    def grid(self, image: ImageInput) -> tuple[int, int, int]:
+        """The image's merged grid (multimodal RoPE's positions of its rows)."""
+        grid = self._grids.get(image.digest)
+        if grid is None:
+            tensors = {t.name: image_tensor(t, torch.device("cpu")) for t in image.tensors}
+            grid = self._grids[image.digest] = self.encoder.position_grid(tensors)
+            if len(self._grids) > MAX_GRIDS:
+                self._grids.pop(next(iter(self._grids)))
+        return grid
 
     def stats(self) -> dict[str, float]:
         return {"images_encoded": self.encoded, "image_cache_hits": self.hits,

@@ -105,7 +105,8 @@ class Worker:
         self.masks = MaskThread(loaded.config.vocab_size, threaded=self.device.type != "cpu")
         self.lora: LoraManager | None = None  # LoRA adapters' slots (setup.build_worker)
         self.images = (None if loaded.vision is None  # a vision-language model's images
-                       else ImageEmbedder(loaded.vision, self.device, self.dtype))
+                       else ImageEmbedder(loaded.vision, self.device, self.dtype,
+                                          mrope=bool(loaded.config.mrope_section)))
         self.graph_runner = None  # decode steps from CUDA graphs (triton backend on CUDA only)
         if cuda_graph_max_bs > 0 and self.device.type == "cuda":
             from radixrt.runtime.worker.cuda_graph import CudaGraphRunner, supports_cuda_graphs
@@ -223,7 +224,7 @@ class Worker:
         allowed, timing = None, None
         try:
             hidden = (None if self.graph_runner is None or batch.image_rows is not None
-                      else self.graph_runner.run(batch))
+                      or batch.mrope_positions is not None else self.graph_runner.run(batch))
             if hidden is None:
                 hidden = self.model(batch, self.kv_cache)  # [num_tokens, hidden_size]
             pooled = self._pool(plan.runs, hidden)  # before sampling: a fork drops its parent

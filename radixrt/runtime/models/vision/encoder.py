@@ -35,6 +35,11 @@ class VisionEncoder(nn.Module):
     def encode(self, tensors: Mapping[str, Tensor]) -> Tensor:
         raise NotImplementedError
 
+    def position_grid(self, tensors: Mapping[str, Tensor]) -> tuple[int, int, int]:
+        """The merged grid (t, h, w) of an image's rows, for a decoder with multimodal RoPE
+        (worker/image_positions.py); families without it have none."""
+        raise NotImplementedError(f"{type(self).__name__} has no multimodal RoPE grid")
+
     def target(self, name: str) -> str | None:
         """Our parameter name of checkpoint tensor `name`, or None (not this encoder's)."""
         for prefix, ours in self.weight_prefixes:

@@ -12,6 +12,7 @@ from radixrt.runtime.models.tensor_source import Weight
 from radixrt.runtime.models.vision.encoder import VisionEncoder
 from radixrt.runtime.models.vision.idefics3 import Idefics3Encoder
 from radixrt.runtime.models.vision.llava import LlavaEncoder
+from radixrt.runtime.models.vision.qwen2_vl import Qwen2VLEncoder
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,10 @@ class VisionFamily:
     text_prefixes: tuple[tuple[str, str], ...]
     encoder: Callable[[Mapping[str, Any]], VisionEncoder]
     features: Mapping[str, str] = field(default_factory=dict)
+    # the decoder's architecture where text_config's model_type is the VLM's own
+    text_architecture: str | None = None
+    # the image token when the processor class cannot be built (tokenizer/image_processors.py)
+    image_token: str | None = None
 
 
 LLAVA = VisionFamily(
@@ -47,7 +52,19 @@ IDEFICS3 = VisionFamily(
     features={"images": "Idefics3 / SmolVLM: tiles + a global view, pixel-shuffle connector"},
 )
 
-VISION_FAMILIES: tuple[VisionFamily, ...] = (LLAVA, IDEFICS3)
+QWEN2_VL = VisionFamily(
+    name="qwen2-vl",
+    architectures=("Qwen2VLForConditionalGeneration", "Qwen2_5_VLForConditionalGeneration"),
+    model_types=("qwen2_vl", "qwen2_5_vl"),
+    text_prefixes=(("model.language_model.", "model."), ("model.", "model."),
+                   ("lm_head.", "lm_head.")),
+    encoder=Qwen2VLEncoder,
+    features={"images": "Qwen2-VL / Qwen2.5-VL: any resolution, multimodal RoPE"},
+    text_architecture="Qwen2ForCausalLM",
+    image_token="<|image_pad|>",
+)
+
+VISION_FAMILIES: tuple[VisionFamily, ...] = (LLAVA, IDEFICS3, QWEN2_VL)
 
 
 def vision_family_of(cfg: Mapping[str, Any]) -> VisionFamily | None:
@@ -63,9 +80,22 @@ def vision_family_of(cfg: Mapping[str, Any]) -> VisionFamily | None:
 
 def text_config_of(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The decoder's config.json of a vision-language one (its text_config, named by its
-    model_type; the eos / bos ids of the whole where the text part lacks them)."""
+    model_type or the family's text_architecture; the eos / bos ids of the whole where the text
+    part lacks them; multimodal RoPE's sections as `mrope_section`)."""
+    family = vision_family_of(cfg)
+    assert family is not None
     text = dict(cfg["text_config"])
     text.pop("architectures", None)
+    if family.text_architecture is not None:
+        text["architectures"] = [family.text_architecture]
+    for key in ("rope_parameters", "rope_scaling"):
+        rope = dict(text.get(key) or {})
+        if "mrope_section" in rope:
+            text["mrope_section"] = [int(x) for x in rope.pop("mrope_section")]
+            if rope.get("rope_type", rope.get("type")) == "mrope":
+                rope["rope_type"] = "default"
+                rope.pop("type", None)
+            text[key] = rope
     for key in ("eos_token_id", "bos_token_id", "tie_word_embeddings"):
         if text.get(key) is None and cfg.get(key) is not None:
             text[key] = cfg[key]

@@ -30,7 +30,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "radix-cache": {},
     "page-16": dict(page_size=16),
     "chunked-prefill": dict(max_num_batched_tokens=16),  # chunks of 16 cut every image
-    "preempt-recompute": dict(max_total_tokens=96, preemption="recompute"),
+    "preempt-recompute": dict(preemption="recompute"),  # a pool the longest prompt fits alone
 }
 
 
@@ -73,6 +73,13 @@ def loaded(checkpoints: dict[str, tuple[Path, Any, Any]]) -> Callable[[str], Any
     return get
 
 
+def processor_ids(processor: Any, message: list[dict[str, Any]], pictures: list[Any]
+                  ) -> list[int]:
+    text = processor.apply_chat_template(message, add_generation_prompt=True)
+    return processor(text=text, images=pictures or None, add_special_tokens=False,
+                     return_tensors="pt")["input_ids"][0].tolist()
+
+
 def assert_idle(engine: Engine) -> None:
     engine.check_integrity()
     stats = engine.stats()
@@ -85,8 +92,11 @@ def assert_idle(engine: Engine) -> None:
 def test_family_matches_transformers(name: str, config: str, loaded: Callable[[str], Any],
                                      checkpoints: dict[str, tuple[Path, Any, Any]]) -> None:
     _, hf, processor = checkpoints[name]
-    engine = Engine(loaded(name), check_integrity=True,
-                    **{"max_total_tokens": 2048, **CONFIGS[config]})
+    options = dict(CONFIGS[config])
+    if "preemption" in options:
+        longest = max(len(processor_ids(processor, m, p)) for m, p in PROMPTS)
+        options["max_total_tokens"] = longest + 2 * PARAMS.max_tokens
+    engine = Engine(loaded(name), check_integrity=True, **{"max_total_tokens": 2048, **options})
     messages = [m for m, _ in PROMPTS]
     try:
         outs = engine.generate(messages, PARAMS) + engine.generate(messages[::-1], PARAMS)
