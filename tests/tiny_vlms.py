@@ -67,6 +67,41 @@ def build_llava(folder: Path, tokenizer: Any, seed: int = 0) -> tuple[Any, Any]:
     return model, processor
 
 
+def build_llava_next(folder: Path, tokenizer: Any, seed: int = 0) -> tuple[Any, Any]:
+    """A LLaVA-NeXT checkpoint (LLaVA's tower and projector, tiles of 28 pixels on grids of 1 x 2,
+    2 x 1 and 2 x 2 tiles, the image_newline row) in folder; returns (model, processor)."""
+    import transformers as tf
+
+    tok = _tokenizer_with(tokenizer, ["<image>"])
+    pinpoints = [[IMAGE_SIDE, 2 * IMAGE_SIDE], [2 * IMAGE_SIDE, IMAGE_SIDE],
+                 [2 * IMAGE_SIDE, 2 * IMAGE_SIDE]]
+    vision = tf.CLIPVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                 num_attention_heads=4, image_size=IMAGE_SIDE, patch_size=PATCH)
+    text = tf.LlamaConfig(**{**TINY, "vocab_size": len(tok)}, bos_token_id=tok.bos_token_id,
+                          eos_token_id=tok.eos_token_id)
+    config = tf.LlavaNextConfig(vision_config=vision, text_config=text,
+                                image_token_id=tok.convert_tokens_to_ids("<image>"),
+                                vision_feature_layer=-2,
+                                vision_feature_select_strategy="default",
+                                image_grid_pinpoints=pinpoints,
+                                image_seq_length=(IMAGE_SIDE // PATCH) ** 2)
+    torch.manual_seed(seed)
+    model = tf.LlavaNextForConditionalGeneration(config).eval()
+    randomize_weights(model)
+    with torch.no_grad():
+        model.model.image_newline.normal_(0.0, 0.5)
+    processor = tf.LlavaNextProcessor(
+        image_processor=tf.LlavaNextImageProcessor(
+            size={"shortest_edge": IMAGE_SIDE},
+            crop_size={"height": IMAGE_SIDE, "width": IMAGE_SIDE},
+            image_grid_pinpoints=pinpoints),
+        tokenizer=tok, patch_size=PATCH, vision_feature_select_strategy="default",
+        num_additional_image_tokens=1, chat_template=CHAT_TEMPLATE)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return model, processor
+
+
 def build_idefics3(folder: Path, tokenizer: Any, seed: int = 0) -> tuple[Any, Any]:
     """An Idefics3 checkpoint (its SigLIP-style tower of 2 layers over tiles of 28 pixels, a
     larger image split into up to 2 x 2 tiles + the global view, pixel shuffle by 2: 4
@@ -96,10 +131,13 @@ def build_idefics3(folder: Path, tokenizer: Any, seed: int = 0) -> tuple[Any, An
 QWEN_TEMPLATE = CHAT_TEMPLATE.replace("<image>\n", "<|vision_start|><|image_pad|><|vision_end|>")
 
 
-def build_qwen2_vl(folder: Path, tokenizer: Any, seed: int = 0) -> tuple[Any, Any]:
+def build_qwen2_vl(folder: Path, tokenizer: Any, seed: int = 0, v2_5: bool = False
+                   ) -> tuple[Any, Any]:
     """A Qwen2-VL checkpoint (a 2-block ViT on patches of 7 at the image's own resolution,
     between 28 x 28 and 4 x 56 x 56 pixels; merge 2; multimodal RoPE sections 2 + 3 + 3 of
-    the decoder's 8 frequencies) in folder; returns (transformers model, processor). The
+    the decoder's 8 frequencies) in folder; returns (transformers model, processor). v2_5:
+    Qwen2.5-VL (its tower's window attention over windows of 28 pixels, full attention in
+    block 1, RMSNorm and a gated MLP). The
     processor is the one radixrt loads (models/vision/processors.py): transformers builds
     Qwen2VLProcessor only with torchvision, which this machine lacks."""
     import transformers as tf
@@ -112,15 +150,21 @@ def build_qwen2_vl(folder: Path, tokenizer: Any, seed: int = 0) -> tuple[Any, An
     start, image, end, video = tok.convert_tokens_to_ids(names)
     vision = dict(depth=2, embed_dim=32, hidden_size=TINY["hidden_size"], num_heads=4,
                   mlp_ratio=2, patch_size=PATCH, spatial_merge_size=2, temporal_patch_size=2)
+    if v2_5:
+        vision = dict(depth=2, hidden_size=32, out_hidden_size=TINY["hidden_size"],
+                      intermediate_size=48, num_heads=4, patch_size=PATCH, spatial_merge_size=2,
+                      temporal_patch_size=2, window_size=2 * IMAGE_SIDE,
+                      fullatt_block_indexes=[1])
     text = dict(TINY, vocab_size=len(tok), bos_token_id=tok.bos_token_id,
                 eos_token_id=tok.eos_token_id,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                  "mrope_section": [2, 3, 3]})
-    config = tf.Qwen2VLConfig(vision_config=vision, text_config=text,
-                              vision_start_token_id=start, image_token_id=image,
-                              vision_end_token_id=end, video_token_id=video)
+    config_cls, model_cls = ((tf.Qwen2_5_VLConfig, tf.Qwen2_5_VLForConditionalGeneration) if v2_5
+                             else (tf.Qwen2VLConfig, tf.Qwen2VLForConditionalGeneration))
+    config = config_cls(vision_config=vision, text_config=text, vision_start_token_id=start,
+                        image_token_id=image, vision_end_token_id=end, video_token_id=video)
     torch.manual_seed(seed)
-    model = tf.Qwen2VLForConditionalGeneration(config).eval()
+    model = model_cls(config).eval()
     randomize_weights(model)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
@@ -129,7 +173,9 @@ def build_qwen2_vl(folder: Path, tokenizer: Any, seed: int = 0) -> tuple[Any, An
     return model, load_hf_processor(str(folder))
 
 
-BUILDERS = {"llava": build_llava, "idefics3": build_idefics3, "qwen2-vl": build_qwen2_vl}
+BUILDERS = {"llava": build_llava, "llava-next": build_llava_next, "idefics3": build_idefics3,
+            "qwen2-vl": build_qwen2_vl,
+            "qwen2.5-vl": lambda folder, tok: build_qwen2_vl(folder, tok, v2_5=True)}
 
 
 def hf_vlm_logprobs(model: Any, ids: list[int], image_inputs: dict[str, Any]) -> torch.Tensor:

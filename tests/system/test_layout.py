@@ -87,6 +87,7 @@ WITHOUT_TEST_FILE = (
     "radixrt/runtime/models/vision/encoder.py",
     "radixrt/runtime/models/vision/idefics3.py",
     "radixrt/runtime/models/vision/llava.py",
+    "radixrt/runtime/models/vision/llava_next.py",
     "radixrt/runtime/models/vision/processors.py",
     "radixrt/runtime/models/vision/qwen2_vl.py",
     "radixrt/runtime/outputs.py",

@@ -12,6 +12,7 @@ from radixrt.runtime.models.tensor_source import Weight
 from radixrt.runtime.models.vision.encoder import VisionEncoder
 from radixrt.runtime.models.vision.idefics3 import Idefics3Encoder
 from radixrt.runtime.models.vision.llava import LlavaEncoder
+from radixrt.runtime.models.vision.llava_next import LlavaNextEncoder
 from radixrt.runtime.models.vision.qwen2_vl import Qwen2VLEncoder
 
 
@@ -43,6 +44,15 @@ LLAVA = VisionFamily(
     features={"images": "LLaVA-1.5: CLIP / SigLIP tower, MLP projector"},
 )
 
+LLAVA_NEXT = VisionFamily(
+    name="llava-next",
+    architectures=("LlavaNextForConditionalGeneration",),
+    model_types=("llava_next",),
+    text_prefixes=LLAVA.text_prefixes,
+    encoder=LlavaNextEncoder,
+    features={"images": "LLaVA-NeXT: any-resolution tiles, unpadded, newline rows"},
+)
+
 IDEFICS3 = VisionFamily(
     name="idefics3",
     architectures=("Idefics3ForConditionalGeneration", "SmolVLMForConditionalGeneration"),
@@ -64,7 +74,7 @@ QWEN2_VL = VisionFamily(
     image_token="<|image_pad|>",
 )
 
-VISION_FAMILIES: tuple[VisionFamily, ...] = (LLAVA, IDEFICS3, QWEN2_VL)
+VISION_FAMILIES: tuple[VisionFamily, ...] = (LLAVA, LLAVA_NEXT, IDEFICS3, QWEN2_VL)
 
 
 def vision_family_of(cfg: Mapping[str, Any]) -> VisionFamily | None:

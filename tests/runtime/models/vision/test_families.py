@@ -28,10 +28,15 @@ PARAMS = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=T
 TOLERANCE = 1e-3
 CONFIGS: dict[str, dict[str, Any]] = {
     "radix-cache": {},
-    "page-16": dict(page_size=16),
-    "chunked-prefill": dict(max_num_batched_tokens=16),  # chunks of 16 cut every image
+    # chunks of 16 cut every image; pages of 16 put an image's tail and text in one page
+    "chunked-pages": dict(max_num_batched_tokens=16, page_size=16),
     "preempt-recompute": dict(preemption="recompute"),  # a pool the longest prompt fits alone
 }
+# preemption by recompute re-encodes (or finds cached) the images of a request admitted again:
+# one family with placeholder runs, one with multimodal RoPE's positions
+PREEMPTED = ("llava", "qwen2-vl")
+CASES = [(name, config) for name in BUILDERS for config in CONFIGS
+         if config != "preempt-recompute" or name in PREEMPTED]
 
 
 def chat(question: str, *pictures: Any) -> list[dict[str, Any]]:
@@ -87,8 +92,7 @@ def assert_idle(engine: Engine) -> None:
     assert stats["kv_private"] == stats["kv_locked"] == 0
 
 
-@pytest.mark.parametrize("config", list(CONFIGS))
-@pytest.mark.parametrize("name", list(BUILDERS))
+@pytest.mark.parametrize(("name", "config"), CASES)
 def test_family_matches_transformers(name: str, config: str, loaded: Callable[[str], Any],
                                      checkpoints: dict[str, tuple[Path, Any, Any]]) -> None:
     _, hf, processor = checkpoints[name]
