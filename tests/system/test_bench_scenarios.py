@@ -300,3 +300,16 @@ def test_latent_attention_quick(tmp_path: Path) -> None:
     assert len(speeds) == 4 and all(float(r[3]) > 0 for r in speeds), speeds
     assert len(re.findall(r"radixrt (?:TTFT )?/ HF = [\d.]+x", out)) == 4  # TTFT, decode per model
     check_png(tmp_path / "latent_attention.png")
+
+
+def test_vision_quick(tmp_path: Path) -> None:
+    """benchmarks/vision.py: every turn after the first finds the screenshot and the turns
+    before in the tree (cached tokens), and every system answers every turn."""
+    out = run_quick("vision.py", tmp_path)
+    rows = table_rows(out, "| turn | prompt tokens |")
+    assert [r[0] for r in rows] == ["1", "2", "3"], out
+    assert int(rows[0][2]) == 0 and all(int(r[2]) > int(rows[0][1]) for r in rows[1:]), rows
+    assert all(float(cell) > 0 for r in rows for cell in r[3:]), rows
+    assert re.search(r"turn 2\+ / turn 1 TTFT, cache on: [\d.]+x", out)
+    assert re.search(r"radixrt encoded 1 image\(s\)", out), out
+    check_png(tmp_path / "vision.png")
