@@ -50,7 +50,6 @@ WITHOUT_TEST_FILE = (
     "radixrt/runtime/forward/kv_cache.py",
     "radixrt/runtime/forward/lora_batch.py",
     "radixrt/runtime/helper_main.py",
-    "radixrt/runtime/image_messages.py",
     "radixrt/runtime/ipc.py",
     "radixrt/runtime/launcher.py",
     "radixrt/runtime/lora_messages.py",
