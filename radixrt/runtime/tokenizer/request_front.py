@@ -147,11 +147,11 @@ class RequestFront:
         if not isinstance(prompt, str) and has_images(prompt):  # type: ignore[arg-type]
             messages, refs = take_images(prompt)  # type: ignore[arg-type]
             prompt = messages
-        ids = encode_prompt(self.tokenizer, prompt)
         if self.images is None:
             if refs:
                 raise ValueError("this model takes no images: serve a vision-language model")
-            return ids, []
+            return encode_prompt(self.tokenizer, prompt), []
+        ids = encode_prompt(self.tokenizer, prompt)
         return self.images.expand(ids, [load(r) for r in refs] if load else refs)
 
     def submit(self, prompt_ids: Sequence[int], params: SamplingParams,

@@ -148,3 +148,15 @@ def test_repeated_image_hits_and_a_different_one_misses(
     end = len(first.prompt_token_ids) - first.prompt_token_ids[::-1].index(image_id)
     assert again.cached_tokens >= end, "the image's placeholders came from the tree"
     assert twin.cached_tokens <= start, "a different image shares nothing past its start"
+
+
+def test_a_text_model_refuses_images(loaded_model: Any) -> None:
+    """The default (text) model: a chat with an image part is a ValueError saying the model
+    takes no images, before anything is queued; the engine goes on serving text."""
+    engine = Engine(loaded_model, check_integrity=True)
+    try:
+        with pytest.raises(ValueError, match="takes no images"):
+            engine.generate(chat("What is it?", PICTURES[0]), PARAMS)
+        assert engine.generate("The capital of France is", PARAMS)[0].completion_tokens == 6
+    finally:
+        engine.close()
