@@ -96,12 +96,13 @@ class ImageEmbedder:
         for images, start, length in entries:
             end = start + length
             for image in images:
-                feature = 0
+                feature, feats = 0, None
                 for run_start, run_len in image.runs:
                     lo, hi = max(start, run_start), min(end, run_start + run_len)
                     if lo < hi:
+                        feats = self.features(image) if feats is None else feats
                         first = feature + lo - run_start
-                        embeds.append(self.features(image)[first : first + hi - lo])
+                        embeds.append(feats[first : first + hi - lo])
                         rows.append(torch.arange(offset + lo - start, offset + hi - start))
                     feature += run_len
             offset += length
