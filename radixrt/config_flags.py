@@ -9,7 +9,8 @@ A field's `dataclasses.field(metadata=...)` may hold:
   exclusive  a group name: flags of one group cannot be given together
   expose     False: no flag (set in code only)
 A field without a default is a required flag. The type comes from the annotation: int, float,
-str, an Optional of one of them, a Literal, a tuple of one of them (`--x A B ...`), or bool
+str, an Optional of one of them, a Literal, a tuple of one of them (`--x A B ...`, or the flag
+repeated: `--x A --x B`), or bool
 (`--x` when the default is False, `--x/--no-x` when it is True). Argparse only converts; the
 dataclass's constructor validates, and `as_flags` puts its messages in the words of the command
 line.
@@ -90,7 +91,18 @@ def _argument_kind(cls: type, f: Field[Any], hint: Any) -> dict[str, Any]:
     if metavar is None:
         metavar = ("{" + ",".join(map(str, choices)) + "}" if choices
                    else flag_of(f)[2:].upper().replace("-", "_"))
-    return {"type": hint, "metavar": metavar, **({"nargs": "*"} if many else {})}
+    return {"type": hint, "metavar": metavar, **({"nargs": "*", "action": _Values} if many
+                                                 else {})}
+
+
+class _Values(argparse.Action):
+    """A flag of several values: the first use replaces the default, a repeated one adds."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                  values: Any, option_string: str | None = None) -> None:
+        before = getattr(namespace, self.dest, None)
+        given = tuple(values or ())
+        setattr(namespace, self.dest, given if before is self.default else (*before, *given))
 
 
 def from_flags(cls: type, args: argparse.Namespace, only: Collection[str] | None = None) -> Any:

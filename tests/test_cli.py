@@ -41,7 +41,8 @@ SERVE_FLAGS = {
     "--dsl-port", "--exit-with-parent", "--pin-lease-ttl", "--tool-call-parser",
     "--reasoning-parser", "--tool-call-enforcement", "--no-tool-call-enforcement", "--dp-size",
     "--disable-openapi", "--router-policy", "--disable-dashboard", "--dashboard-show-text",
-    "--otlp-traces-endpoint",  # ServerOptions'
+    "--otlp-traces-endpoint", "--allowed-media-domains", "--allowed-local-media-path",
+    "--media-fetch-timeout",  # ServerOptions'
     "-h", "--help",
 }
 PLAN_FLAGS = {
@@ -193,6 +194,11 @@ def test_every_flag_has_help_and_every_field_a_flag_or_a_reason() -> None:
      {"host_cache_tokens": 64, "disable_radix_cache": True}),
     (["--api-key", "k", "--api-key-file", "keys.txt"], ServerOptions,
      {"api_key": "k", "api_key_file": "keys.txt"}),
+    (["--allowed-media-domains", "http://x.com"], ServerOptions,
+     {"allowed_media_domains": ("http://x.com",)}),
+    (["--allowed-local-media-path", "/no/such/folder"], ServerOptions,
+     {"allowed_local_media_path": "/no/such/folder"}),
+    (["--media-fetch-timeout", "0"], ServerOptions, {"media_fetch_timeout": 0.0}),
 ])
 def test_a_bad_value_is_refused_by_the_dataclass_with_its_message(
         capsys: pytest.CaptureFixture[str], argv: list[str], cls: Any,
@@ -273,6 +279,19 @@ def test_the_generator_refuses_fields_it_cannot_make_flags_of() -> None:
                           (Listy, "plain value")):
         with pytest.raises(ValueError, match=fragment):
             add_flags(argparse.ArgumentParser(), cls)
+
+
+def test_media_flags_take_hosts_spaced_comma_separated_or_repeated(tmp_path: Path) -> None:
+    args = build_parser().parse_args([
+        "serve", "--allowed-media-domains", "a.example", "10.0.0.5,[::1]",
+        "--allowed-media-domains", "b.example", "--allowed-local-media-path", str(tmp_path),
+        "--media-fetch-timeout", "2.5"])
+    options = from_flags(ServerOptions, args)
+    assert options.allowed_media_domains == ("a.example", "10.0.0.5", "[::1]", "b.example")
+    assert options.allowed_local_media_path == str(tmp_path)
+    assert options.media_fetch_timeout == 2.5
+    assert from_flags(ServerOptions, build_parser().parse_args(["serve"])) == ServerOptions()
+    assert ServerOptions(allowed_media_domains="x, y").allowed_media_domains == ("x", "y")
 
 
 def test_lora_paths_take_several_values() -> None:

@@ -53,6 +53,7 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
     from radixrt.runtime.models.loader import load_processor, load_tokenizer
     from radixrt.runtime.scheduler.scheduler_process import run_scheduler
     from radixrt.runtime.server.core.tenants import api_keys, with_key_weights
+    from radixrt.runtime.tokenizer.media_fetch import MediaPolicy
     from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
     from radixrt.runtime.tokenizer.zmq_link import ZmqSchedulerLink
     from radixrt.runtime.worker.worker_process import run_worker
@@ -62,6 +63,9 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
         return serve_worker_node(config, options)
     setproctitle.setproctitle("radixrt::tokenizer")
     keys = api_keys(options.api_key, options.api_key_file)
+    media = MediaPolicy(allowed_domains=options.allowed_media_domains,  # what image URLs reach
+                        allowed_local_path=options.allowed_local_media_path,
+                        timeout_s=options.media_fetch_timeout)
     config = with_key_weights(config, keys)  # the scheduler weighs the tenants the keys name
     owner = os.getppid() if options.exit_with_parent else None
     addrs, ipc_dir = Addresses.in_private_dir()
@@ -94,7 +98,7 @@ def serve(config: EngineConfig, options: ServerOptions) -> int:
                 dsl.append(f"tcp://{options.host}:{options.dsl_port}")
             return asyncio.run(
                 _serve_http(lambda: TokenizerManager(ZmqSchedulerLink(tokenizer, addrs, processor),
-                                                     name),
+                                                     name, media),
                             procs, options, keys, dsl, owner)
             )
         finally:

@@ -4,10 +4,17 @@ flags (radixrt/config_flags.py)."""
 
 from __future__ import annotations
 
+import ipaddress
+import os
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixrt.runtime.config import PIN_LEASE_TTL_S, REASONING_FORMAT_NAMES
+from radixrt.runtime.config import (
+    DEFAULT_MEDIA_FETCH_TIMEOUT_S,
+    PIN_LEASE_TTL_S,
+    REASONING_FORMAT_NAMES,
+)
 
 MAX_DP_SIZE = 64  # --dp-size
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
@@ -15,6 +22,9 @@ TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json")  # --tool-call-parser
 
 LOG_LEVELS = ("debug", "info", "warning", "error")
 MAX_PIN_LEASE_TTL_S = 24 * 3600.0
+MAX_MEDIA_FETCH_TIMEOUT_S = 600.0
+MAX_MEDIA_DOMAINS = 256
+HOST_NAME = re.compile(r"[A-Za-z0-9_]([A-Za-z0-9_.-]{0,252})?")  # a DNS name (or an IPv4 literal)
 
 
 @dataclass(frozen=True)
@@ -73,6 +83,16 @@ class ServerOptions:
         "choices": ROUTER_POLICIES, "help": "how the router picks a replica: cache_aware keeps "
         "an approximate radix tree per replica and sends a request where its prefix is cached "
         "(load permitting)"})
+    allowed_media_domains: tuple[str, ...] = field(default=(), metadata={
+        "metavar": "HOST", "help": "hosts (names or IP literals; space- or comma-separated, or "
+        "the flag repeated) whose loopback, private or link-local addresses image URLs may "
+        "fetch; public hosts need no listing, and any other non-public address is refused"})
+    allowed_local_media_path: str | None = field(default=None, metadata={
+        "metavar": "DIR", "help": "image references may name local files (paths, file:// "
+        "URLs) under this folder only (symlinks resolved); without it local files are refused"})
+    media_fetch_timeout: float = field(default=DEFAULT_MEDIA_FETCH_TIMEOUT_S, metadata={
+        "metavar": "SECONDS", "help": "the most one image URL's fetch may take (lookups, "
+        "connects, redirects and body); one that takes longer is a 400"})
     replica_name: str | None = field(default=None, metadata={
         "expose": False, "help": "one of --dp-size's replicas: named in every response"})
 
@@ -105,3 +125,34 @@ class ServerOptions:
             raise bad("dp_size", self.dp_size, f"use 1..{MAX_DP_SIZE}")
         if self.router_policy not in ROUTER_POLICIES:
             raise bad("router_policy", self.router_policy, f"use one of {ROUTER_POLICIES}")
+        self._check_media(bad)
+
+    def _check_media(self, bad: Any) -> None:
+        """The media flags: the domains as one tuple of hosts (commas split), the folder one
+        that exists, the timeout a positive number of seconds."""
+        given = self.allowed_media_domains
+        entries = [given] if isinstance(given, str) else list(given)
+        hosts = tuple(host.strip() for entry in entries for host in str(entry).split(",")
+                      if host.strip())
+        for host in hosts:
+            if not _is_host(host):
+                raise bad("allowed_media_domains", host, "give host names or IP literals "
+                          "(example.com, 10.0.0.5, ::1), without a scheme, port or path")
+        if len(hosts) > MAX_MEDIA_DOMAINS:
+            raise bad("allowed_media_domains", len(hosts), f"at most {MAX_MEDIA_DOMAINS} hosts")
+        object.__setattr__(self, "allowed_media_domains", hosts)
+        path = self.allowed_local_media_path
+        if path is not None and not os.path.isdir(path):
+            raise bad("allowed_local_media_path", path, "name an existing folder")
+        if not 0 < self.media_fetch_timeout <= MAX_MEDIA_FETCH_TIMEOUT_S:
+            raise bad("media_fetch_timeout", self.media_fetch_timeout,
+                      f"use (0, {MAX_MEDIA_FETCH_TIMEOUT_S:.0f}] seconds")
+
+
+def _is_host(host: str) -> bool:
+    """A DNS name or an IP literal (IPv6 with or without its brackets)."""
+    try:
+        ipaddress.ip_address(host.removeprefix("[").removesuffix("]"))
+        return True
+    except ValueError:
+        return HOST_NAME.fullmatch(host) is not None

@@ -32,8 +32,9 @@ def image_ref(part: Mapping[str, Any]) -> Any:
                      "'path'")
 
 
-def has_images(messages: Sequence[Mapping[str, Any]]) -> bool:
-    return any(isinstance(m.get("content"), list)
+def has_images(messages: Sequence[Any]) -> bool:
+    """Whether chat messages carry image parts (False for any other prompt: token ids)."""
+    return any(isinstance(m, Mapping) and isinstance(m.get("content"), list)
                and any(isinstance(p, Mapping) and p.get("type") in IMAGE_PART_TYPES
                        for p in m["content"]) for m in messages)
 

@@ -41,10 +41,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, unquote_to_bytes, urljoin, urlsplit
 
+from radixrt.runtime.config import DEFAULT_MEDIA_FETCH_TIMEOUT_S
+
 if TYPE_CHECKING:
     from PIL import Image
 
-DEFAULT_FETCH_TIMEOUT_S = 10.0
 DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_REDIRECTS = 3
 DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
@@ -75,7 +76,7 @@ class MediaPolicy:
 
     allowed_domains: tuple[str, ...] = ()
     allowed_local_path: str | None = None
-    timeout_s: float = DEFAULT_FETCH_TIMEOUT_S
+    timeout_s: float = DEFAULT_MEDIA_FETCH_TIMEOUT_S
     max_bytes: int = DEFAULT_MAX_IMAGE_BYTES
     max_redirects: int = DEFAULT_MAX_REDIRECTS
     max_pixels: int = DEFAULT_MAX_IMAGE_PIXELS
@@ -124,6 +125,9 @@ def decode_image(data: bytes, policy: MediaPolicy) -> Image.Image:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
         raise MediaError(f"the image is too large to decode ({e}): send a smaller one") from e
+    except Image.UnidentifiedImageError as e:  # its message names an in-memory file object
+        raise MediaError(f"not an image (PNG, JPEG, GIF, WebP, BMP ...): its {len(data)} "
+                         "bytes are in no image format") from e
     except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, EOFError, ...
         raise MediaError(f"not an image (PNG, JPEG, GIF, WebP, BMP ...): {e}") from e
 

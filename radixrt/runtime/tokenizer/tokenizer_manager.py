@@ -12,22 +12,28 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any, Protocol
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import msgspec
 
 from radixrt.runtime.errors import QueueFull
+from radixrt.runtime.image_messages import ImageInput
 from radixrt.runtime.messages import Scheduling
 from radixrt.runtime.models.lora_format import adapter_key
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.pooling_params import PoolingInfo
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.tokenizer.media_fetch import MediaPolicy
 from radixrt.runtime.tokenizer.prompts import Prompt
 from radixrt.runtime.tokenizer.request_front import RequestFront, Stream
+from radixrt.runtime.tokenizer.request_images import load_request_images
 from radixrt.runtime.tokenizer.request_metrics import RequestMetrics
 from radixrt.runtime.tokenizer.request_tracer import RequestTracer
 from radixrt.runtime.tree_messages import TEXT_HEAD_TOKENS, TreeView
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 TREE_VIEW_MAX_AGE_S = 1.0  # radix_tree: one snapshot per question this often at most
 TREE_VIEW_INTERVAL_S = 0.25  # ... and any two snapshots this far apart
@@ -78,9 +84,13 @@ class ClientIds:
 
 
 class TokenizerManager:
-    def __init__(self, link: SchedulerLink, model_name: str = "default") -> None:
-        """model_name: the name clients must send as `model`."""
+    def __init__(self, link: SchedulerLink, model_name: str = "default",
+                 media: MediaPolicy | None = None) -> None:
+        """model_name: the name clients must send as `model`; media: what requests' image
+        URLs may fetch or read (the server's --allowed-media-domains, ...; default: public
+        hosts and data: URLs only)."""
         self.link = link
+        self.media = media if media is not None else MediaPolicy()
         self.front = link.front
         self.model_name = model_name
         self.tokenizer = link.front.tokenizer
@@ -119,6 +129,22 @@ class TokenizerManager:
         """Text, token ids or chat messages -> token ids. Raises ValueError on bad input."""
         return self.front.encode(prompt)
 
+    @property
+    def takes_images(self) -> bool:
+        """Is the model a vision-language model (its processor loaded)?"""
+        return self.front.images is not None
+
+    async def load_images(self, refs: Sequence[Any]) -> list[Image.Image]:
+        """A request's image references -> PIL images, fetched and decoded off the event loop
+        under `media` (request_images.py). ValueError for too many or a bad one."""
+        return await load_request_images(refs, self.media)
+
+    def encode_images(self, prompt: Prompt, images: Sequence[Any]
+                      ) -> tuple[list[int], list[ImageInput]]:
+        """A prompt with its images (loaded: `load_images`) -> token ids with the images'
+        placeholders, and the images for `generate` (RequestFront.encode_images)."""
+        return self.front.encode_images(prompt, images)
+
     async def generate(
         self,
         prompt_ids: list[int],
@@ -126,6 +152,7 @@ class TokenizerManager:
         rid_hint: str | None = None,
         pin: bool = False,
         scheduling: Scheduling | None = None,
+        images: Sequence[ImageInput] = (),
     ) -> AsyncIterator[StreamChunk]:
         """Submit and stream, with `scheduling`'s priority, tenant, cache namespace and queue
         timeout. With pin, the finished prompt stays cached until `unpin(rid)` when the final
@@ -135,7 +162,8 @@ class TokenizerManager:
         anything) when the runtime refuses the request: prompt or max_tokens past the
         context, ids outside the vocabulary, bad params, a grammar that does not compile.
         Closing the iterator early (client gone) aborts the request and frees its KV. Every
-        sample ends with a chunk whose finish_reason is set."""
+        sample ends with a chunk whose finish_reason is set. images: the prompt's
+        (encode_images), whose placeholders are in prompt_ids."""
         scheduling = scheduling or Scheduling()
         front = self.front
         trace_context = self.tracer.context() if self.tracer is not None else None
@@ -143,7 +171,7 @@ class TokenizerManager:
             scheduling = msgspec.structs.replace(scheduling, trace=True)
         arrival, wall_arrival = time.monotonic(), time.time()  # before the scheduler hears
         rid = front.submit(prompt_ids, params, scheduling, pin, stream=True,
-                           on_pinned=self._pinned)
+                           on_pinned=self._pinned, images=images)
         self._client_ids.add(rid_hint, rid)
         metrics = RequestMetrics(arrival=arrival, prompt_tokens=len(prompt_ids),
                                  priority=scheduling.priority, tenant=scheduling.tenant,

@@ -3,8 +3,9 @@ request models, their translation into the one chat request every chat surface r
 (ChatRequest), the response and stream-event models, and Anthropic's error shape.
 
 Unknown request fields are ignored (clients send many: metadata, service_tier, ...); fields that
-would change the answer and are not implemented here (images, documents, server tools, citations)
-are refused by name with a 400, never ignored.
+would change the answer and are not implemented here (documents, server tools, citations) are
+refused by name with a 400, never ignored. Image blocks (base64 or URL sources) go to the chat
+request as image parts (core/image_parts.py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from radixrt.runtime.config import (
     MAX_TOOLS,
 )
 from radixrt.runtime.server.core.error_shapes import APIError
+from radixrt.runtime.server.core.image_parts import base64_url, chat_content, image_part, text_part
 from radixrt.runtime.server.core.typed_union import by_type
 from radixrt.runtime.server.openai.openai_protocol import (
     MAX_CONTENT_PARTS,
@@ -81,16 +83,38 @@ class ThinkingBlockIn(BaseModel):
     signature: str | None = None
 
 
+class ImageSourceIn(BaseModel):
+    """{"type": "base64", "media_type", "data"} or {"type": "url", "url"}."""
+
+    type: Literal["base64", "url"]
+    media_type: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+    data: str | None = None
+    url: str | None = None
+
+    def ref(self) -> str:
+        """The image as a URL (a base64 source as a data: URL)."""
+        given = self.data if self.type == "base64" else self.url
+        if not given:
+            raise APIError(f"an image source of type {self.type!r} needs "
+                           f"{'data' if self.type == 'base64' else 'url'}", param="messages")
+        return base64_url(self.media_type or "", given) if self.type == "base64" else given
+
+
+class ImageBlockIn(BaseModel):
+    type: Literal["image"]
+    source: ImageSourceIn
+
+
 class OtherBlockIn(BaseModel):
-    """A block of a type this server does not serve (image, document, server tools): refused."""
+    """A block of a type this server does not serve (document, server tools): refused."""
 
     type: str = Field(max_length=MAX_NAME_CHARS)
 
 
 # A block is validated as the model its type names (so a text block without text says so).
 BlockIn = by_type({"text": TextBlockIn, "tool_use": ToolUseBlockIn,
-                   "tool_result": ToolResultBlockIn, "thinking": ThinkingBlockIn},
-                  OtherBlockIn)
+                   "tool_result": ToolResultBlockIn, "thinking": ThinkingBlockIn,
+                   "image": ImageBlockIn}, OtherBlockIn)
 
 
 class MessageIn(BaseModel):
@@ -234,14 +258,16 @@ def chat_messages(message: MessageIn, index: int) -> list[ChatMessage]:
     become its tool_calls and its thinking its reasoning_content."""
     if isinstance(message.content, str):
         return [ChatMessage(role=message.role, content=message.content)]
-    texts: list[str] = []
+    texts: list[dict[str, Any]] = []  # text and image parts
     calls: list[ToolCallIn] = []
     results: list[ChatMessage] = []
     thinking: list[str] = []
     for block in message.content:
         where = f"messages[{index}]: a block of type {block.type!r}"
         if isinstance(block, TextBlockIn):
-            texts.append(block.text)
+            texts.append(text_part(block.text))
+        elif isinstance(block, ImageBlockIn) and message.role == "user":
+            texts.append(image_part(block.source.ref()))
         elif isinstance(block, ToolUseBlockIn) and message.role == "assistant":
             # compact, as the grammar writes calls: the turn renders as the model wrote it
             # (so the next turn's prompt is a cache hit)
@@ -258,13 +284,13 @@ def chat_messages(message: MessageIn, index: int) -> list[ChatMessage]:
         elif isinstance(block, ThinkingBlockIn) and message.role == "assistant":
             thinking.append(block.thinking)
         elif isinstance(block, OtherBlockIn):
-            raise APIError(f"{where} is not supported: this server serves a text model; send "
-                           "text, tool_use and tool_result blocks", param="messages")
+            raise APIError(f"{where} is not supported: send text, image, tool_use and "
+                           "tool_result blocks", param="messages")
         else:
             raise APIError(f"{where} is not valid in a {message.role} turn", param="messages")
     out = list(results)
     if texts or calls or not results:
-        out.append(ChatMessage(role=message.role, content="".join(texts) if texts or not calls
+        out.append(ChatMessage(role=message.role, content=chat_content(texts) if texts or not calls
                                else None, tool_calls=calls or None,
                                reasoning_content="".join(thinking) if thinking else None))
     return out

@@ -46,16 +46,18 @@ class AnthropicServing:
         self.chat = chat
 
     async def count_tokens(self, body: CountTokensRequest) -> Response:
-        prepared = self.chat.prepare_chat(translated(body.to_chat), generate=False,
-                                          named_parallel=True)
+        prepared = await self.chat.prepare_chat(translated(body.to_chat), generate=False,
+                                                named_parallel=True)
         return JSONResponse(CountTokensOut(input_tokens=len(prepared.ids)).model_dump())
 
     async def messages(self, body: MessagesRequest, request: Request) -> Response:
         chat = translated(body.to_chat_request)
         # Anthropic's named tool may be called several times (parallel_tool_calls says)
-        plan, ids, params = self.chat.prepare_chat(chat, named_parallel=True).parts()
+        prepared = await self.chat.prepare_chat(chat, named_parallel=True)
+        plan, ids, params = prepared.parts()
         mid = new_id("msg")
-        streams = await self.chat.open(request, chat, [ids], [params], mid)
+        streams = await self.chat.open(request, chat, [ids], [params], mid,
+                                       images=[prepared.images])
         if body.stream:
             parser = self.chat.choice_parser(plan)
             return SSEResponse(self.stream(chat, parser, streams[0], len(ids), mid))

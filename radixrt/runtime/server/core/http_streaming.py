@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from radixrt.runtime.config import QUEUE_TIMEOUT
 from radixrt.runtime.errors import QueueFull
+from radixrt.runtime.image_messages import ImageInput
 from radixrt.runtime.messages import Scheduling, TokenLogprob
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
@@ -61,12 +62,14 @@ class PrimedStream:
 
 async def open_stream(
     manager: TokenizerManager, ids: list[int], params: SamplingParams, rid_hint: str | None,
-    scheduling: Scheduling, pin: bool = False,
+    scheduling: Scheduling, pin: bool = False, images: Sequence[ImageInput] = (),
 ) -> PrimedStream:
     """Submit and wait for the first chunk: a refusal raises APIError while the HTTP response
     can still say so: 400 for bad input (ValueError, or an "error: ..." finish before any
-    output), 429 with Retry-After for a full queue, 408 for a queue timeout."""
-    source = manager.generate(ids, params, rid_hint, pin=pin, scheduling=scheduling)
+    output), 429 with Retry-After for a full queue, 408 for a queue timeout. images: the
+    prompt's (TokenizerManager.encode_images)."""
+    source = manager.generate(ids, params, rid_hint, pin=pin, scheduling=scheduling,
+                              images=images)
     try:
         first = await source.__anext__()
     except StopAsyncIteration:
@@ -104,14 +107,16 @@ async def open_streams(
     rid_hint: str | Sequence[str] | None,
     scheduling: Scheduling,
     pin: bool = False,
+    images_list: Sequence[Sequence[ImageInput]] | None = None,
 ) -> list[PrimedStream]:
     """Submit several prompts concurrently (so they batch); if one is refused or the caller is
     cancelled, close the ones already open. rid_hint: the id the client sees, one for all the
-    prompts or one per prompt."""
+    prompts or one per prompt; images_list: each prompt's images (None: none)."""
     hints = [rid_hint] * len(ids_list) if rid_hint is None or isinstance(rid_hint, str) else (
         list(rid_hint))
-    tasks = [asyncio.ensure_future(open_stream(manager, ids, p, hint, scheduling, pin))
-             for ids, p, hint in zip(ids_list, params_list, hints)]
+    images = images_list if images_list is not None else [()] * len(ids_list)
+    tasks = [asyncio.ensure_future(open_stream(manager, ids, p, hint, scheduling, pin, shown))
+             for ids, p, hint, shown in zip(ids_list, params_list, hints, images, strict=True)]
     try:
         await asyncio.wait(tasks)
     except BaseException:

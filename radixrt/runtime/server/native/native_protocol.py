@@ -6,10 +6,12 @@ A request: "text" (a string or a batch of strings) or "input_ids" (ids or a batc
 min_new_tokens, sampling_seed, ...) or radixrt's (max_tokens, min_tokens, seed, ...),
 "rid" (the request's id, one per prompt of a batch), "return_logprob", "logprob_start_len",
 "top_logprobs_num" (each one value or one per prompt), "return_text_in_logprobs", "stream", and
-radixrt's "pin" and scheduling fields. SGLang fields radixrt does not serve (images, LoRA,
-sessions, hidden states, ...) are accepted only at their "off" value (null, false, 0, empty), which
-is what SGLang's own clients send when they do not use them; any other value is a 400 naming the
-field. An unknown field is a 400 too: nothing is accepted and ignored.
+radixrt's "pin" and scheduling fields, and "image_data" (a vision-language model's images: per
+prompt one or a list of data: / http(s) URLs, base64 or paths, core/image_parts.py). SGLang
+fields radixrt does not serve (video, audio, sessions, hidden states, ...) are accepted only at
+their "off" value (null, false, 0, empty), which is what SGLang's own clients send when they do
+not use them; any other value is a 400 naming the field. An unknown field is a 400 too: nothing
+is accepted and ignored.
 
 meta_info as SGLang shapes it: "id", "finish_reason" ({"type": "stop", "matched": the stop string
 or token id} | {"type": "length", "length": N} | {"type": "abort", "message": ...} | null while
@@ -57,6 +59,16 @@ Rid = Annotated[str, Field(min_length=1, max_length=MAX_RID_CHARS)]
 LoraName = Annotated[str, Field(max_length=MAX_NAME_CHARS)]
 
 
+class ImageDataIn(BaseModel):
+    """SGLang's ImageData: an image's URL (its detail accepted and ignored)."""
+
+    url: str
+    detail: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
+
+
+ImageItem = str | ImageDataIn
+
+
 class GenerateRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -77,8 +89,9 @@ class GenerateRequest(BaseModel):
     user: str | None = Field(default=None, max_length=MAX_NAME_CHARS)
     # the LoRA adapter's name (SGLang's field; a list gives one per prompt, all the same here)
     lora_path: LoraName | list[LoraName | None] | None = None
+    # per prompt an image or a list of them (a batch: one entry per prompt)
+    image_data: ImageItem | list[ImageItem | list[ImageItem] | None] | None = None
     # SGLang's fields that radixrt does not serve: only their "off" values (see unused_fields)
-    image_data: Any = None
     video_data: Any = None
     audio_data: Any = None
     input_embeds: Any = None
@@ -102,7 +115,7 @@ class GenerateRequest(BaseModel):
 
 # GenerateRequest fields and the value that means "not used", beside the one it has by default
 UNSERVED_OFF: dict[str, tuple[Any, ...]] = {
-    "image_data": (None, []), "video_data": (None, []), "audio_data": (None, []),
+    "video_data": (None, []), "audio_data": (None, []),
     "input_embeds": (None,), "lora_id": (None, [], ""),
     "session_id": (None, ""), "session_params": (None, {}), "custom_logit_processor": (None,),
     "token_ids_logprob": (None, []), "return_hidden_states": (False,),
@@ -146,7 +159,7 @@ def check_unserved(body: GenerateRequest) -> None:
     for name, off in UNSERVED_OFF.items():
         value = getattr(body, name)
         if not is_off(value, off):
-            raise APIError(f"'{name}' is not supported by radixrt (text-only models, no "
+            raise APIError(f"'{name}' is not supported by radixrt (no video, audio, "
                            f"sessions or hidden states): leave it out", param=name)
 
 

@@ -35,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from radixrt.runtime.config import INT64_MAX, MAX_PINS_PER_RENEWAL
+from radixrt.runtime.image_messages import ImageInput
 from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
@@ -48,6 +49,11 @@ from radixrt.runtime.server.core.http_streaming import (
     open_streams,
     sse,
     until_disconnected,
+)
+from radixrt.runtime.server.core.image_parts import (
+    encode_with_images,
+    load_images,
+    native_image_refs,
 )
 from radixrt.runtime.server.core.tenants import scheduling_for
 from radixrt.runtime.server.native.native_protocol import (
@@ -87,6 +93,7 @@ class NativePrompt:
     params: SamplingParams
     rid: str
     logprob_start: int | None  # SGLang's logprob_start_len (None: no input logprobs)
+    images: list[ImageInput] = field(default_factory=list)  # placeholders in ids
 
 
 @dataclass
@@ -124,8 +131,9 @@ class NativeServing:
         return frozenset(int(t) for t in self.manager.link.info.get("eos_token_ids", ()))
 
     # --- request -> prompts ------------------------------------------------------------------
-    def encode(self, body: GenerateRequest) -> tuple[list[list[int]], bool]:
-        """The prompts' token ids, and whether the request is a batch."""
+    async def encode(self, body: GenerateRequest
+                     ) -> tuple[list[tuple[list[int], list[ImageInput]]], bool]:
+        """The prompts' token ids and images, and whether the request is a batch."""
         if (body.text is None) == (body.input_ids is None):
             raise APIError("give exactly one of 'text' and 'input_ids'", param="text")
         param = "text" if body.text is not None else "input_ids"
@@ -137,15 +145,20 @@ class NativeServing:
         if len(prompts) > MAX_PROMPTS_PER_REQUEST:
             raise APIError(f"{len(prompts)} prompts in one request; at most "
                            f"{MAX_PROMPTS_PER_REQUEST}: split it", param=param)
-        try:  # the limits that need the model are checked where the request is queued
-            return [self.manager.encode(p) for p in prompts], batch
-        except ValueError as exc:
-            raise APIError(str(exc), param=param) from None
+        refs = native_image_refs(body.image_data, len(prompts), batch)
+        loaded = iter(await load_images(self.manager, [r for some in refs for r in some],
+                                        "image_data"))  # all at once, bounded as one request's
+        out = []
+        for prompt, some in zip(prompts, refs):  # the model's limits: where it is queued
+            images = [next(loaded) for _ in some]
+            out.append(encode_with_images(self.manager, prompt, images,
+                                          "image_data" if images else param))
+        return out, batch
 
-    def prompts(self, body: GenerateRequest) -> list[NativePrompt]:
+    async def prompts(self, body: GenerateRequest) -> list[NativePrompt]:
         check_unserved(body)
-        ids_list, batch = self.encode(body)
-        count = len(ids_list)
+        encoded, batch = await self.encode(body)
+        count = len(encoded)
         params = per_prompt(body.sampling_params or {}, count, "sampling_params", batch)
         wants = per_prompt(body.return_logprob or False, count, "return_logprob", batch)
         starts = per_prompt(body.logprob_start_len, count, "logprob_start_len", batch)
@@ -154,8 +167,10 @@ class NativeServing:
         if batch and body.rid is not None and not isinstance(body.rid, list):
             raise APIError("a batch needs one 'rid' per prompt (a list)", param="rid")
         out = []
-        for ids, values, want, start, top, rid in zip(ids_list, params, wants, starts, tops, rids):
+        for (ids, images), values, want, start, top, rid in zip(encoded, params, wants, starts,
+                                                                tops, rids):
             out.append(self.prompt(ids, values, want, start, top, rid))
+            out[-1].images = images
         samples = sum(p.params.n for p in out)
         if samples > MAX_SAMPLES_PER_REQUEST:
             raise APIError(f"{count} prompts make {samples} samples; one request may ask for at "
@@ -214,12 +229,13 @@ class NativeServing:
 
     # --- generate ----------------------------------------------------------------------------
     async def generate(self, body: GenerateRequest, request: Request) -> Response:
-        prompts = self.prompts(body)
+        prompts = await self.prompts(body)
         scheduling = scheduling_for(request, body, lora=self.lora_of(body, len(prompts)))
         started = time.monotonic()
         streams = await until_disconnected(request, open_streams(
             self.manager, [p.ids for p in prompts], [p.params for p in prompts],
-            [p.rid for p in prompts], scheduling, pin=body.pin))
+            [p.rid for p in prompts], scheduling, pin=body.pin,
+            images_list=[p.images for p in prompts]))
         runs, base = [], 0
         for p in prompts:
             runs.append(NativeRun(p, [SampleOutput() for _ in range(p.params.n)], started,
@@ -258,10 +274,12 @@ class NativeServing:
         yield SSE_DONE
 
     def register(self, runs: list[NativeRun], namespace: Namespace) -> None:
-        """Keep each finished one-sample request's sequence for /concate_and_append_request."""
+        """Keep each finished one-sample request's sequence for /concate_and_append_request
+        (not one with images: their placeholders travel with the images only)."""
         for run in runs:
             sample = run.samples[0]
-            if run.prompt.params.n == 1 and sample.finish_reason in ("stop", "length"):
+            if run.prompt.params.n == 1 and sample.finish_reason in ("stop", "length") \
+                    and not run.prompt.images:
                 self.registry.put(namespace, run.prompt.rid, run.prompt.ids + sample.token_ids)
 
     # --- output ------------------------------------------------------------------------------

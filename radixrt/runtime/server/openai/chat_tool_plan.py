@@ -207,7 +207,9 @@ def check_conversation(body: ChatRequest) -> None:
             if message.tool_call_id not in ids:
                 raise APIError(f"{where}: tool_call_id {message.tool_call_id!r} answers no "
                                "earlier assistant tool call", param="messages")
-        message.text()  # content parts other than text are refused here
+        message.text()  # content parts other than text and images are refused here
+        if message.role != "user" and message.images():
+            raise APIError(f"{where}: only user messages carry images", param="messages")
     last = body.messages[-1] if body.messages else None
     if body.continue_final_message and (last is None or last.role != "assistant"
                                         or last.tool_calls or not last.text()):
@@ -220,7 +222,7 @@ def template_messages(body: ChatRequest) -> list[dict[str, Any]]:
     out = []
     for message in body.messages:
         item: dict[str, Any] = {"role": "system" if message.role == "developer"
-                                else message.role, "content": message.text()}
+                                else message.role, "content": message.template_content()}
         if message.tool_calls:
             item["tool_calls"] = [c.model_dump() for c in message.tool_calls]
         if message.tool_call_id is not None:

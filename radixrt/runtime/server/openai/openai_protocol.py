@@ -94,15 +94,32 @@ class CompletionRequest(SamplingFields):
     echo: bool = False
 
 
+class ImageURL(BaseModel):
+    url: str = Field(min_length=1)  # a data: or http(s) URL
+    detail: str | None = Field(default=None, max_length=MAX_NAME_CHARS)  # accepted, ignored
+
+
 class ContentPart(BaseModel):
     type: str = Field(max_length=MAX_NAME_CHARS)
     text: str | None = None
+    image_url: ImageURL | str | None = None
+
+    def image(self) -> str | None:
+        """An image_url part's URL (None for a text part)."""
+        if self.type != "image_url":
+            return None
+        if self.image_url is None:
+            raise APIError('an image_url part needs "image_url": {"url": ...}',
+                           param="messages")
+        return self.image_url if isinstance(self.image_url, str) else self.image_url.url
 
     def text_of(self) -> str:
+        if self.image() is not None:
+            return ""
         if self.type != "text" or self.text is None:
-            raise APIError(f"content part of type {self.type!r} is not supported: this server "
-                           'serves a text model; send {"type": "text", "text": ...} parts',
-                           param="messages")
+            raise APIError(f"content part of type {self.type!r} is not supported: send "
+                           '{"type": "text", "text": ...} and {"type": "image_url", '
+                           '"image_url": {"url": ...}} parts', param="messages")
         return self.text
 
 
@@ -115,11 +132,25 @@ class ChatMessage(BaseModel):
     reasoning_content: str | None = None  # an earlier turn's thinking (templates may drop it)
 
     def text(self) -> str:
+        """Its text (image parts left out)."""
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text_of() for part in self.content)
+
+    def images(self) -> list[str]:
+        """Its image parts' URLs, in order."""
+        parts = self.content if isinstance(self.content, list) else ()
+        return [url for part in parts if (url := part.image()) is not None]
+
+    def template_content(self) -> str | list[dict[str, Any]]:
+        """Its content as the chat template takes it: the text, or with images the parts,
+        each image a {"type": "image"} (where the template writes the image token)."""
+        if not self.images():
+            return self.text()
+        return [{"type": "image"} if part.image() is not None else
+                {"type": "text", "text": part.text_of()} for part in self.content or ()]
 
 
 class ChatRequest(SamplingFields):

@@ -10,6 +10,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from radixrt.runtime.image_messages import ImageInput
 from radixrt.runtime.messages import TokenLogprob
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.sampling_params import SamplingParams
@@ -25,6 +26,7 @@ from radixrt.runtime.server.core.http_streaming import (
     sse,
     until_disconnected,
 )
+from radixrt.runtime.server.core.image_parts import encode_with_images, load_images
 from radixrt.runtime.server.core.tenants import scheduling_for
 from radixrt.runtime.server.openai.chat_output import ChoiceParser, finish_reason_with_calls
 from radixrt.runtime.server.openai.chat_tool_plan import (
@@ -111,11 +113,13 @@ class OpenAIServing:
     async def open(
         self, request: Request, body: SamplingFields, ids_list: list[list[int]],
         params_list: list[SamplingParams], rid: str, pin: bool = False,
+        images: list[list[ImageInput]] | None = None,
     ) -> list[PrimedStream]:
         """pin: each finished prompt and output stay cached under a pin (the pin service's
-        lease); its final chunk says whether (the stream's rid is the pin id)."""
+        lease); its final chunk says whether (the stream's rid is the pin id). images: each
+        prompt's (PreparedChat.images)."""
         scheduling = scheduling_for(request, body, lora=self.adapter_of(body.model))
-        opening = open_streams(self.manager, ids_list, params_list, rid, scheduling, pin)
+        opening = open_streams(self.manager, ids_list, params_list, rid, scheduling, pin, images)
         return await until_disconnected(request, opening)
 
     async def collect(
@@ -216,12 +220,12 @@ class OpenAIServing:
 
     # --- /v1/chat/completions --------------------------------------------------------------
 
-    def prepare_chat(self, body: ChatRequest, generate: bool = True,
-                     named_parallel: bool = False) -> PreparedChat:
+    async def prepare_chat(self, body: ChatRequest, generate: bool = True,
+                           named_parallel: bool = False) -> PreparedChat:
         """The one chat path every chat-shaped surface takes (/v1/chat/completions, /v1/messages,
-        /v1/responses): the checks, the tool plan, the rendered prompt and (generate=False:
-        only counting the prompt's tokens) the sampling params. named_parallel: a named tool
-        choice may make several calls (Anthropic's)."""
+        /v1/responses): the checks, the tool plan, the images, the rendered prompt and
+        (generate=False: only counting the prompt's tokens) the sampling params.
+        named_parallel: a named tool choice may make several calls (Anthropic's)."""
         self.check_model(body.model)
         if not body.messages:
             raise APIError("messages is empty: send at least one message", param="messages")
@@ -234,9 +238,11 @@ class OpenAIServing:
             raise APIError("echo is not supported on /v1/chat/completions: send the rendered "
                            "prompt to /v1/completions with echo=true", param="echo")
         plan = plan_chat(body, self.features, constraint_fields(body), named_parallel)
-        ids = self.encode(self.render(body, plan), "messages")
+        urls = [url for message in body.messages for url in message.images()]
+        images = await load_images(self.manager, urls, "messages")
+        ids, shown = encode_with_images(self.manager, self.render(body, plan), images, "messages")
         if not generate:
-            return PreparedChat(plan, ids, None)
+            return PreparedChat(plan, ids, None, shown)
         max_tokens = body.max_completion_tokens
         if max_tokens is None:
             max_tokens = body.max_tokens
@@ -245,12 +251,13 @@ class OpenAIServing:
                            "at least one token)", param="max_tokens")
         params = self.params_for(body, max_tokens, body.top_logprobs, body.logprobs,
                                  constraint=plan.constraint)
-        return PreparedChat(plan, ids, params)
+        return PreparedChat(plan, ids, params, shown)
 
     async def chat(self, body: ChatRequest, request: Request) -> Response:
-        plan, ids, params = self.prepare_chat(body).parts()
+        prepared = await self.prepare_chat(body)
+        plan, ids, params = prepared.parts()
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        streams = await self.open(request, body, [ids], [params], rid)
+        streams = await self.open(request, body, [ids], [params], rid, images=[prepared.images])
         if body.stream:
             return SSEResponse(self.stream_chat(body, plan, streams[0], len(ids), rid))
         out = (await self.collect(request, streams, [ids], params.n))[0]
@@ -322,11 +329,13 @@ class OpenAIServing:
 
 @dataclass(frozen=True)
 class PreparedChat:
-    """A chat request ready to run: its tool plan, prompt ids and params (None: count only)."""
+    """A chat request ready to run: its tool plan, prompt ids, params (None: count only) and
+    images (their placeholders in ids)."""
 
     plan: ChatToolPlan
     ids: list[int]
     params: SamplingParams | None
+    images: list[ImageInput] = field(default_factory=list)
 
     def parts(self) -> tuple[ChatToolPlan, list[int], SamplingParams]:
         assert self.params is not None

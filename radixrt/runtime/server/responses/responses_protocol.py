@@ -4,7 +4,8 @@ response object and output items.
 
 Unknown request fields are ignored (clients send many: include, truncation, prompt_cache_key,
 ...); fields that would change the answer and are not implemented here (background mode,
-conversations, stored prompts, hosted tools, images and files) are refused by name with a 400.
+conversations, stored prompts, hosted tools, files) are refused by name with a 400; input_image
+parts (a data: or http(s) image_url) go to the chat request as image parts.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from radixrt.runtime.config import (
     MAX_TOP_LOGPROBS,
 )
 from radixrt.runtime.server.core.error_shapes import APIError
+from radixrt.runtime.server.core.image_parts import chat_content, image_part, text_part
 from radixrt.runtime.server.core.typed_union import by_type
 from radixrt.runtime.server.openai.openai_protocol import (
     MAX_CONTENT_PARTS,
@@ -53,6 +55,7 @@ TEXT_PARTS = ("input_text", "output_text", "text")
 class ContentPartIn(BaseModel):
     type: str = Field(max_length=MAX_NAME_CHARS)
     text: str | None = None
+    image_url: str | None = None  # input_image's (its detail is accepted and ignored)
 
 
 class MessageItem(BaseModel):
@@ -63,15 +66,21 @@ class MessageItem(BaseModel):
     content: str | Annotated[list[ContentPartIn], Field(max_length=MAX_CONTENT_PARTS)]
     id: str | None = Field(default=None, max_length=RESPONSE_ID_CHARS)
 
-    def text(self, where: str) -> str:
+    def chat_content(self, where: str) -> str | list[dict[str, Any]]:
+        """Its content as the chat message's: text, with images image parts."""
         if isinstance(self.content, str):
             return self.content
+        parts = []
         for part in self.content:
-            if part.type not in TEXT_PARTS or part.text is None:
-                raise APIError(f"{where}: a content part of type {part.type!r} is not "
-                               "supported: this server serves a text model; send input_text "
-                               "parts", param="input")
-        return "".join(part.text or "" for part in self.content)
+            if part.type == "input_image" and part.image_url:
+                parts.append(image_part(part.image_url))
+            elif part.type in TEXT_PARTS and part.text is not None:
+                parts.append(text_part(part.text))
+            else:
+                raise APIError(f"{where}: a content part of type {part.type!r} is not supported "
+                               "(an input_image needs image_url: file_id is not served); send "
+                               "input_text and input_image parts", param="input")
+        return chat_content(parts)
 
 
 class FunctionCallItem(BaseModel):
@@ -210,7 +219,7 @@ class ResponsesRequest(BaseModel):
         for i, item in enumerate(self.input):
             where = f"input[{i}]"
             if isinstance(item, MessageItem):
-                out.append(ChatMessage(role=item.role, content=item.text(where),
+                out.append(ChatMessage(role=item.role, content=item.chat_content(where),
                                        reasoning_content=thinking
                                        if item.role == "assistant" else None))
                 thinking = None if item.role == "assistant" else thinking

@@ -87,11 +87,13 @@ class ResponsesServing:
                                param="previous_response_id", status=404, code="not_found")
             earlier = previous.conversation
         chat = translated(lambda: body.to_chat_request(earlier))
-        plan, ids, params = self.chat.prepare_chat(chat).parts()
+        prepared = await self.chat.prepare_chat(chat)
+        plan, ids, params = prepared.parts()
         rid = new_id("resp")
         turn = Turn(tenant, body, earlier, ResponseObject.start(rid, body), len(ids))
         pin = body.store and self.store.pins is not None
-        streams = await self.chat.open(request, chat, [ids], [params], rid, pin=pin)
+        streams = await self.chat.open(request, chat, [ids], [params], rid, pin=pin,
+                                       images=[prepared.images])
         if body.stream:
             return SSEResponse(self.stream(turn, plan, streams[0]))
         # (not cancellable: its client learns its id only from the answer)

@@ -79,8 +79,14 @@ def test_output_config_thinking_and_prefill() -> None:
 
 
 @pytest.mark.parametrize(("body", "needle"), [
-    ({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
-     "'image' is not supported"),
+    ({"messages": [{"role": "user", "content": [{"type": "document", "source": {}}]}]},
+     "'document' is not supported"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
+        {"type": "image", "source": {"type": "url", "url": "http://x/y.png"}}]}]},
+     "'image' is not valid in a assistant turn"),
+    ({"messages": [{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png"}}]}]},
+     "needs data"),
     ({"messages": [{"role": "user", "content": [
         {"type": "tool_use", "id": "x", "name": "f", "input": {}}]}]},
      "not valid in a user turn"),

@@ -198,7 +198,7 @@ def test_refusals_are_in_anthropics_shape(served: Served) -> None:
         ({"model": "claude-x"}, "not served"),
         ({"messages": [{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                         "data": "AA=="}}]}]}, "'image'"),
+                                         "data": "AA=="}}]}]}, "takes no images"),
         ({"tool_choice": {"type": "tool", "name": "nope"}, "tools": TOOLS}, "nope"),
         ({"messages": [{"role": "user", "content": [{"type": "tool_result",
                                                      "tool_use_id": "x", "content": "1"}]}]},

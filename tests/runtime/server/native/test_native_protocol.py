@@ -46,7 +46,7 @@ def test_what_is_not_served_is_named(values: dict[str, Any], expect: str) -> Non
 def test_unserved_request_fields_pass_only_when_off() -> None:
     check_unserved(GenerateRequest(text="x", lora_path=None, image_data=[], log_metrics=False,
                                    return_routed_experts=False))
-    for name, value in (("lora_id", "a"), ("image_data", ["img"]), ("background", True),
+    for name, value in (("lora_id", "a"), ("video_data", ["v"]), ("background", True),
                         ("return_routed_experts", 1), ("token_ids_logprob", [3])):
         with pytest.raises(APIError, match=name):
             check_unserved(GenerateRequest(text="x", **{name: value}))

@@ -168,8 +168,27 @@ def test_chat_messages_become_template_dicts() -> None:
         ChatMessage.model_validate({"role": "robot", "content": "x"})
     image = ChatMessage.model_validate({"role": "user", "content": [{"type": "image_url",
                                                                      "text": "x"}]})
-    with pytest.raises(APIError, match="image_url.*not supported"):
+    with pytest.raises(APIError, match="an image_url part needs"):
         image.text()
+    with pytest.raises(APIError, match="'input_audio' is not supported"):
+        ChatMessage(role="user", content=[{"type": "input_audio"}]).text()
+
+
+def test_image_parts_reach_the_template_as_image_parts() -> None:
+    """Text-only content stays one string; with images, the parts in order, each image a
+    {"type": "image"} (where the template writes the image token)."""
+    req = ChatRequest(model="m", messages=[
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        {"role": "user", "content": [
+            {"type": "text", "text": "Look:"},
+            {"type": "image_url", "image_url": {"url": "data:image/png;base64,AA==",
+                                                "detail": "high"}},
+            {"type": "image_url", "image_url": "http://x/y.png"}]},
+    ])
+    assert [m["content"] for m in template_messages(req)] == [
+        "ab", [{"type": "text", "text": "Look:"}, {"type": "image"}, {"type": "image"}]]
+    assert req.messages[1].images() == ["data:image/png;base64,AA==", "http://x/y.png"]
+    assert req.messages[1].text() == "Look:" and req.messages[0].images() == []
 
 
 def test_request_bodies_round_trip() -> None:

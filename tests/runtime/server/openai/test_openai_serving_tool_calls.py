@@ -293,6 +293,8 @@ REFUSALS = [
     ({"messages": [{"role": "user", "content": None}]}, "content is null"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "text": "x"}]}]},
      "image_url"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {
+        "url": "http://127.0.0.1:9/never-fetched.png"}}]}]}, "takes no images"),
     ({"messages": [*ASK, {"role": "tool", "content": "21"}]}, "needs tool_call_id"),
     ({"messages": [*ASK, {"role": "tool", "tool_call_id": "call_x", "content": "21"}]},
      "answers no earlier assistant tool call"),

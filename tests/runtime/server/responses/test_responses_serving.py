@@ -233,7 +233,9 @@ def test_refusals(served: Served) -> None:
         ({"tools": [{"type": "web_search"}]}, "web_search"),
         ({"input": [{"role": "user", "content": [{"type": "input_image",
                                                    "image_url": "http://x/y.png"}]}]},
-         "input_image"),
+         "takes no images"),  # a text model: nothing is fetched
+        ({"input": [{"role": "user", "content": [{"type": "input_image",
+                                                   "file_id": "file-1"}]}]}, "input_image"),
         ({"input": [{"type": "item_reference", "id": "x"}]}, "item_reference"),
         ({"max_output_tokens": 0}, "max_output_tokens"),
         ({"tool_choice": "required"}, "tool_choice needs tools"),
