@@ -46,6 +46,7 @@ __all__ = [
     "get_server_info",
     "global_config",
     "greedy_token_selection",
+    "image",
     "select",
     "set_default_backend",
     "system",
@@ -103,6 +104,7 @@ _LAZY = {
     "function": "radixrt.frontend",
     "embed": "radixrt.frontend",
     "gen": "radixrt.frontend",
+    "image": "radixrt.frontend",
     "select": "radixrt.frontend",
     "set_default_backend": "radixrt.frontend",
     "system": "radixrt.frontend",
@@ -115,8 +117,7 @@ _LAZY = {
 
 # SGLang frontend names radixrt does not have, and what to use instead
 _SGLANG_INSTEAD = {
-    "image": "radixrt runs text-only models",
-    "video": "radixrt runs text-only models",
+    "video": "radixrt takes images (image(path_or_bytes)), not video",
     "OpenAI": "rx.OpenAICompatible(base_url, model) runs programs on any OpenAI-compatible "
               "server",
     "Anthropic": "rx.OpenAICompatible(base_url, model) with an OpenAI-compatible proxy",

@@ -1,5 +1,6 @@
-"""The DSL: `@function` programs that append text, gen, select and roles to a state, fork it,
-and run on a backend (a local `Runtime`, a `RuntimeEndpoint`, or an `OpenAICompatible` server)."""
+"""The DSL: `@function` programs that append text, images, gen, select and roles to a state,
+fork it, and run on a backend (a local `Runtime`, a `RuntimeEndpoint`, or an `OpenAICompatible`
+server)."""
 
 from radixrt.frontend.backends.local_runtime import Runtime
 from radixrt.frontend.backends.runtime_endpoint import RuntimeEndpoint
@@ -13,6 +14,7 @@ from radixrt.frontend.lang.api import (
     gen_int,
     gen_string,
     get_server_info,
+    image,
     select,
     set_default_backend,
     system,
@@ -69,6 +71,7 @@ __all__ = [
     "get_server_info",
     "global_config",
     "greedy_token_selection",
+    "image",
     "select",
     "set_default_backend",
     "system",

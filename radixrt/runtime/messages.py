@@ -380,6 +380,9 @@ class DslRequest(msgspec.Struct, frozen=True, tag=True):
     # op "generate" with the server's --reasoning-parser: the thinking apart (DslSample.reasoning)
     # and constraints after it
     separate_reasoning: bool = False
+    # op "generate" / "score": the image files (PNG, JPEG, ...; untrusted, decoded by the
+    # server under its media limits) whose image tokens `text` holds, in order
+    images: list[bytes] = []
 
 
 class DslReply(msgspec.Struct, frozen=True, tag=True):

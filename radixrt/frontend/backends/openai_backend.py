@@ -7,7 +7,8 @@ scores every choice in ONE request (the prompt
 list [text + choice, ...] with echo and logprobs, max_tokens=0), reading the log-probabilities
 of the tokens past the text. There is no pinning over HTTP: the server's own prefix cache, if
 it has one, does the reuse. Roles need the model's chat markers: read from a radixrt server's
-/server_info, or given as chat_format ("chatml", "llama-3" or a ChatFormat).
+/server_info, or given as chat_format ("chatml", "llama-3" or a ChatFormat). rx.image is
+refused: a completion's prompt is text, and there is no chat message to put an image part in.
 """
 
 from __future__ import annotations
@@ -48,6 +49,11 @@ HTTP_TIMEOUT_S = 600.0
 
 
 class OpenAICompatible:
+    # why rx.image cannot run here (the executor's message; generate takes no images=)
+    no_images = ("rx.image needs rx.Runtime or rx.RuntimeEndpoint(\"tcp://...\") on a "
+                 "vision-language model: this backend sends /v1/completions text prompts, "
+                 "which carry no images")
+
     def __init__(self, base_url: str, model: str, api_key: str | None = None,
                  chat_format: str | ChatFormat | None = None,
                  timeout: float = HTTP_TIMEOUT_S,

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from radixrt.frontend.backends.replica_choice import NoReplicaUp, ReplicaChooser
@@ -64,28 +64,30 @@ class ProgramReplica:
 
     # --- Backend, each call on the program's replica ----------------------------------------
     def generate(self, text: str, params: dict[str, Any], on_piece: PieceCallback | None,
-                 priority: int = 0) -> GenResult:
+                 priority: int = 0, images: Sequence[bytes] = ()) -> GenResult:
         with self._call(text) as (replica, backend):
-            result = backend.generate(text, params, on_piece, priority=priority)
+            result = backend.generate(text, params, on_piece, priority=priority, images=images)
         self._endpoint.chooser.record(replica, text + result.text)
         return result
 
     async def agenerate(self, text: str, params: dict[str, Any], on_piece: PieceCallback | None,
-                        priority: int = 0) -> GenResult:
+                        priority: int = 0, images: Sequence[bytes] = ()) -> GenResult:
         with self._call(text) as (replica, backend):
-            result = await backend.agenerate(text, params, on_piece, priority=priority)
+            result = await backend.agenerate(text, params, on_piece, priority=priority,
+                                             images=images)
         self._endpoint.chooser.record(replica, text + result.text)
         return result
 
     def score(self, text: str, choices: list[str], unconditional: bool,
-              priority: int = 0) -> list[ChoiceLogprobs]:
+              priority: int = 0, images: Sequence[bytes] = ()) -> list[ChoiceLogprobs]:
         with self._call(text) as (_, backend):
-            return backend.score(text, choices, unconditional, priority=priority)
+            return backend.score(text, choices, unconditional, priority=priority, images=images)
 
     async def ascore(self, text: str, choices: list[str], unconditional: bool,
-                     priority: int = 0) -> list[ChoiceLogprobs]:
+                     priority: int = 0, images: Sequence[bytes] = ()) -> list[ChoiceLogprobs]:
         with self._call(text) as (_, backend):
-            return await backend.ascore(text, choices, unconditional, priority=priority)
+            return await backend.ascore(text, choices, unconditional, priority=priority,
+                                        images=images)
 
     def embed(self, text: str, dimensions: int | None, priority: int = 0) -> list[float]:
         with self._call(text) as (_, backend):
@@ -96,13 +98,13 @@ class ProgramReplica:
         with self._call(text) as (_, backend):
             return await backend.aembed(text, dimensions, priority=priority)
 
-    def pin(self, text: str, priority: int = 0) -> Any:
+    def pin(self, text: str, priority: int = 0, images: Sequence[bytes] = ()) -> Any:
         with self._call(text) as (_, backend):
-            return backend.pin(text, priority=priority)
+            return backend.pin(text, priority=priority, images=images)
 
-    async def apin(self, text: str, priority: int = 0) -> Any:
+    async def apin(self, text: str, priority: int = 0, images: Sequence[bytes] = ()) -> Any:
         with self._call(text) as (_, backend):
-            return await backend.apin(text, priority=priority)
+            return await backend.apin(text, priority=priority, images=images)
 
     def unpin(self, handle: Any) -> None:
         self._bound().unpin(handle)

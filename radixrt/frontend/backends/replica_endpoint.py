@@ -96,20 +96,20 @@ class ReplicaEndpoint:
         return self.backends[0].chat_format()
 
     def generate(self, text: str, params: dict[str, Any], on_piece: PieceCallback | None,
-                 priority: int = 0) -> GenResult:
-        return self.for_program().generate(text, params, on_piece, priority)
+                 priority: int = 0, images: Sequence[bytes] = ()) -> GenResult:
+        return self.for_program().generate(text, params, on_piece, priority, images)
 
     async def agenerate(self, text: str, params: dict[str, Any], on_piece: PieceCallback | None,
-                        priority: int = 0) -> GenResult:
-        return await self.for_program().agenerate(text, params, on_piece, priority)
+                        priority: int = 0, images: Sequence[bytes] = ()) -> GenResult:
+        return await self.for_program().agenerate(text, params, on_piece, priority, images)
 
     def score(self, text: str, choices: list[str], unconditional: bool,
-              priority: int = 0) -> list[ChoiceLogprobs]:
-        return self.for_program().score(text, choices, unconditional, priority)
+              priority: int = 0, images: Sequence[bytes] = ()) -> list[ChoiceLogprobs]:
+        return self.for_program().score(text, choices, unconditional, priority, images)
 
     async def ascore(self, text: str, choices: list[str], unconditional: bool,
-                     priority: int = 0) -> list[ChoiceLogprobs]:
-        return await self.for_program().ascore(text, choices, unconditional, priority)
+                     priority: int = 0, images: Sequence[bytes] = ()) -> list[ChoiceLogprobs]:
+        return await self.for_program().ascore(text, choices, unconditional, priority, images)
 
     def embed(self, text: str, dimensions: int | None, priority: int = 0) -> list[float]:
         return self.for_program().embed(text, dimensions, priority)
@@ -118,13 +118,15 @@ class ReplicaEndpoint:
                      priority: int = 0) -> list[float]:
         return await self.for_program().aembed(text, dimensions, priority)
 
-    def pin(self, text: str, priority: int = 0) -> ReplicaPin | None:
+    def pin(self, text: str, priority: int = 0,
+            images: Sequence[bytes] = ()) -> ReplicaPin | None:
         one = self.for_program()
-        return self._replica_pin(one, one.pin(text, priority))
+        return self._replica_pin(one, one.pin(text, priority, images))
 
-    async def apin(self, text: str, priority: int = 0) -> ReplicaPin | None:
+    async def apin(self, text: str, priority: int = 0,
+                   images: Sequence[bytes] = ()) -> ReplicaPin | None:
         one = self.for_program()
-        return self._replica_pin(one, await one.apin(text, priority))
+        return self._replica_pin(one, await one.apin(text, priority, images))
 
     def unpin(self, handle: ReplicaPin) -> None:
         self.backends[handle.replica].unpin(handle.handle)

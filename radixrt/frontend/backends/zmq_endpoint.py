@@ -4,13 +4,15 @@ The frontend sends text; the runtime tokenizes it and its radix tree finds what 
 already computed. `select` is one call (all choices scored in one batch), and a fork's prefix is
 computed once and pinned in the radix cache until the fork is joined. Streamed pieces carry their
 tokens and logprob entries (PieceMeta); `token_usage` counts what every generate sent and got;
-`token_texts` asks the runtime for token ids' texts (its op token_texts).
+`token_texts` asks the runtime for token ids' texts (its op token_texts). A program's images
+(rx.image) go with its generate, score and pin calls as the files' bytes (DslRequest.images); the
+runtime names its image token in op info's chat.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from radixrt.frontend.backends.lease_keeper import LeaseKeeper
@@ -98,25 +100,26 @@ class ZmqRuntimeEndpoint:
     # each call is built once and read once; `call` runs it blocking, `acall` on asyncio (the
     # async twins are what arun's programs use: runners.LoopRunner)
     def generate(self, text: str, params: dict[str, Any], on_piece: PieceCallback | None,
-                 priority: int = 0) -> GenResult:
-        forward, fields = self._generate_call(text, params, on_piece, priority)
+                 priority: int = 0, images: Sequence[bytes] = ()) -> GenResult:
+        forward, fields = self._generate_call(text, params, on_piece, priority, images)
         return self._counted(self._gen_result(self._client.call(forward, **fields)))
 
     async def agenerate(self, text: str, params: dict[str, Any], on_piece: PieceCallback | None,
-                        priority: int = 0) -> GenResult:
-        forward, fields = self._generate_call(text, params, on_piece, priority)
+                        priority: int = 0, images: Sequence[bytes] = ()) -> GenResult:
+        forward, fields = self._generate_call(text, params, on_piece, priority, images)
         return self._counted(self._gen_result(await self._client.acall(forward, **fields)))
 
     def score(self, text: str, choices: list[str], unconditional: bool,
-              priority: int = 0) -> list[ChoiceLogprobs]:
+              priority: int = 0, images: Sequence[bytes] = ()) -> list[ChoiceLogprobs]:
         return self._scores(self._client.call(op="score", text=text, choices=choices,
-                                              unconditional=unconditional, priority=priority))
+                                              unconditional=unconditional, priority=priority,
+                                              images=list(images)))
 
     async def ascore(self, text: str, choices: list[str], unconditional: bool,
-                     priority: int = 0) -> list[ChoiceLogprobs]:
+                     priority: int = 0, images: Sequence[bytes] = ()) -> list[ChoiceLogprobs]:
         return self._scores(await self._client.acall(
             op="score", text=text, choices=choices, unconditional=unconditional,
-            priority=priority))
+            priority=priority, images=list(images)))
 
     def embed(self, text: str, dimensions: int | None, priority: int = 0) -> list[float]:
         return self._embedded(self._client.call(op="embed", text=text, dimensions=dimensions,
@@ -134,15 +137,16 @@ class ZmqRuntimeEndpoint:
         self.token_usage.add(reply.prompt_tokens, 0, reply.cached_tokens)  # a prefill
         return list(reply.embedding)
 
-    def pin(self, text: str, priority: int = 0) -> int | None:
+    def pin(self, text: str, priority: int = 0, images: Sequence[bytes] = ()) -> int | None:
         if not self._cache_on:  # nothing to keep: computing the prefix first would be waste
             return None
-        return self._pinned(self._client.call(**self._pin_call(text, priority)))
+        return self._pinned(self._client.call(**self._pin_call(text, priority, images)))
 
-    async def apin(self, text: str, priority: int = 0) -> int | None:
+    async def apin(self, text: str, priority: int = 0,
+                   images: Sequence[bytes] = ()) -> int | None:
         if not self._cache_on:
             return None
-        return self._pinned(await self._client.acall(**self._pin_call(text, priority)))
+        return self._pinned(await self._client.acall(**self._pin_call(text, priority, images)))
 
     def unpin(self, handle: Any) -> None:
         self._leases.drop(int(handle))
@@ -154,7 +158,8 @@ class ZmqRuntimeEndpoint:
 
     @staticmethod
     def _generate_call(text: str, params: dict[str, Any], on_piece: PieceCallback | None,
-                       priority: int) -> tuple[Callable[[Any], None] | None, dict[str, Any]]:
+                       priority: int, images: Sequence[bytes] = ()
+                       ) -> tuple[Callable[[Any], None] | None, dict[str, Any]]:
         # the params go typed (a bad field is a ValueError here, before anything is sent), a
         # constraint among them: the runtime compiles it (a broken pattern is refused);
         # separate_reasoning is the request's own field
@@ -166,7 +171,7 @@ class ZmqRuntimeEndpoint:
         return forward, dict(op="generate", text=text,
                              params=SamplingParams.from_fields(fields),
                              stream=on_piece is not None, priority=priority,
-                             separate_reasoning=separate, lora=lora)
+                             separate_reasoning=separate, lora=lora, images=list(images))
 
     @staticmethod
     def _gen_result(reply: Any) -> GenResult:
@@ -189,9 +194,9 @@ class ZmqRuntimeEndpoint:
                 for c in reply.choices]
 
     @staticmethod
-    def _pin_call(text: str, priority: int) -> dict[str, Any]:
+    def _pin_call(text: str, priority: int, images: Sequence[bytes] = ()) -> dict[str, Any]:
         return dict(op="generate", text=text, params=SamplingParams.from_fields(PREFILL_ONLY),
-                    pin=True, priority=priority)
+                    pin=True, priority=priority, images=list(images))
 
     def _pinned(self, reply: Any) -> int | None:
         self.token_usage.add(reply.prompt_tokens, 0, reply.cached_tokens)  # a prefill

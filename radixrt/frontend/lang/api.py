@@ -1,8 +1,12 @@
-"""The DSL's building blocks: gen, select, the roles, and the default backend."""
+"""The DSL's building blocks: gen, select, image, the roles, and the default backend."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import io
 import json
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -12,6 +16,7 @@ from radixrt.frontend.lang.ir import (
     Embed,
     Expr,
     Gen,
+    Image,
     RoleBegin,
     RoleEnd,
     Select,
@@ -221,6 +226,49 @@ def embed(name: str | None = None, text: str | None = None, dimensions: int | No
         raise ValueError(f"dimensions={dimensions!r} must be an int >= 1, or None")
     check_priority(priority)
     return Embed(name, text, dimensions, priority)
+
+
+def image(path_or_bytes: Any) -> Image:
+    """An image at this point of the program: `s += rx.user(rx.image("cat.png") + "What is
+    it?")`. A path (str or os.PathLike; the file is read here, on the client, so the program
+    may run far from the runtime), the file's bytes, a data: URL, or a PIL image (sent as PNG).
+    The text gets the model's image token at this place (what its chat template writes for an
+    image), and every gen / select / fork whose text holds it sends the image with it. Needs a
+    vision-language model on rx.Runtime / rx.RuntimeEndpoint; the runtime decodes the bytes
+    under its media limits. SGLang's sgl.image."""
+    ref = path_or_bytes
+    if isinstance(ref, (bytes, bytearray, memoryview)):
+        data, source = bytes(ref), ""
+    elif isinstance(ref, str) and ref.startswith("data:"):
+        data, source = _data_url(ref), ref[:40] + "..."
+    elif isinstance(ref, str) and ref.startswith(("http://", "https://")):
+        raise ValueError(f"image({ref!r}): give a local path or the image's bytes; fetch a URL "
+                         "yourself, e.g. image(httpx.get(url).content)")
+    elif isinstance(ref, (str, os.PathLike)):
+        source = os.fspath(ref)
+        with open(source, "rb") as f:  # a missing file: FileNotFoundError naming it
+            data = f.read()
+    elif callable(getattr(ref, "save", None)) and hasattr(ref, "mode"):  # a PIL image
+        buffer = io.BytesIO()
+        ref.save(buffer, format="PNG")
+        data, source = buffer.getvalue(), ""
+    else:
+        raise TypeError(f"image() takes a path, bytes, a data: URL or a PIL image, not "
+                        f"{type(ref).__name__}")
+    if not data:
+        raise ValueError(f"image({source or 'bytes'!r}): the image is empty")
+    return Image(data, source)
+
+
+def _data_url(url: str) -> bytes:
+    head, comma, payload = url.partition(",")
+    if not comma or not head.endswith(";base64"):
+        raise ValueError(f"image(): a data: URL must be data:<mime>;base64,<data>, got "
+                         f"{url[:40]!r}...")
+    try:
+        return base64.b64decode(payload, validate=True)
+    except binascii.Error as exc:
+        raise ValueError(f"image(): the data: URL's payload is not base64 ({exc})") from None
 
 
 def check_priority(priority: Any) -> None:

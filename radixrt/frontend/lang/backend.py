@@ -37,16 +37,20 @@ class RuntimeUnreachable(BackendError):
 @dataclass(frozen=True)
 class ChatFormat:
     """Text around each role's message, and what a conversation without a system message starts
-    with (the template's default system prompt, if any)."""
+    with (the template's default system prompt, if any). image_token: the text that stands for
+    an image (what the chat template writes for one, e.g. LLaVA's "<image>\\n"); "" where the
+    model takes no images, or the backend cannot send them."""
 
     roles: dict[str, tuple[str, str]]
     preamble: str = ""
     tool_prompt: str = ""  # the runtime's tool prompt, "{tools}" where the tools are listed
+    image_token: str = ""
 
     @classmethod
     def from_info(cls, chat: dict[str, Any]) -> ChatFormat:
         roles = {r: (p, s) for r, (p, s) in chat.get("roles", {}).items()}
-        return cls(roles, chat.get("preamble", ""), chat.get("tool_prompt", ""))
+        return cls(roles, chat.get("preamble", ""), chat.get("tool_prompt", ""),
+                   chat.get("image_token", ""))
 
     def markers(self, role: str) -> tuple[str, str]:
         if role not in self.roles:
@@ -199,6 +203,11 @@ class Backend(Protocol):
     # `token_texts(token_ids) -> list[str]` (each id decoded on its own with the model's
     # tokenizer: gen(return_text_in_logprobs=True) needs it where logprob entries carry ids
     # without texts).
+    # Images (rx.image): a backend that takes them names the model's image token in its
+    # chat_format(), and its generate, score and pin (and their async twins) take a keyword
+    # `images`: the files' bytes, one per image token of the text, in order (passed only when
+    # the text holds images). `no_images`, a str attribute: why rx.image cannot run on this
+    # backend (else the model is said to take none).
 
 
 def program_backend(backend: Any) -> Any:

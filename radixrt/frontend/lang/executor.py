@@ -29,11 +29,13 @@ from radixrt.frontend.lang.global_config import global_config
 from radixrt.frontend.lang.ir import (
     Embed,
     Gen,
+    Image,
     RoleBegin,
     RoleEnd,
     Select,
     SetVar,
     Text,
+    TextWithImages,
     ToolPrompt,
     VarScopeBegin,
     VarScopeEnd,
@@ -49,6 +51,10 @@ from radixrt.frontend.lang.tools import parse_calls
 from radixrt.frontend.lang.transcript import Transcript
 
 _END = object()
+# rx.image on a backend whose chat format names no image token (and says nothing of its own)
+NO_IMAGES = ("rx.image: the model takes no images (the runtime names no image token): run the "
+             "program on a vision-language model (LLaVA, Idefics3, ...) served by rx.Runtime or "
+             "rx.RuntimeEndpoint")
 
 
 class StreamExecutor:
@@ -91,7 +97,9 @@ class StreamExecutor:
                               self.priority, self.defaults, self.runner)
 
     def pin(self, text: str) -> Any:
-        return self.runner.call(self.backend, "pin", text, priority=self.priority)
+        """Pin `text`, this state's text so far (its images go with it)."""
+        return self.runner.call(self.backend, "pin", text, priority=self.priority,
+                                images=self.transcript.images)
 
     def unpin(self, handle: Any) -> None:
         self.runner.call(self.backend, "unpin", handle)
@@ -225,6 +233,11 @@ class StreamExecutor:
     def _run(self, leaf: Any) -> None:
         if isinstance(leaf, Text):
             self._append(None, leaf.text)
+        elif isinstance(leaf, Image):
+            self._image(leaf)
+        elif isinstance(leaf, TextWithImages):
+            self.transcript.images += leaf.images
+            self._append(None, leaf.text)
         elif isinstance(leaf, RoleBegin):
             self._append(None, self.transcript.begin_role(leaf.role), add=False)
         elif isinstance(leaf, RoleEnd):
@@ -284,7 +297,8 @@ class StreamExecutor:
 
         result = self.runner.call(self.backend, "generate", self.transcript.text, params,
                                   on_piece if self.stream else None,
-                                  priority=self._priority(leaf.priority))
+                                  priority=self._priority(leaf.priority),
+                                  images=self.transcript.images)
         value, extra = self._value(leaf, result)
         meta = {
             **extra,
@@ -332,7 +346,8 @@ class StreamExecutor:
 
         result = self.runner.call(self.backend, "generate", self.transcript.text,
                                   spec.call_params(params), on_piece,
-                                  priority=self._priority(leaf.priority))
+                                  priority=self._priority(leaf.priority),
+                                  images=self.transcript.images)
         self._value(leaf, result)  # a runtime error raises here
         spec.keep(params, pieces, result.text, result.completion_tokens, result.finish_reason,
                   result.prompt_tokens, result.cached_tokens)
@@ -357,7 +372,8 @@ class StreamExecutor:
         unconditional = leaf.method == "unconditional_likelihood_normalized"
         scored = self.runner.call(self.backend, "score", self.transcript.text,
                                   list(leaf.choices), unconditional,
-                                  priority=self._priority(leaf.priority))
+                                  priority=self._priority(leaf.priority),
+                                  images=self.transcript.images)
         best, scores = pick(leaf.method, scored)
         choice = leaf.choices[best]
         meta = {
@@ -373,9 +389,23 @@ class StreamExecutor:
         text = self.transcript.text if leaf.text is None else leaf.text
         if not text:
             raise BackendError("embed of an empty program: append text first, or give text=")
+        if leaf.text is None and self.transcript.images:
+            raise BackendError("embed of the program's text: it holds images, which embeddings "
+                               "do not take; give the text to embed as text=")
         vector = self.runner.call(self.backend, "embed", text, leaf.dimensions,
                                   priority=self._priority(leaf.priority))
         self._set(leaf.name, list(vector), {"dimensions": len(vector)})
+
+    def _image(self, leaf: Image) -> None:
+        """The model's image token into the text, the image's bytes beside it (sent with every
+        call on this text from now on)."""
+        token = self.transcript.chat().image_token
+        if not token:
+            raise BackendError(getattr(self.backend, "no_images", None) or NO_IMAGES)
+        if self.speculation is not None:
+            self.speculation.drop()  # what was speculated did not see the image
+        self.transcript.images.append(leaf.data)
+        self._append(None, token)
 
     def _priority(self, own: int | None) -> int:
         return self.priority if own is None else own

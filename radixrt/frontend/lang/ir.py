@@ -1,4 +1,4 @@
-"""The expressions a program appends to its state: text, gen, select and role markers.
+"""The expressions a program appends to its state: text, images, gen, select and role markers.
 
 `s += rx.user("Hi") + rx.assistant(rx.gen("reply"))` builds a tree of these; the executor flattens
 it into leaves and runs them in order. Plain strings become `Text`.
@@ -27,6 +27,25 @@ class Expr:
 @dataclass(frozen=True)
 class Text(Expr):
     text: str
+
+
+@dataclass(frozen=True)
+class Image(Expr):
+    """An image at this point of the program (rx.image): its file's bytes (PNG, JPEG, ...),
+    read on the client. The text gets the model's image token here; the bytes go with every
+    call whose text holds that token (the runtime decodes them)."""
+
+    data: bytes = field(repr=False)
+    source: str = ""  # where the bytes came from (a path; "" for bytes given), for messages
+
+
+@dataclass(frozen=True)
+class TextWithImages(Expr):
+    """Text that holds the image tokens of these images, in order: what a concate_and_append
+    join appends of its children (their text and the images in it)."""
+
+    text: str
+    images: tuple[bytes, ...] = field(default=(), repr=False)
 
 
 @dataclass(frozen=True)
@@ -124,7 +143,7 @@ def as_expr(value: Any) -> Expr:
         return hook()
     raise TypeError(
         f"cannot append a {type(value).__name__} to a program state: append a str, gen(...), "
-        "select(...), a role such as user(...), or a sum of those"
+        "select(...), image(...), a role such as user(...), or a sum of those"
     )
 
 

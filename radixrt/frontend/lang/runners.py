@@ -25,10 +25,12 @@ import functools
 import inspect
 import queue
 import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import greenlet
+
+from radixrt.frontend.lang.backend import BackendError
 
 T = TypeVar("T")
 
@@ -41,13 +43,22 @@ def _parameters(fn: Any) -> frozenset[str]:
     return frozenset(p.name for p in params)
 
 
-def invoke(fn: Callable[..., T], args: tuple[Any, ...], priority: int | None) -> T:
+def invoke(fn: Callable[..., T], args: tuple[Any, ...], priority: int | None,
+           images: Sequence[bytes] = ()) -> T:
     """fn(*args, priority=priority), or fn(*args) for a backend method written before
-    priorities existed (one that takes no `priority`)."""
+    priorities existed (one that takes no `priority`); with images (the text's, rx.image),
+    also images=..., which a method without that keyword cannot take (BackendError)."""
     names = _parameters(getattr(fn, "__func__", fn))
-    if priority is None or not ("priority" in names or "**" in names):
-        return fn(*args)
-    return fn(*args, priority=priority)
+    keywords: dict[str, Any] = {}
+    if priority is not None and ("priority" in names or "**" in names):
+        keywords["priority"] = priority
+    if images:
+        if not ("images" in names or "**" in names):
+            raise BackendError(f"this backend's {getattr(fn, '__name__', 'method')} takes no "
+                               "images (no images= keyword): run programs with rx.image on "
+                               "rx.Runtime or rx.RuntimeEndpoint")
+        keywords["images"] = tuple(images)
+    return fn(*args, **keywords)
 
 
 class ThreadRunner:
@@ -64,8 +75,9 @@ class ThreadRunner:
         thread.start()
         return thread.join
 
-    def call(self, backend: Any, method: str, *args: Any, priority: int | None = None) -> Any:
-        return invoke(getattr(backend, method), args, priority)
+    def call(self, backend: Any, method: str, *args: Any, priority: int | None = None,
+             images: Sequence[bytes] = ()) -> Any:
+        return invoke(getattr(backend, method), args, priority, images)
 
     def cancel(self) -> None:
         """Threads cannot be cancelled: a run ends when its calls return."""
@@ -177,16 +189,18 @@ class LoopRunner:
                 await_(asyncio.wait({task}))
         return join
 
-    def call(self, backend: Any, method: str, *args: Any, priority: int | None = None) -> Any:
+    def call(self, backend: Any, method: str, *args: Any, priority: int | None = None,
+             images: Sequence[bytes] = ()) -> Any:
         twin = getattr(backend, f"a{method}", None)
         if twin is not None:
-            return await_(invoke(twin, args, priority))
+            return await_(invoke(twin, args, priority, images))
         # a blocking backend, on the loop's default executor (as many calls at once as it has
         # threads; cancelling stops the wait, not the call): its callbacks (streamed pieces)
         # are handed back to the loop, in order, ahead of the call's own result
         loop = asyncio.get_running_loop()
         args = tuple(_on_loop(loop, a) if callable(a) else a for a in args)
-        return await_(asyncio.to_thread(invoke, getattr(backend, method), args, priority))
+        return await_(asyncio.to_thread(invoke, getattr(backend, method), args, priority,
+                                        images))
 
     def cancel(self) -> None:
         """Cancel every state's expression loop (their calls in flight abort their requests)."""

@@ -49,8 +49,9 @@ SglVarScopeEnd = VarScopeEnd
 NOT_HERE = {
     "SglSamplingParams": "a gen's options are SamplingParams fields (rx.SamplingParams), given "
                          "to gen() / run() as keywords",
-    "SglImage": "radixrt runs text-only models",
-    "SglVideo": "radixrt runs text-only models",
+    "SglImage": "build an image with sgl.image(path_or_bytes) (radixrt's Image holds the "
+                "file's bytes, read on the client)",
+    "SglVideo": "radixrt takes images (sgl.image), not video",
     "SglArgument": "program arguments are plain Python values",
     "SglFork": "forks are made by state.fork(n)",
     "SglGetForkItem": "forks are made by state.fork(n); index the group it returns",

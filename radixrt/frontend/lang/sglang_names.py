@@ -50,8 +50,7 @@ DTYPE_NAMES = {"int": int, "float": float, "bool": bool, "str": str}
 UNSUPPORTED = {
     "stop_regex": "radixrt's runtime stops on strings and token ids (stop=, stop_token_ids=); "
                   "constrain the whole output with regex= instead",
-    "image": "radixrt runs text-only models",
-    "video": "radixrt runs text-only models",
+    "video": "radixrt takes images (image(path_or_bytes) in the text), not video",
     "spaces_between_special_tokens": "radixrt has no such option",
 }
 SAMPLING_FIELDS = frozenset(SamplingParams.__struct_fields__)

@@ -13,6 +13,7 @@ from radixrt.frontend.lang.ir import (
     RoleBegin,
     RoleEnd,
     SetVar,
+    TextWithImages,
     VarScopeBegin,
     VarScopeEnd,
     as_expr,
@@ -255,6 +256,7 @@ class ForkGroup:
         self._handle = handle
         self._joined = False
         self._start = len(parent._executor.transcript.text)  # where the children's text starts
+        self._images = len(parent._executor.transcript.images)  # ... and their images
 
     def __len__(self) -> int:
         return len(self.states)
@@ -294,9 +296,11 @@ class ForkGroup:
         try:
             for state in self.states:
                 state.sync()
-            if mode == "concate_and_append":
-                self.parent += "".join(s._executor.transcript.text[self._start:]
-                                       for s in self.states)
+            if mode == "concate_and_append":  # the children's text, with the images in it
+                self.parent += TextWithImages(
+                    "".join(s._executor.transcript.text[self._start:] for s in self.states),
+                    tuple(image for s in self.states
+                          for image in s._executor.transcript.images[self._images:]))
                 self.parent._executor.sync()
                 return self
             names: list[str] = []  # every variable a child set after the fork, in order

@@ -1,4 +1,5 @@
-"""The text of a program state and its chat structure: role markers, messages, the preamble."""
+"""The text of a program state and its chat structure: role markers, messages, the preamble, and
+the images whose tokens the text holds."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from radixrt.frontend.lang.backend import ChatFormat
 
 @dataclass
 class Transcript:
-    """Text so far, the role open now (if any) and the finished messages.
+    """Text so far, the role open now (if any), the finished messages, and the images (their
+    files' bytes) in the order their image tokens stand in the text: the text is only ever
+    appended to, so every call on it sends them all.
 
     `chat` is fetched on first use, so a program without roles never asks the backend for its
     chat template."""
@@ -21,6 +24,7 @@ class Transcript:
     role: str | None = None
     role_start: int = 0
     seen_role: bool = False
+    images: list[bytes] = field(default_factory=list)
 
     def begin_role(self, role: str) -> str:
         """Open a role; returns the text that was appended (its markers)."""
@@ -47,4 +51,4 @@ class Transcript:
 
     def copy(self) -> Transcript:
         return Transcript(self.chat, self.text, [dict(m) for m in self.messages], self.role,
-                          self.role_start, self.seen_role)
+                          self.role_start, self.seen_role, list(self.images))

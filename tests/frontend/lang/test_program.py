@@ -4,6 +4,8 @@ tests/frontend/lang/test_api.py."""
 
 from __future__ import annotations
 
+import base64
+import dataclasses
 from typing import Any
 
 import pytest
@@ -371,10 +373,64 @@ def test_atext_iter_streams_an_arun_and_errors_reach_the_caller():
 def test_sglang_names_radixrt_lacks_say_what_to_use():
     with pytest.raises(AttributeError, match="OpenAICompatible"):
         rx.OpenAI  # noqa: B018
-    with pytest.raises(AttributeError, match="text-only"):
-        rx.image  # noqa: B018
+    with pytest.raises(AttributeError, match="not video"):
+        rx.video  # noqa: B018
     with pytest.raises(AttributeError, match="has no attribute 'nonsense'"):
         rx.nonsense  # noqa: B018
+
+
+def test_an_image_goes_with_every_call_on_its_text_where_the_backend_takes_images(tmp_path):
+    @rx.function
+    def look(s):
+        s += rx.user(rx.image(b"picture") + "What is it?")
+        forks = s.fork(1)
+        forks += rx.assistant(rx.gen("a", max_tokens=2))
+        forks.join("concate_and_append")
+        s += rx.user(rx.image(path) + "And this?") + rx.assistant(rx.gen("b", max_tokens=2))
+
+    path = tmp_path / "second.png"  # read when the program appends it, on the client
+    path.write_bytes(b"second")
+    with pytest.raises(rx.BackendError, match="the model takes no images"):
+        look.run(backend=EchoBackend())  # its chat format names no image token
+
+    class NamesAnImageToken(EchoBackend):
+        def chat_format(self) -> rx.ChatFormat:
+            return dataclasses.replace(CHAT, image_token="<img>")
+
+    with pytest.raises(rx.BackendError, match="pin takes no images"):
+        look.run(backend=NamesAnImageToken())  # ... but its calls take no images=
+
+    class TakesImages(NamesAnImageToken):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sent: list[tuple[str, str, tuple[bytes, ...]]] = []
+
+        def generate(self, text: str, params: dict[str, Any], on_piece: Any,
+                     priority: int = 0, images: tuple[bytes, ...] = ()) -> rx.GenResult:
+            self.sent.append(("gen", text, images))
+            return super().generate(text, params, on_piece, priority)
+
+        def pin(self, text: str, priority: int = 0, images: tuple[bytes, ...] = ()) -> int:
+            self.sent.append(("pin", text, images))
+            return super().pin(text, priority)
+
+    backend = TakesImages()
+    state = look.run(backend=backend)
+    first = "<default-system/><user><img>What is it?</user>"
+    assert backend.sent == [
+        ("pin", first, (b"picture",)),
+        ("gen", first + "<assistant>", (b"picture",)),
+        ("gen", first + "<assistant><1></assistant><user><img>And this?</user><assistant>",
+         (b"picture", b"second"))]
+    assert state.messages()[0] == {"role": "user", "content": "<img>What is it?"}
+    data_url = "data:image/png;base64," + base64.b64encode(b"xyz").decode()
+    assert rx.image(data_url).data == b"xyz" and rx.image(bytearray(b"ab")).data == b"ab"
+    with pytest.raises(ValueError, match="fetch a URL yourself"):
+        rx.image("https://example.com/cat.png")
+    with pytest.raises(ValueError, match="is empty"):
+        rx.image(b"")
+    with pytest.raises(TypeError, match="not int"):
+        rx.image(3)
 
 
 def test_sglang_sampling_names_translate_and_clash_clearly():

@@ -3,9 +3,12 @@ in the private directory, and tcp:// when asked for) speaking DslRequest / DslRe
 messages. Each generate runs through the same TokenizerManager as HTTP requests.
 
 Ops: generate (optionally streamed, optionally pinning its prefix in the radix cache), unpin,
-score (the choices of a `select`), abort, info (server_info plus the chat template's roles and
-the local folder of the tokenizer), token_texts (token ids to their texts, each decoded on its
-own: what gen(return_text_in_logprobs=True) shows)."""
+score (the choices of a `select`), abort, info (server_info plus the chat template's roles, the
+text that stands for an image where the model takes images, and the local folder of the
+tokenizer), token_texts (token ids to their texts, each decoded on its own: what
+gen(return_text_in_logprobs=True) shows). A generate may carry image files (rx.image;
+dsl_images.py); a score with images is refused (prompts with images return no prompt
+logprobs)."""
 
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ from radixrt.runtime.messages import DslReply, DslRequest, DslSample, DslToolCal
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.server.core.http_replica import local_tokenizer_path
 from radixrt.runtime.server.core.tenants import ApiKeys
+from radixrt.runtime.server.dsl.dsl_images import image_text, request_prompt
 from radixrt.runtime.server.dsl.dsl_scoring import score_choices
 from radixrt.runtime.server.openai.chat_tool_plan import ChatFeatures
 from radixrt.runtime.server.openai.logprob_formats import TokenText
@@ -62,6 +66,9 @@ class DslEndpoint:
         self._calls: dict[tuple[bytes, int], asyncio.Task] = {}
         self._loop_task: asyncio.Task | None = None
         self._chat = dsl_chat_info(manager.tokenizer, self.features.tool_format)
+        images = manager.front.images
+        if images is not None:  # what a program writes for rx.image
+            self._chat["image_token"] = image_text(manager.tokenizer, images.image_token)
         self._cache_on: bool | None = None  # the runtime's radix cache, read on first use
         self._token_text = TokenText(manager.tokenizer)
 
@@ -171,6 +178,10 @@ class DslEndpoint:
                                              info={"lost": lost}))
 
     async def _score(self, identity: bytes, req: DslRequest, scheduling: Scheduling) -> None:
+        if req.images:  # the runtime returns no prompt logprobs for prompts with images
+            raise ValueError("select after an image is not supported: its choices are scored "
+                             "by prompt logprobs, which prompts with images do not return; "
+                             "use gen(name, choices=[...]), which decodes one of them")
         if self._cache_on is None:
             info = await self.manager.server_info()
             self._cache_on = not info.get("disable_radix_cache", False)
@@ -183,6 +194,8 @@ class DslEndpoint:
         prompt: Any = req.input_ids if req.input_ids is not None else req.text
         if prompt is None:
             raise ValueError("give `text` or `input_ids`")
+        if req.images:
+            raise ValueError("embed takes no images: give text only")
         ids = self.manager.encode(prompt)
         params = embed_params(self.manager.pooling, req.dimensions)
         vector: list[float] = []
@@ -205,15 +218,13 @@ class DslEndpoint:
                         scheduling: Scheduling) -> None:
         params = self._with_features(req.params,
                                      req.separate_reasoning)
-        prompt: Any = req.input_ids if req.input_ids is not None else req.text
-        if prompt is None:
-            raise ValueError("give `text` or `input_ids`")
-        ids = self.manager.encode(prompt)
+        ids, images = await request_prompt(self.manager, req)
         samples = [[[], [], [], None] for _ in range(params.n)]  # text, ids, logprobs, reason
         cached = 0
         prompt_logprobs: list = []
         pin_id, pin_error = -1, None
-        stream = self.manager.generate(ids, params, pin=req.pin, scheduling=scheduling)
+        stream = self.manager.generate(ids, params, pin=req.pin, scheduling=scheduling,
+                                       images=images)
         async with contextlib.aclosing(stream):
             async for chunk in stream:
                 text, tokens, lps, _ = samples[chunk.index]

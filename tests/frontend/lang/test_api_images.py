@@ -1,0 +1,158 @@
+"""rx.image against a live runtime (`rx.Runtime` on the tiny random LLaVA-1.5 of
+tests/tiny_vlms.py: the real process trio over ZeroMQ, the image files' bytes on the wire): a gen
+after an image in a user turn answers what the Engine answers for the same chat message with the
+same picture (greedy); the same picture again is a radix-cache hit, another one is not; forks
+carry the image (their pinned prefix holds it) and a concate_and_append join carries the
+children's images on to the parent; refusals (bad bytes, select after an image, embed of a text
+with images, a backend that cannot send images) are clear and leave the runtime serving."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tiny_vlms import build_llava, images
+
+import radixrt as rx
+from radixrt import Engine, SamplingParams
+
+pytestmark = pytest.mark.slow  # starts real processes
+
+PICTURE, OTHER = images([(40, 50), (36, 30)], seed=3)
+GREEDY = dict(max_tokens=5, temperature=0, ignore_eos=True)
+QUESTION = "What is in this picture?"
+
+
+def png(picture: Any) -> bytes:
+    buffer = io.BytesIO()
+    picture.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+@pytest.fixture(scope="module")
+def llava(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from radixrt.runtime.models.loader import load_tokenizer
+
+    folder = tmp_path_factory.mktemp("llava")
+    build_llava(folder, load_tokenizer("default"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def rt(llava: Path) -> Iterator[rx.Runtime]:
+    runtime = rx.Runtime(model=str(llava), max_total_tokens=2048, check_integrity=True,
+                         log_level="warning")
+    yield runtime
+    runtime.close()
+    assert runtime.proc.returncode == 0, runtime.log_tail()
+
+
+@pytest.fixture(scope="module")
+def engine(llava: Path) -> Iterator[Engine]:
+    engine = Engine(str(llava), max_total_tokens=2048, check_integrity=True)
+    yield engine
+    engine.close()
+
+
+def engine_answer(engine: Engine, prompt: Any, pictures: list[Any] = ()) -> Any:
+    """Greedy, as GREEDY: chat messages (their image parts), or a text with its pictures."""
+    rid = engine.submit(prompt, SamplingParams(**GREEDY), images=pictures)
+    while (out := engine.take_output(rid)) is None:
+        engine.step()
+    return out
+
+
+def image_span(engine: Engine, out: Any) -> tuple[int, int]:
+    """Where the placeholders of an output's prompt start, and one past where they end (an
+    output shows each placeholder as the image token)."""
+    token = engine.front.images.image_token_id
+    places = [i for i, t in enumerate(out.prompt_token_ids) if t == token]
+    return places[0], places[-1] + 1
+
+
+@rx.function
+def image_qa(s, picture, question):
+    s += rx.user(rx.image(picture) + question)
+    s += rx.assistant(rx.gen("answer", **GREEDY))
+
+
+def test_a_gen_after_an_image_answers_as_the_engine_and_hits_the_cache(rt, engine, tmp_path):
+    path = tmp_path / "picture.png"
+    path.write_bytes(png(PICTURE))
+    state = image_qa.run(picture=str(path), question=QUESTION, backend=rt)  # read here
+    assert state.text().startswith(f"<|im_start|>user\n<image>\n{QUESTION}<|im_end|>\n")
+    chat = [{"role": "user", "content": [{"type": "image", "image": PICTURE},
+                                         {"type": "text", "text": QUESTION}]}]
+    expected = engine_answer(engine, chat)
+    meta = state.get_meta_info("answer")
+    assert state["answer"] == expected.text
+    assert meta["prompt_tokens"] == expected.prompt_tokens
+    assert state.messages()[0]["content"] == f"<image>\n{QUESTION}"
+
+    start, end = image_span(engine, expected)
+    again = image_qa.run(picture=png(PICTURE), question="Describe it.", backend=rt)
+    assert again.get_meta_info("answer")["cached_tokens"] >= end, "its placeholders' KV reused"
+    other = image_qa.run(picture=png(OTHER), question=QUESTION, backend=rt)
+    assert other.get_meta_info("answer")["cached_tokens"] <= start, "another picture: a miss"
+
+
+def test_forks_and_a_concate_and_append_join_carry_the_images(rt, engine):
+    @rx.function
+    def forked(s):
+        s += rx.user(rx.image(PICTURE) + QUESTION)  # a PIL image, sent as PNG
+        forks = s.fork(2)
+        forks += lambda i: rx.assistant(f"Answer {i}:" + rx.gen("answer", **GREEDY))
+        forks[1] += rx.user(rx.image(png(OTHER)) + "And this one?")
+        forks.join("concate_and_append")
+        s += rx.assistant(rx.gen("last", **GREEDY))
+
+    state = forked.run(backend=rt)
+    for i, child in enumerate(state.forks):
+        text = child.text()
+        before = text[:text.index(f"Answer {i}:") + len(f"Answer {i}:")]
+        expected = engine_answer(engine, before, [PICTURE])
+        assert child["answer"] == expected.text
+        assert child.get_meta_info("answer")["cached_tokens"] >= image_span(
+            engine, expected)[1], "the pinned prefix, image and all"
+    text, last = state.text(), state["last"] + "<|im_end|>\n"
+    assert text.count("<image>\n") == 2 and text.endswith(last)  # the parent's, the child's
+    before = text[:-len(last)]
+    assert state["last"] == engine_answer(engine, before, [PICTURE, OTHER]).text
+
+
+def test_refusals_are_clear_and_the_runtime_keeps_serving(rt):
+    @rx.function
+    def broken(s):
+        s += rx.user(rx.image(b"\x89PNG not really") + QUESTION)
+        s += rx.assistant(rx.gen("answer", **GREEDY))
+
+    with pytest.raises(rx.BackendError, match="image 0: not an image"):
+        broken.run(backend=rt)
+
+    @rx.function
+    def choose(s):
+        s += rx.user(rx.image(PICTURE) + "Is it blue?")
+        s += rx.assistant(rx.select("yes_no", ["yes", "no"]))
+
+    with pytest.raises(rx.BackendError, match="select after an image.*gen\\(name, choices"):
+        choose.run(backend=rt)
+
+    @rx.function
+    def pick(s):
+        s += rx.user(rx.image(PICTURE) + "Is it blue?")
+        s += rx.assistant(rx.gen("yes_no", choices=["yes", "no"]))
+        s += rx.embed("vector")
+
+    with pytest.raises(rx.BackendError, match="holds images.*text="):
+        pick.run(backend=rt)
+    with pytest.raises(FileNotFoundError, match="no-such.png"):
+        rx.image("no-such.png")
+    completions = rx.OpenAICompatible(rt.base_url + "/v1", "default", chat_format="chatml")
+    with pytest.raises(rx.BackendError, match="rx.image needs rx.Runtime"):
+        image_qa.run(picture=png(PICTURE), question=QUESTION, backend=completions)
+    completions.close()
+    state = image_qa.run(picture=png(PICTURE), question=QUESTION, backend=rt)
+    assert state.get_meta_info("answer")["completion_tokens"] == GREEDY["max_tokens"]
