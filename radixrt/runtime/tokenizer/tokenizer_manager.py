@@ -139,11 +139,12 @@ class TokenizerManager:
         under `media` (request_images.py). ValueError for too many or a bad one."""
         return await load_request_images(refs, self.media)
 
-    def encode_images(self, prompt: Prompt, images: Sequence[Any]
-                      ) -> tuple[list[int], list[ImageInput]]:
+    async def encode_images(self, prompt: Prompt, images: Sequence[Any]
+                            ) -> tuple[list[int], list[ImageInput]]:
         """A prompt with its images (loaded: `load_images`) -> token ids with the images'
-        placeholders, and the images for `generate` (RequestFront.encode_images)."""
-        return self.front.encode_images(prompt, images)
+        placeholders, and the images for `generate` (RequestFront.encode_images), on a thread:
+        the processor's resizing does not hold up the event loop's other requests."""
+        return await asyncio.to_thread(self.front.encode_images, prompt, images)
 
     async def generate(
         self,

@@ -99,12 +99,12 @@ async def load_images(manager: TokenizerManager, refs: Sequence[Any], param: str
         raise APIError(str(exc), param=param) from None
 
 
-def encode_with_images(manager: TokenizerManager, prompt: Prompt, images: Sequence[Any],
-                       param: str) -> tuple[list[int], list[ImageInput]]:
+async def encode_with_images(manager: TokenizerManager, prompt: Prompt, images: Sequence[Any],
+                             param: str) -> tuple[list[int], list[ImageInput]]:
     """The prompt's ids with its images' placeholders, and the images (none: encode as text)."""
     try:
         if not images:
             return manager.encode(prompt), []
-        return manager.encode_images(prompt, images)
+        return await manager.encode_images(prompt, images)
     except ValueError as exc:
         raise APIError(str(exc), param=param) from None

@@ -64,4 +64,4 @@ async def request_prompt(manager: TokenizerManager,
         raise ValueError("this model takes no images: serve a vision-language model (rx.image "
                          "needs one)")
     pictures = await manager.load_images(list(req.images))  # decoded off the loop, bounded
-    return manager.encode_images(req.text, pictures)
+    return await manager.encode_images(req.text, pictures)

@@ -151,8 +151,8 @@ class NativeServing:
         out = []
         for prompt, some in zip(prompts, refs):  # the model's limits: where it is queued
             images = [next(loaded) for _ in some]
-            out.append(encode_with_images(self.manager, prompt, images,
-                                          "image_data" if images else param))
+            out.append(await encode_with_images(self.manager, prompt, images,
+                                                "image_data" if images else param))
         return out, batch
 
     async def prompts(self, body: GenerateRequest) -> list[NativePrompt]:

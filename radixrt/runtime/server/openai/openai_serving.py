@@ -240,7 +240,8 @@ class OpenAIServing:
         plan = plan_chat(body, self.features, constraint_fields(body), named_parallel)
         urls = [url for message in body.messages for url in message.images()]
         images = await load_images(self.manager, urls, "messages")
-        ids, shown = encode_with_images(self.manager, self.render(body, plan), images, "messages")
+        ids, shown = await encode_with_images(self.manager, self.render(body, plan), images,
+                                              "messages")
         if not generate:
             return PreparedChat(plan, ids, None, shown)
         max_tokens = body.max_completion_tokens
