@@ -13,11 +13,18 @@ Qwen2-VL's `<|image_pad|>` between its vision markers). Then, image by image:
 
 The processors' expansions begin and end on special tokens, so splicing them into the rendered
 ids gives what the processor gives for the whole prompt (the tests hold it to that).
+
+An agent re-sends the same screenshot every turn: the processor's output is kept by a hash of
+the image's pixels (its mode, size and bytes; least recently used out, PROCESSED_CACHE_BYTES of
+tensors), so a picture seen before costs a hash, not a resize.
 """
 
 from __future__ import annotations
 
+import hashlib
+import threading
 import warnings
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,6 +37,7 @@ from radixrt.runtime.image_messages import (
 )
 
 _TEXT_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
+PROCESSED_CACHE_BYTES = 256 << 20  # processed images kept, by their pixels' hash
 
 
 def runs_of(positions: Sequence[int]) -> list[list[int]]:
@@ -48,6 +56,11 @@ class ImagePrompts:
 
     def __init__(self, processor: Any) -> None:
         self.processor = processor
+        # pixels' hash -> (expansion, tensors, their digest)
+        self._processed: OrderedDict[str, tuple[list[int], list[ImageTensor], str]] = (
+            OrderedDict())
+        self._processed_bytes = 0
+        self._lock = threading.Lock()  # requests are expanded on threads (TokenizerManager)
         self.image_token = str(processor.image_token)
         self.image_token_id = int(processor.tokenizer.convert_tokens_to_ids(self.image_token))
 
@@ -69,8 +82,7 @@ class ImagePrompts:
         previous = 0
         for i, (mark, image) in enumerate(zip(marks, images, strict=True)):
             out += ids[previous:mark]
-            expansion, tensors = self._process(i, image)
-            digest = tensors_digest(tensors)
+            expansion, tensors, digest = self._process(i, image)
             rows = [j for j, t in enumerate(expansion) if t == self.image_token_id]
             for j, pid in zip(rows, placeholder_ids(digest, len(rows)), strict=True):
                 expansion[j] = pid
@@ -80,7 +92,27 @@ class ImagePrompts:
             previous = mark + 1
         return out + list(ids[previous:]), inputs
 
-    def _process(self, index: int, image: Any) -> tuple[list[int], list[ImageTensor]]:
+    def _process(self, index: int, image: Any) -> tuple[list[int], list[ImageTensor], str]:
+        """The image's expansion, tensors and their digest: kept, or from the processor now."""
+        key = _pixels_key(image)
+        with self._lock:
+            hit = self._processed.get(key)
+            if hit is not None:
+                self._processed.move_to_end(key)
+                return list(hit[0]), hit[1], hit[2]
+        expansion, tensors = self._run_processor(index, image)
+        digest = tensors_digest(tensors)
+        size = sum(len(t.data) for t in tensors)
+        with self._lock:
+            if key not in self._processed:
+                self._processed[key] = (expansion, tensors, digest)
+                self._processed_bytes += size
+            while self._processed_bytes > PROCESSED_CACHE_BYTES and len(self._processed) > 1:
+                _, (_, old, _) = self._processed.popitem(last=False)
+                self._processed_bytes -= sum(len(t.data) for t in old)
+        return list(expansion), tensors, digest
+
+    def _run_processor(self, index: int, image: Any) -> tuple[list[int], list[ImageTensor]]:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
@@ -94,3 +126,10 @@ class ImagePrompts:
                    for name, value in sorted(out.items())
                    if name not in _TEXT_OUTPUTS and hasattr(value, "numpy")]
         return [int(t) for t in out["input_ids"][0]], tensors
+
+
+def _pixels_key(image: Any) -> str:
+    """sha256 of a PIL image's mode, size and pixel bytes."""
+    h = hashlib.sha256(f"{image.mode}|{image.size[0]}x{image.size[1]}|".encode())
+    h.update(image.tobytes())
+    return h.hexdigest()
