@@ -2,30 +2,37 @@
 token ids that stand for them in the radix tree.
 
 The tokenizer process runs the model's own image processor on each image (tokenizer/
-image_prompts.py): its tensors (pixel values, sizes, grids) travel as `ImageTensor`s, and the
-image's run(s) of placeholder tokens in the prompt get ids derived from a hash of those tensors
-(`placeholder_ids`): feature k of an image whose digest is d has id
-IMAGE_ID_BASE + (h(d) + k) mod IMAGE_ID_SPAN. So two prompts with the same image share a prefix
-in the radix tree, two different images never do (their first ids differ unless their digests'
-63-bit prefixes collide), and no placeholder id is a vocabulary id (every vocabulary is far
-smaller than IMAGE_ID_BASE). The worker replaces a placeholder's embedding by row k of its
-image's features (worker/image_embeds.py); nothing else treats the ids specially but the
-scheduler's checks (every id outside an image's runs is a vocabulary id, every id inside is
-its image's) and the drafts (never an image id: speculator.py).
+image_prompts.py): its tensors (pixel values, sizes, grids) travel as `ImageTensor`s, with
+their sha256 `digest` (the key of the worker's cache of the tower's output). The image's
+run(s) of placeholder tokens in the prompt get ids drawn from its `id_seed` -- an HMAC of the
+digest under a secret of the process that made it -- each feature row k independently:
+IMAGE_ID_BASE + blake2b(k, key=id_seed) mod IMAGE_ID_SPAN (`placeholder_ids`). So two prompts
+with the same image share a prefix in the radix tree; two different images share none of
+it but by a 2^-31 chance per placeholder (never by design: nobody without the secret can
+search for an image whose ids collide with another's); and no placeholder id is a vocabulary
+id (every vocabulary is far smaller than IMAGE_ID_BASE). The worker replaces a placeholder's
+embedding by row k of its image's features (worker/image_embeds.py); nothing else treats the
+ids specially but the scheduler's checks (every id outside an image's runs is a vocabulary id,
+every id inside is its image's) and the drafts (never an image id: speculator.py).
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import math
 from collections.abc import Iterator, Sequence
 
 import msgspec
 
 IMAGE_ID_BASE = 1 << 31  # placeholder ids start here (above every vocabulary)
-IMAGE_ID_SPAN = 1 << 30  # and stay below IMAGE_ID_BASE + IMAGE_ID_SPAN (< 2**32, tokenizers' cap)
+IMAGE_ID_SPAN = 1 << 31  # and stay below IMAGE_ID_BASE + IMAGE_ID_SPAN = 2**32 (tokenizers' cap)
 MAX_IMAGES_PER_REQUEST = 16  # a request's images (its placeholder runs bound the rest)
-MAX_IMAGE_TENSOR_BYTES = 64 << 20  # one image's processed tensors, all together
+# one image's processed tensors, all together (Qwen2-VL's largest, 12.8 megapixels, are 88 MB
+# of float32 patches)
+MAX_IMAGE_TENSOR_BYTES = 128 << 20
 IMAGE_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
+_ITEM_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "int64": 8, "int32": 4, "bool": 1}
 
 
 class ImageTensor(msgspec.Struct, frozen=True):
@@ -46,6 +53,7 @@ class ImageInput(msgspec.Struct, frozen=True):
     digest: str  # sha256 hex of its tensors (names, dtypes, shapes, bytes)
     runs: list[list[int]]
     tensors: list[ImageTensor]
+    id_seed: str = ""  # hex; its placeholders' ids (placeholder_ids): keyed by its maker
 
     @property
     def num_features(self) -> int:
@@ -69,10 +77,18 @@ def tensors_digest(tensors: Sequence[ImageTensor]) -> str:
     return h.hexdigest()
 
 
-def placeholder_ids(digest: str, count: int) -> list[int]:
-    """The ids of an image's `count` placeholder tokens (its features' rows 0..count-1)."""
-    first = int(digest[:16], 16) % IMAGE_ID_SPAN
-    return [IMAGE_ID_BASE + (first + k) % IMAGE_ID_SPAN for k in range(count)]
+def id_seed(secret: bytes, digest: str) -> str:
+    """An image's id seed: HMAC-SHA256 of its digest under the maker's secret."""
+    return hmac.new(secret, digest.encode(), hashlib.sha256).hexdigest()
+
+
+def placeholder_ids(seed: str, count: int) -> list[int]:
+    """The ids of an image's `count` placeholder tokens (its features' rows 0..count-1), each
+    drawn independently from the seed."""
+    key = bytes.fromhex(seed) if seed else b"\x00"
+    return [IMAGE_ID_BASE + int.from_bytes(hashlib.blake2b(
+        k.to_bytes(4, "little"), key=key, digest_size=8).digest(), "little") % IMAGE_ID_SPAN
+        for k in range(count)]
 
 
 def is_image_id(token: int) -> bool:
@@ -87,13 +103,17 @@ def check_image_prompt(prompt_ids: Sequence[int], images: Sequence[ImageInput]) 
                          f"{MAX_IMAGES_PER_REQUEST}")
     covered: set[int] = set()
     for i, image in enumerate(images):
+        for t in image.tensors:
+            if t.dtype not in IMAGE_DTYPES or math.prod(t.shape) * _ITEM_BYTES[t.dtype] != len(
+                    t.data) or any(n < 0 for n in t.shape):
+                raise ValueError(f"image {i}: tensor {t.name!r} is not {t.shape} of {t.dtype}")
         size = sum(len(t.data) for t in image.tensors)
         if size > MAX_IMAGE_TENSOR_BYTES:
             raise ValueError(f"image {i}: {size} bytes of processed tensors, at most "
                              f"{MAX_IMAGE_TENSOR_BYTES}")
         if any(len(run) != 2 or run[1] < 1 or run[0] < 0 for run in image.runs) or not image.runs:
             raise ValueError(f"image {i}: its runs must be [start, length >= 1] pairs")
-        ids = placeholder_ids(image.digest, image.num_features)
+        ids = placeholder_ids(image.id_seed, image.num_features)
         for (position, row) in image.positions():
             if position >= len(prompt_ids) or position in covered:
                 raise ValueError(f"image {i}: position {position} is outside the prompt or "

@@ -22,6 +22,7 @@ tensors), so a picture seen before costs a hash, not a resize.
 from __future__ import annotations
 
 import hashlib
+import secrets
 import threading
 import warnings
 from collections import OrderedDict
@@ -29,9 +30,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from radixrt.runtime.image_messages import (
+    MAX_IMAGE_TENSOR_BYTES,
     MAX_IMAGES_PER_REQUEST,
     ImageInput,
     ImageTensor,
+    id_seed,
     placeholder_ids,
     tensors_digest,
 )
@@ -61,6 +64,7 @@ class ImagePrompts:
             OrderedDict())
         self._processed_bytes = 0
         self._lock = threading.Lock()  # requests are expanded on threads (TokenizerManager)
+        self._secret = secrets.token_bytes(32)  # keys the placeholder ids (image_messages.py)
         self.image_token = str(processor.image_token)
         self.image_token_id = int(processor.tokenizer.convert_tokens_to_ids(self.image_token))
 
@@ -84,10 +88,11 @@ class ImagePrompts:
             out += ids[previous:mark]
             expansion, tensors, digest = self._process(i, image)
             rows = [j for j, t in enumerate(expansion) if t == self.image_token_id]
-            for j, pid in zip(rows, placeholder_ids(digest, len(rows)), strict=True):
+            seed = id_seed(self._secret, digest)
+            for j, pid in zip(rows, placeholder_ids(seed, len(rows)), strict=True):
                 expansion[j] = pid
             inputs.append(ImageInput(digest=digest, runs=runs_of([len(out) + j for j in rows]),
-                                     tensors=tensors))
+                                     tensors=tensors, id_seed=seed))
             out += expansion
             previous = mark + 1
         return out + list(ids[previous:]), inputs
@@ -118,14 +123,31 @@ class ImagePrompts:
                 warnings.simplefilter("ignore")
                 out = self.processor(text=self.image_token, images=[image],
                                      add_special_tokens=False, return_tensors="pt")
-        except (ValueError, TypeError, OSError) as exc:
+        except Exception as exc:  # noqa: BLE001 - a processor's error is the image's, a 400
             raise ValueError(f"image {index} could not be processed: {exc}") from None
-        tensors = [ImageTensor(name=name, dtype=str(value.dtype).removeprefix("torch."),
-                               shape=list(value.shape),
-                               data=value.contiguous().numpy().tobytes())
-                   for name, value in sorted(out.items())
+        tensors = [_image_tensor(name, value) for name, value in sorted(out.items())
                    if name not in _TEXT_OUTPUTS and hasattr(value, "numpy")]
+        size = sum(len(t.data) for t in tensors)
+        if size > MAX_IMAGE_TENSOR_BYTES:
+            raise ValueError(f"image {index} makes {size} bytes of processed tensors, more than "
+                             f"{MAX_IMAGE_TENSOR_BYTES}: send a smaller image")
         return [int(t) for t in out["input_ids"][0]], tensors
+
+
+def _image_tensor(name: str, value: Any) -> ImageTensor:
+    """A processor's output tensor as it travels: masks as bool (Idefics3's pixel mask is
+    int64 ones and zeros: 8x the bytes), other integers as int64, floats and pixel values as
+    float32 (a processor told not to rescale gives uint8 pixels; transformers' models cast
+    pixel values to their dtype)."""
+    import torch
+
+    if name.endswith("attention_mask"):
+        value = value != 0
+    elif value.dtype != torch.bool:
+        value = value.to(torch.float32 if value.is_floating_point() or name == "pixel_values"
+                         else torch.int64)
+    return ImageTensor(name=name, dtype=str(value.dtype).removeprefix("torch."),
+                       shape=list(value.shape), data=value.contiguous().numpy().tobytes())
 
 
 def _pixels_key(image: Any) -> str:

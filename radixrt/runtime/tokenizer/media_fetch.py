@@ -49,6 +49,8 @@ if TYPE_CHECKING:
 DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_REDIRECTS = 3
 DEFAULT_MAX_IMAGE_PIXELS = 40_000_000
+IMAGE_FORMATS = ("PNG", "JPEG", "GIF", "WEBP", "BMP")  # what decode_image reads (PIL's others not)
+MAX_ASPECT_RATIO = 200  # the longer side at most this many times the shorter (Qwen2-VL's bound)
 HTTP_SCHEMES = ("http", "https")
 REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 READ_CHUNK_BYTES = 64 * 1024
@@ -113,14 +115,20 @@ def decode_image(data: bytes, policy: MediaPolicy) -> Image.Image:
 
     if len(data) > policy.max_bytes:
         raise MediaError(f"the image is larger than {policy.max_bytes} bytes: send a smaller one")
+    from PIL import ImageOps
+
     try:
-        with Image.open(io.BytesIO(data)) as img:
+        with Image.open(io.BytesIO(data), formats=IMAGE_FORMATS) as img:
             width, height = img.size
             if width * height > policy.max_pixels:
                 raise MediaError(f"the image is {width}x{height} pixels, more than "
                                  f"{policy.max_pixels}: send a smaller one")
+            if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+                raise MediaError(f"the image is {width}x{height} pixels: one side more than "
+                                 f"{MAX_ASPECT_RATIO} times the other; crop it")
             img.load()
-            return img.convert("RGB")
+            # as transformers' load_image: a photo's EXIF orientation applied
+            return ImageOps.exif_transpose(img).convert("RGB")
     except MediaError:
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:

@@ -145,6 +145,9 @@ class RequestFront:
         ValueError for a model without images or a bad image."""
         refs = list(images)
         if not isinstance(prompt, str) and has_images(prompt):  # type: ignore[arg-type]
+            if refs:
+                raise ValueError("give images either as the messages' image parts or as "
+                                 "images=, not both")
             messages, refs = take_images(prompt)  # type: ignore[arg-type]
             prompt = messages
         if self.images is None:

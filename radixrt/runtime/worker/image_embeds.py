@@ -5,8 +5,9 @@ A request's images come with it (WorkerRequest.images: each image's tensors, dig
 placeholder runs). For every batch entry (positions start .. start+length-1 of one request),
 each image run that overlaps it gives the batch rows it covers and the features' rows that go
 there -- so a chunk of a prefill that cuts an image takes exactly its part of the features,
-and a prefix the radix cache matched needs none of them. The placeholder ids in those rows
-are set to 0 for the embedding lookup (the decoder overwrites the rows).
+and a prefix the radix cache matched needs none of them. The worker's token lists hold the
+image token where the prompt holds placeholders (`shown`); the rows' ids are set to 0 for the
+embedding lookup (an image token may lie past the embedding; the decoder overwrites the rows).
 
 Features are cached by digest (least recently used first out, bounded in bytes): a screenshot
 sent again in the next turn, or a request re-admitted after preemption, is not encoded again.
@@ -17,12 +18,13 @@ from __future__ import annotations
 import time
 from collections import OrderedDict
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from radixrt.runtime.forward.forward_batch import ForwardBatch
-from radixrt.runtime.image_messages import ImageInput, ImageTensor
+from radixrt.runtime.image_messages import ImageInput, ImageTensor, is_image_id
 from radixrt.runtime.models.vision.encoder import VisionEncoder
 from radixrt.runtime.worker.image_positions import mrope_positions
 
@@ -35,6 +37,11 @@ _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch
 ImageEntry = tuple[Sequence[ImageInput], int, int]
 
 
+def image_token_id(tokenizer: Any, processor: Any) -> int:
+    """The model's image token id, as its processor names the token."""
+    return int(tokenizer.convert_tokens_to_ids(str(processor.image_token)))
+
+
 def image_tensor(t: ImageTensor, device: torch.device) -> Tensor:
     """An ImageTensor's tensor (a copy: the message's bytes stay read-only)."""
     if t.dtype not in _DTYPES:
@@ -45,9 +52,13 @@ def image_tensor(t: ImageTensor, device: torch.device) -> Tensor:
 
 class ImageEmbedder:
     def __init__(self, encoder: VisionEncoder, device: torch.device, dtype: torch.dtype,
-                 cache_bytes: int = DEFAULT_FEATURE_CACHE_BYTES, mrope: bool = False) -> None:
-        """mrope: the decoder takes multimodal RoPE's 3-D positions (image_positions.py)."""
+                 image_token: int, cache_bytes: int = DEFAULT_FEATURE_CACHE_BYTES,
+                 mrope: bool = False) -> None:
+        """image_token: the model's image token id (what the worker's token lists hold for a
+        placeholder: `shown`); mrope: the decoder takes multimodal RoPE's 3-D positions
+        (image_positions.py)."""
         self.encoder = encoder
+        self.image_token = image_token
         self.mrope = mrope
         self._grids: dict[str, tuple[int, int, int]] = {}  # digest -> merged grid
         self.device = device
@@ -58,6 +69,12 @@ class ImageEmbedder:
         self.encoded = 0  # images run through the encoder
         self.hits = 0  # images whose features came from the cache
         self.encode_seconds = 0.0
+
+    def shown(self, prompt_ids: Sequence[int]) -> list[int]:
+        """A prompt's ids with each placeholder as the image token, as transformers' input_ids
+        hold them: what the penalties read (a repetition penalty counts the image token) and
+        what the embedding looks up before the features replace those rows."""
+        return [self.image_token if is_image_id(t) else t for t in prompt_ids]
 
     def features(self, image: ImageInput) -> Tensor:
         """[num_features, hidden] of one image: cached, or encoded now."""

@@ -37,7 +37,7 @@ from radixrt.runtime.worker.draft_verifier import (
     segments,
 )
 from radixrt.runtime.worker.grammar_rows import MaskRow, MaskThread, after_sample
-from radixrt.runtime.worker.image_embeds import ImageEmbedder, ImageEntry
+from radixrt.runtime.worker.image_embeds import ImageEmbedder, ImageEntry, image_token_id
 from radixrt.runtime.worker.kv_tiers import KVTiers
 from radixrt.runtime.worker.lora_manager import LoraManager
 from radixrt.runtime.worker.sampler import (
@@ -106,6 +106,7 @@ class Worker:
         self.lora: LoraManager | None = None  # LoRA adapters' slots (setup.build_worker)
         self.images = (None if loaded.vision is None  # a vision-language model's images
                        else ImageEmbedder(loaded.vision, self.device, self.dtype,
+                                          image_token_id(loaded.tokenizer, loaded.processor),
                                           mrope=bool(loaded.config.mrope_section)))
         self.graph_runner = None  # decode steps from CUDA graphs (triton backend on CUDA only)
         if cuda_graph_max_bs > 0 and self.device.type == "cuda":
@@ -167,7 +168,8 @@ class Worker:
         return _RequestState(
             params=params,
             max_tokens=new.max_tokens,
-            token_ids=list(new.prompt_ids) + list(new.output_ids),
+            token_ids=(list(new.prompt_ids) if self.images is None or not new.images
+                       else self.images.shown(new.prompt_ids)) + list(new.output_ids),
             prompt_len=len(new.prompt_ids),
             slots=list(new.prefix_slots),
             seed_offset=new.seed_offset,
@@ -461,4 +463,5 @@ class Worker:
                 seed_offset=i,
                 grammar=grammars.get(child),
                 lora=parent.lora,  # the samples of a prompt run under its adapter
+                images=parent.images,  # multimodal RoPE's positions need them
             )

@@ -12,6 +12,8 @@ from torch import Tensor, nn
 
 from radixrt.runtime.models.vision.encoder import VisionEncoder, transformers_config
 
+LLAVA_TOWERS = ("clip_vision_model", "siglip_vision_model")  # towers that need no image sizes
+
 
 class MultiModalProjector(nn.Module):
     """linear_1 -> activation -> linear_2 (LLaVA's and LLaVA-NeXT's projector)."""
@@ -43,6 +45,9 @@ class LlavaEncoder(VisionEncoder):
         from transformers import AutoModel
 
         vision = transformers_config(cfg["vision_config"])
+        if vision.model_type not in LLAVA_TOWERS:
+            raise ValueError(f"a LLaVA vision tower of type {vision.model_type!r} is not "
+                             f"supported; supported: {', '.join(LLAVA_TOWERS)}")
         self.tower = AutoModel.from_config(vision)
         self.layers = feature_layers(cfg)
         self.drop_cls = cfg.get("vision_feature_select_strategy", "default") == "default"

@@ -1,6 +1,7 @@
 """Images compose with the rest of the runtime: a grammar on the answer (JSON from a picture),
-the host KV tier under an image's placeholders, and tensor parallelism of the decoder (two
-gloo ranks, each with the vision tower) equal to one rank."""
+the host KV tier under an image's placeholders, tensor parallelism of the decoder (two gloo
+ranks, each with the vision tower) equal to one rank, and n = 2 samples under a repetition
+penalty (which counts the image token, as transformers' does) on multimodal RoPE."""
 
 from __future__ import annotations
 
@@ -25,12 +26,19 @@ def chat(question: str, picture: Any) -> list[dict[str, Any]]:
 
 
 @pytest.fixture(scope="module")
-def folders(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any) -> dict[str, Path]:
+def built(tmp_path_factory: pytest.TempPathFactory, tokenizer: Any
+          ) -> dict[str, tuple[Path, Any, Any]]:
+    """name -> (folder, transformers model, processor)."""
     out = {}
     for name in ("llava", "qwen2-vl"):
-        out[name] = tmp_path_factory.mktemp(name)
-        BUILDERS[name](out[name], tokenizer)
+        folder = tmp_path_factory.mktemp(name)
+        out[name] = (folder, *BUILDERS[name](folder, tokenizer))
     return out
+
+
+@pytest.fixture(scope="module")
+def folders(built: dict[str, tuple[Path, Any, Any]]) -> dict[str, Path]:
+    return {name: folder for name, (folder, _, _) in built.items()}
 
 
 def test_json_from_a_picture(folders: dict[str, Path]) -> None:
@@ -83,3 +91,30 @@ def test_tp2_equals_tp1(folders: dict[str, Path]) -> None:
         assert one.token_ids == two.token_ids
         for a, b in zip(one.logprobs, two.logprobs, strict=True):
             assert abs(a.logprob - b.logprob) < 1e-4
+
+
+def test_two_samples_under_a_repetition_penalty(built: dict[str, tuple[Path, Any, Any]]
+                                                 ) -> None:
+    """Qwen2-VL, n = 2 greedy samples with repetition_penalty 1.5: both are transformers'
+    greedy generation with the same penalty (its input_ids hold the image token where the
+    prompt holds placeholders, and its decode steps keep multimodal RoPE's shift)."""
+    import torch
+
+    folder, hf, processor = built["qwen2-vl"]
+    message = chat("Describe the picture in detail.", PICTURES[1])
+    params = SamplingParams(n=2, max_tokens=8, temperature=0, ignore_eos=True,
+                            repetition_penalty=1.5)
+    engine = Engine(str(folder), check_integrity=True)
+    try:
+        out = engine.generate(message, params)[0]
+    finally:
+        engine.close()
+    text = processor.apply_chat_template(message, add_generation_prompt=True)
+    inputs = dict(processor(text=text, images=[PICTURES[1]], return_tensors="pt"))
+    inputs.pop("attention_mask", None)
+    inputs["mm_token_type_ids"] = (inputs["input_ids"] == hf.config.image_token_id).int()
+    with torch.no_grad():
+        want = hf.generate(**inputs, do_sample=False, max_new_tokens=8, repetition_penalty=1.5,
+                           pad_token_id=processor.tokenizer.eos_token_id)
+    expected = want[0, inputs["input_ids"].shape[1]:].tolist()
+    assert [s.token_ids for s in out.samples] == [expected, expected]
