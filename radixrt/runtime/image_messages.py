@@ -68,6 +68,11 @@ class ImageInput(msgspec.Struct, frozen=True):
             row += length
 
 
+def images_bytes(images: Sequence[ImageInput]) -> int:
+    """The bytes of the images' processed tensors."""
+    return sum(len(t.data) for image in images for t in image.tensors)
+
+
 def tensors_digest(tensors: Sequence[ImageTensor]) -> str:
     """sha256 of the tensors' names, dtypes, shapes and bytes, in order."""
     h = hashlib.sha256()

@@ -21,7 +21,12 @@ from typing import Any
 
 from radixrt.runtime.config import MAX_LORA_ADAPTERS, EngineConfig, parse_tenant_weights
 from radixrt.runtime.errors import QueueFull
-from radixrt.runtime.image_messages import ImageInput, check_image_prompt, is_image_id
+from radixrt.runtime.image_messages import (
+    ImageInput,
+    check_image_prompt,
+    images_bytes,
+    is_image_id,
+)
 from radixrt.runtime.messages import (
     TIER_NAMES,
     LoraModuleShapes,
@@ -51,6 +56,9 @@ from radixrt.runtime.worker.disk_format import scan
 
 # A request refused because a queue is full is told to retry after this many seconds.
 QUEUE_FULL_RETRY_AFTER_S = 1
+# the processed images the requests hold (waiting or running) at once, in bytes: past it a
+# request with images is told to retry (QueueFull)
+MAX_HELD_IMAGE_BYTES = 2 << 30
 
 
 class Scheduler:
@@ -170,6 +178,7 @@ class Scheduler:
         prompt_ids = [int(t) for t in prompt_ids]
         max_tokens = self.check_limits(prompt_ids, params, images)
         self.check_queue(scheduling.tenant)
+        self.check_images_held(images)
         lora, extra_key = None, scheduling.extra_key
         if scheduling.lora is not None:
             lora, extra_key = self.lora.resolve(scheduling.lora, scheduling.extra_key)
@@ -224,6 +233,19 @@ class Scheduler:
             who = f"tenant {tenant!r}" if tenant else "the shared tenant"
             raise QueueFull(f"{who} has {tenant_cap} requests waiting, its cap "
                             f"(--max-queued-per-tenant); retry after "
+                            f"{QUEUE_FULL_RETRY_AFTER_S}s", QUEUE_FULL_RETRY_AFTER_S)
+
+    def check_images_held(self, images: Sequence[ImageInput]) -> None:
+        """Raise QueueFull when the requests' images (their tensors stay with them until they
+        end) and these would pass MAX_HELD_IMAGE_BYTES."""
+        if not images:
+            return
+        held = sum(images_bytes(r.images) for r in self.table.requests.values()
+                   if r.images and r.parent_rid is None and not r.finished)
+        if held + images_bytes(images) > MAX_HELD_IMAGE_BYTES:
+            self.stats.queue_full += 1
+            raise QueueFull(f"the server holds {held} bytes of images for its requests; these "
+                            f"would pass {MAX_HELD_IMAGE_BYTES}: retry after "
                             f"{QUEUE_FULL_RETRY_AFTER_S}s", QUEUE_FULL_RETRY_AFTER_S)
 
     def check_limits(self, prompt_ids: Sequence[int], params: SamplingParams,
