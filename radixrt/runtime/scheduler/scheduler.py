@@ -255,12 +255,8 @@ class Scheduler:
         with (None: the default rule)."""
         if not prompt_ids:
             raise ValueError("prompt is empty: give at least one token")
-        if images:
-            if not self.takes_images:
-                raise ValueError("this model takes no images: serve a vision-language model")
-            if params.prompt_logprobs_start is not None:
-                raise ValueError("prompt logprobs (echo) are not returned for prompts with "
-                                 "images: leave them out")
+        if images and not self.takes_images:
+            raise ValueError("this model takes no images: serve a vision-language model")
         check_image_prompt(prompt_ids, images)
         if self.vocab_size is not None:
             check_token_ids([t for t in prompt_ids if not is_image_id(t)], self.vocab_size)

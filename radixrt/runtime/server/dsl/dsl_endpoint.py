@@ -7,8 +7,7 @@ score (the choices of a `select`), abort, info (server_info plus the chat templa
 text that stands for an image where the model takes images, and the local folder of the
 tokenizer), token_texts (token ids to their texts, each decoded on its own: what
 gen(return_text_in_logprobs=True) shows). A generate may carry image files (rx.image;
-dsl_images.py); a score with images is refused (prompts with images return no prompt
-logprobs)."""
+dsl_images.py), and so may a score (select): its prompts carry them too."""
 
 from __future__ import annotations
 
@@ -27,7 +26,7 @@ from radixrt.runtime.messages import DslReply, DslRequest, DslSample, DslToolCal
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.server.core.http_replica import local_tokenizer_path
 from radixrt.runtime.server.core.tenants import ApiKeys
-from radixrt.runtime.server.dsl.dsl_images import image_text, request_prompt
+from radixrt.runtime.server.dsl.dsl_images import image_text, images_of, request_prompt
 from radixrt.runtime.server.dsl.dsl_scoring import score_choices
 from radixrt.runtime.server.openai.chat_tool_plan import ChatFeatures
 from radixrt.runtime.server.openai.logprob_formats import TokenText
@@ -178,16 +177,13 @@ class DslEndpoint:
                                              info={"lost": lost}))
 
     async def _score(self, identity: bytes, req: DslRequest, scheduling: Scheduling) -> None:
-        if req.images:  # the runtime returns no prompt logprobs for prompts with images
-            raise ValueError("select after an image is not supported: its choices are scored "
-                             "by prompt logprobs, which prompts with images do not return; "
-                             "use gen(name, choices=[...]), which decodes one of them")
+        pictures = await images_of(self.manager, req)
         if self._cache_on is None:
             info = await self.manager.server_info()
             self._cache_on = not info.get("disable_radix_cache", False)
         choices = await score_choices(self.manager, req.text or "", list(req.choices),
                                       req.unconditional, prefill_first=self._cache_on,
-                                      scheduling=scheduling)
+                                      scheduling=scheduling, images=pictures)
         await self._reply(identity, DslReply(call_id=req.call_id, done=True, choices=choices))
 
     async def _embed(self, identity: bytes, req: DslRequest, scheduling: Scheduling) -> None:

@@ -60,8 +60,16 @@ async def request_prompt(manager: TokenizerManager,
         return manager.encode(prompt), []
     if req.text is None or req.input_ids is not None:
         raise ValueError("images go with `text` (one image token per image), not `input_ids`")
-    if manager.front.images is None:
+    pictures = await images_of(manager, req)
+    return await manager.encode_images(req.text, pictures)
+
+
+async def images_of(manager: TokenizerManager, req: DslRequest) -> list[Any]:
+    """A request's image files, decoded (off the event loop, bounded); ValueError for a model
+    that takes no images or an image that cannot be used ("image i: why")."""
+    if not req.images:
+        return []
+    if not manager.takes_images:
         raise ValueError("this model takes no images: serve a vision-language model (rx.image "
                          "needs one)")
-    pictures = await manager.load_images(list(req.images))  # decoded off the loop, bounded
-    return await manager.encode_images(req.text, pictures)
+    return await manager.load_images(list(req.images))

@@ -160,3 +160,27 @@ def test_a_text_model_refuses_images(loaded_model: Any) -> None:
         assert engine.generate("The capital of France is", PARAMS)[0].completion_tokens == 6
     finally:
         engine.close()
+
+
+@pytest.mark.parametrize("name", ["llava", "qwen2-vl"])
+def test_prompt_logprobs_with_an_image(name: str, loaded: Callable[[str], Any],
+                                       checkpoints: dict[str, tuple[Path, Any, Any]]) -> None:
+    """Every prompt token's logprob, the image's rows included (the image token's, as
+    transformers' input_ids hold it), within 1e-3 of transformers' (what select scores by)."""
+    _, hf, processor = checkpoints[name]
+    message, pictures = PROMPTS[1]
+    engine = Engine(loaded(name), check_integrity=True)
+    try:
+        out = engine.generate(message, SamplingParams(max_tokens=1, temperature=0,
+                                                      prompt_logprobs_start=0))[0]
+    finally:
+        engine.close()
+    whole = dict(processor(text=processor.apply_chat_template(message, add_generation_prompt=True),
+                           images=pictures, add_special_tokens=False, return_tensors="pt"))
+    ids = whole.pop("input_ids")[0].tolist()
+    whole.pop("attention_mask", None)
+    ref = hf_vlm_logprobs(hf, ids, whole)
+    got = out.prompt_logprobs  # positions 1 .. n-1: the first token has none
+    assert [lp.token_id for lp in got] == ids[1:]
+    for i, lp in enumerate(got, start=1):
+        assert abs(lp.logprob - ref[i - 1, ids[i]].item()) < TOLERANCE, (name, i)

@@ -51,7 +51,7 @@ def test_an_image_is_written_as_the_chat_template_writes_it(template, written):
 
 
 def test_images_are_refused_where_they_cannot_go():
-    text_only = SimpleNamespace(front=SimpleNamespace(images=None), encode=lambda p: [1, 2])
+    text_only = SimpleNamespace(takes_images=False, encode=lambda p: [1, 2])
     assert asyncio.run(request_prompt(text_only, DslRequest(call_id=1, text="hi"))) == ([1, 2],
                                                                                         [])
     with pytest.raises(ValueError, match="takes no images"):
