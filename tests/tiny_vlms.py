@@ -173,9 +173,47 @@ def build_qwen2_vl(folder: Path, tokenizer: Any, seed: int = 0, v2_5: bool = Fal
     return model, load_hf_processor(str(folder))
 
 
+GEMMA_TEMPLATE = CHAT_TEMPLATE.replace("<image>\n", "<start_of_image>")
+
+
+def build_gemma3(folder: Path, tokenizer: Any, seed: int = 0) -> tuple[Any, Any]:
+    """A Gemma 3 checkpoint (a SigLIP tower of 2 layers on 56-pixel images: 8 x 8 patches,
+    average-pooled to 16 rows; a decoder whose sliding window, 8, is shorter than an image, so
+    an image's rows see each other both ways within the window) in folder; returns (model,
+    processor)."""
+    import transformers as tf
+
+    names = {"boi_token": "<start_of_image>", "image_token": "<image_soft_token>",
+             "eoi_token": "<end_of_image>"}
+    tok = _tokenizer_with(tokenizer, list(names.values()))
+    tok._set_model_specific_special_tokens(special_tokens=names)
+    boi, soft, eoi = tok.convert_tokens_to_ids(list(names.values()))
+    vision = tf.SiglipVisionConfig(hidden_size=32, intermediate_size=48, num_hidden_layers=2,
+                                   num_attention_heads=4, image_size=2 * IMAGE_SIDE,
+                                   patch_size=PATCH)
+    text = tf.Gemma3TextConfig(
+        **{**TINY, "vocab_size": len(tok)}, head_dim=24, sliding_window=8,
+        query_pre_attn_scalar=20, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                     "sliding_attention"])
+    config = tf.Gemma3Config(vision_config=vision, text_config=text, mm_tokens_per_image=16,
+                             boi_token_index=boi, image_token_index=soft, eoi_token_index=eoi)
+    torch.manual_seed(seed)
+    model = tf.Gemma3ForConditionalGeneration(config).eval()
+    randomize_weights(model, 0.0)  # RMSNorm by (1 + w): w near 0
+    processor = tf.Gemma3Processor(
+        image_processor=tf.Gemma3ImageProcessor(size={"height": 2 * IMAGE_SIDE,
+                                                      "width": 2 * IMAGE_SIDE}),
+        tokenizer=tok, image_seq_length=16, chat_template=GEMMA_TEMPLATE)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return model, processor
+
+
 BUILDERS = {"llava": build_llava, "llava-next": build_llava_next, "idefics3": build_idefics3,
             "qwen2-vl": build_qwen2_vl,
-            "qwen2.5-vl": lambda folder, tok: build_qwen2_vl(folder, tok, v2_5=True)}
+            "qwen2.5-vl": lambda folder, tok: build_qwen2_vl(folder, tok, v2_5=True),
+            "gemma3": build_gemma3}
 
 
 def hf_vlm_logprobs(model: Any, ids: list[int], image_inputs: dict[str, Any]) -> torch.Tensor:

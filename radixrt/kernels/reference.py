@@ -139,11 +139,14 @@ def extend_attention_ref(
     sliding_window: int | None = None,
     logit_cap: float = 0.0,
     sinks: Tensor | None = None,
+    key_limits: Tensor | None = None,
 ) -> None:
     """Attention of new tokens (any count per request) over their request's prefix and themselves.
 
     q, o: [num_tokens, num_heads, head_dim]; qo_indptr, kv_indptr: [bs + 1] int64
     kv_indices: [sum(seq_lens)] int64. The new tokens' K/V must already be stored.
+    key_limits: [num_tokens] int64, the last key position each row sees (>= its own; an
+    image's rows see the image's last: Gemma 3's block mask), None: each its own (causal).
     """
     qo_bounds = qo_indptr.tolist()
     kv_bounds = kv_indptr.tolist()
@@ -157,11 +160,16 @@ def extend_attention_ref(
         prefix_len = slots.numel() - q_req.shape[0]
         window = window_within(sliding_window, slots.numel())
         whole = v_cache.shape[-1] == k_cache.shape[-1]  # (a latent layer: chunks of queries)
-        if window is None and logit_cap == 0 and sinks is None and whole:
+        limits = None
+        if key_limits is not None:
+            limits = key_limits[q_start:q_end]  # [q_len]
+            own = torch.arange(prefix_len, slots.numel(), device=limits.device)
+            limits = None if bool((limits == own).all()) else limits
+        if window is None and logit_cap == 0 and sinks is None and whole and limits is None:
             out = _extend_request(q_req, k_cache, v_cache, slots, prefix_len, sm_scale)
         else:
             out = _extend_request_chunked(q_req, k_cache, v_cache, slots, prefix_len, sm_scale,
-                                          window, logit_cap, sinks)  # fmt: skip
+                                          window, logit_cap, sinks, limits)  # fmt: skip
         o[q_start:q_end] = out.to(o.dtype)
 
 
@@ -202,9 +210,11 @@ def _query_chunk_rows(num_heads: int, kv_len: int, window: int | None) -> int:
 def _extend_request_chunked(
     q_req: Tensor, k_cache: Tensor, v_cache: Tensor, slots: Tensor, prefix_len: int,
     scale: float, window: int | None, logit_cap: float, sinks: Tensor | None = None,
+    limits: Tensor | None = None,
 ) -> Tensor:  # fmt: skip
-    """_extend_request under a sliding window, a logit cap and/or sinks, a chunk of queries at a
-    time, each chunk reading only the keys its queries may see."""
+    """_extend_request under a sliding window, a logit cap, sinks and/or key limits ([q_len]:
+    the last key each row sees), a chunk of queries at a time, each chunk reading only the
+    keys its queries may see."""
     q_len, num_heads, _ = q_req.shape
     device = q_req.device
     out = q_req.new_empty(q_len, num_heads, v_cache.shape[-1])  # [q_len, num_heads, v_dim]
@@ -213,13 +223,15 @@ def _extend_request_chunked(
         last = min(q_len, first + rows)  # rows first..last-1, at positions prefix_len + row
         lo = 0 if window is None else max(0, prefix_len + first + 1 - window)
         hi = prefix_len + last  # keys lo..hi-1
+        pos_q = torch.arange(prefix_len + first, hi, device=device).unsqueeze(1)  # [rows, 1]
+        seen = pos_q if limits is None else limits[first:last].unsqueeze(1)  # [rows, 1]
+        hi = max(hi, int(seen.max()) + 1)
         # [1, num_kv_heads, hi - lo, head_dim]
         k_part, v_part = gather_kv_pair(k_cache, v_cache, slots[lo:hi])
         ki = k_part.transpose(0, 1).unsqueeze(0).to(q_req.dtype)
         vi = v_part.transpose(0, 1).unsqueeze(0).to(q_req.dtype)
-        pos_q = torch.arange(prefix_len + first, hi, device=device).unsqueeze(1)  # [rows, 1]
         pos_k = torch.arange(lo, hi, device=device).unsqueeze(0)  # [1, hi - lo]
-        mask = pos_k <= pos_q  # [rows, hi - lo]
+        mask = pos_k <= seen  # [rows, hi - lo]
         if window is not None:
             mask &= pos_k > pos_q - window
         qi = q_req[first:last].transpose(0, 1).unsqueeze(0)  # [1, num_heads, rows, head_dim]

@@ -250,6 +250,7 @@ class WorkerReady(msgspec.Struct, frozen=True, tag=True):
     lora_max_rank: int = 0  # the adapter slots' rank (--max-lora-rank, resolved)
     pooling: PoolingInfo = PoolingInfo()  # what pooling requests the model serves
     takes_images: bool = False  # a vision-language model: prompts may carry images
+    image_blocks: bool = False  # ... whose runs are computed whole (rows seen both ways)
 
 
 # --- tokenizer <-> scheduler ---------------------------------------------------------------------

@@ -84,6 +84,7 @@ WITHOUT_TEST_FILE = (
     "radixrt/runtime/models/rope.py",
     "radixrt/runtime/models/tensor_source.py",
     "radixrt/runtime/models/vision/encoder.py",
+    "radixrt/runtime/models/vision/gemma3.py",
     "radixrt/runtime/models/vision/idefics3.py",
     "radixrt/runtime/models/vision/llava.py",
     "radixrt/runtime/models/vision/llava_next.py",

@@ -46,6 +46,9 @@ class ForwardBatch:
     image_embeds: Tensor | None = None  # [num_image_rows, hidden]
     # multimodal RoPE's positions (temporal, height, width), where images moved them
     mrope_positions: Tensor | None = None  # [3, num_tokens] int64
+    # the last KV position each row sees where an image's rows see each other both ways
+    # (Gemma 3), None: each its own (causal)
+    key_limits: Tensor | None = None  # [num_tokens] int64
 
     @classmethod
     def build(

@@ -17,6 +17,7 @@ import time
 from radixrt.runtime.config import PLACEHOLDER_TOKEN, QUEUE_TIMEOUT, EngineConfig
 from radixrt.runtime.messages import LoraAdapter, PrefixGroup, Run, StepPlan, WorkerRequest
 from radixrt.runtime.models.lora_format import lora_namespace_of
+from radixrt.runtime.scheduler.image_blocks import cut_runs, whole_runs
 from radixrt.runtime.scheduler.in_flight import (
     SYNC_FORK,
     SYNC_PREEMPT,
@@ -63,10 +64,13 @@ class Planner:
         context_length: int,
         speculator: Speculator | None = None,
         lora: LoraTable | None = None,
+        image_blocks: bool = False,
     ) -> None:
         """speculator: drafts for decoding requests (speculative decoding; None: off); lora:
-        the LoRA adapters (how many one step may mix; what the worker must be told)."""
+        the LoRA adapters (how many one step may mix; what the worker must be told);
+        image_blocks: an image's run is computed in one chunk (image_blocks.py: Gemma 3)."""
         self.config = config
+        self.image_blocks = image_blocks
         self.table = table
         self.kv = kv
         self.policy = policy
@@ -160,7 +164,7 @@ class Planner:
             if draft.budget <= 0:
                 break
             if req.phase is Phase.RUNNING and req.rid not in draft.planned:
-                chunk = min(req.remaining, draft.budget)
+                chunk = self._whole(req, min(req.remaining, draft.budget))
                 self._plan_chunk(req, chunk, draft, self._prompt_draft(req, chunk, draft))
 
     def _expire_waiting(self) -> None:
@@ -230,17 +234,18 @@ class Planner:
                 held.append(req)
                 continue  # next step its prefix is in the tree: compute it once
             self.kv.admit(req)
-            chunk = min(req.remaining, draft.budget)
+            chunk = self._whole(req, min(req.remaining, draft.budget))
             room = self.kv.room(req)
             busy = bool(table.running or draft.runs)
             if room < chunk:
-                if busy or room <= 0:  # wait for the running requests to free memory
+                fit = cut_runs(req.images, req.kv_len, room) if self.image_blocks else room
+                if busy or fit <= 0:  # wait for the running requests to free memory
                     if busy:
                         self.kv.release(req, cache=False)
                     else:
                         table.fail(req, POOL_TOO_SMALL)
                     break
-                chunk = room
+                chunk = fit
             draft_ids = self._prompt_draft(req, chunk, draft)  # within the free pages left
             slots = self.kv.reserve(req, chunk + len(draft_ids), draft.copies)
             if slots is None:
@@ -319,6 +324,10 @@ class Planner:
             draft.sync_reason = draft.sync_reason or SYNC_SPECULATE
         return draft_ids
 
+    def _whole(self, req: Request, chunk: int) -> int:
+        """The chunk, its end at no image run's inside where images are computed whole."""
+        return whole_runs(req.images, req.kv_len, chunk) if self.image_blocks else chunk
+
     def _plan_chunk(self, req: Request, chunk: int, draft: StepDraft,
                     draft_ids: Draft | None = None) -> None:
         """Plan `chunk` more tokens of a running request, then its draft_ids (speculative)."""
@@ -327,8 +336,10 @@ class Planner:
         chunk += len(draft_ids)
         room = self.kv.room(req)
         if 0 < room < chunk:
-            draft_ids.cut(max(room - known, 0))
-            chunk = min(room, known + len(draft_ids))
+            fit = cut_runs(req.images, req.kv_len, room) if self.image_blocks else room
+            if fit > 0:  # (0: an image's run that room cannot hold: free room for it below)
+                draft_ids.cut(max(fit - known, 0))
+                chunk = min(fit, known + len(draft_ids))
         while True:
             slots = self.kv.reserve(req, chunk, draft.copies)
             if slots is not None:

@@ -75,6 +75,7 @@ class Scheduler:
         lora_max_rank: int = 0,
         pooling: PoolingInfo | None = None,
         takes_images: bool = False,
+        image_blocks: bool = False,
     ) -> None:
         """kv_bytes_per_token: what one token costs in the pool (0: unknown, no capacity);
         vocab_size: the model's (WorkerReady), against which every request's token ids are
@@ -84,7 +85,8 @@ class Scheduler:
         them, config.lora_paths are loaded here). With a disk tier in
         config.disk_cache_dir, what it holds is restored into the tree (a warm restart).
         pooling: what pooling requests the model serves (None: the simulation, no checks).
-        takes_images: whether prompts may carry images (a vision-language model)."""
+        takes_images: whether prompts may carry images (a vision-language model);
+        image_blocks: whether an image's run is computed in one chunk (Gemma 3)."""
         self.config = config
         self.takes_images = takes_images
         self.pooling = pooling
@@ -115,7 +117,7 @@ class Scheduler:
         for name, path in config.lora_adapters().items():
             self.lora.load(name, path)
         self.planner = Planner(config, self.table, self.kv, self.policy, self.stats,
-                               context_length, self.speculator, self.lora)
+                               context_length, self.speculator, self.lora, image_blocks)
         self.folder = ResultFolder(self.table, self.kv, self.stats, context_length,
                                    eos_token_ids, self.speculator)
 
@@ -125,7 +127,7 @@ class Scheduler:
         return cls(config, ready.num_pages, ready.context_length, ready.eos_token_ids,
                    ready.kv_bytes_per_token, ready.vocab_size,
                    (ready.host_pages, ready.disk_pages), ready.lora_shapes, ready.lora_max_rank,
-                   ready.pooling, ready.takes_images)
+                   ready.pooling, ready.takes_images, ready.image_blocks)
 
     # --- the views the engine, the loop and the tests read ----------------------------------
     @property

@@ -38,6 +38,7 @@ from radixrt.runtime.image_messages import (
     placeholder_ids,
     tensors_digest,
 )
+from radixrt.runtime.models.vision.processors import placeholder_token
 
 _TEXT_OUTPUTS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
 PROCESSED_CACHE_BYTES = 256 << 20  # processed images kept, by their pixels' hash
@@ -65,8 +66,13 @@ class ImagePrompts:
         self._processed_bytes = 0
         self._lock = threading.Lock()  # requests are expanded on threads (TokenizerManager)
         self._secret = secrets.token_bytes(32)  # keys the placeholder ids (image_messages.py)
-        self.image_token = str(processor.image_token)
+        self.image_token = str(processor.image_token)  # what the template writes, once an image
         self.image_token_id = int(processor.tokenizer.convert_tokens_to_ids(self.image_token))
+        # the token of the runs the processor expands it into (Gemma 3's differs)
+        self.placeholder_id = int(processor.tokenizer.convert_tokens_to_ids(
+            placeholder_token(processor)))
+        self._special_ids = set(processor.tokenizer.all_special_ids) | {
+            i for i, t in processor.tokenizer.added_tokens_decoder.items() if t.special}
 
     def expand(self, ids: Sequence[int], images: Sequence[Any]) -> tuple[list[int],
                                                                          list[ImageInput]]:
@@ -82,20 +88,55 @@ class ImagePrompts:
             raise ValueError(f"{len(images)} images in one request: at most "
                              f"{MAX_IMAGES_PER_REQUEST}")
         out: list[int] = []
-        inputs: list[ImageInput] = []
-        previous = 0
+        processed = []  # (tensors, digest, placeholders) of each image
+        previous, edges = 0, False
         for i, (mark, image) in enumerate(zip(marks, images, strict=True)):
             out += ids[previous:mark]
             expansion, tensors, digest = self._process(i, image)
-            rows = [j for j, t in enumerate(expansion) if t == self.image_token_id]
-            seed = id_seed(self._secret, digest)
-            for j, pid in zip(rows, placeholder_ids(seed, len(rows)), strict=True):
-                expansion[j] = pid
-            inputs.append(ImageInput(digest=digest, runs=runs_of([len(out) + j for j in rows]),
-                                     tensors=tensors, id_seed=seed))
+            edges = edges or not (self._special(expansion[0]) and self._special(expansion[-1]))
+            processed.append((tensors, digest, expansion.count(self.placeholder_id)))
             out += expansion
             previous = mark + 1
-        return out + list(ids[previous:]), inputs
+        out += ids[previous:]
+        if edges:  # an expansion that begins or ends in text (Gemma 3's "\n\n") joins its
+            out = self._retokenized(out)  # neighbours' text as the processor's whole prompt does
+        where = iter([p for p, t in enumerate(out) if t == self.placeholder_id])
+        inputs: list[ImageInput] = []
+        for tensors, digest, count in processed:
+            positions = [next(where) for _ in range(count)]
+            seed = id_seed(self._secret, digest)
+            for p, pid in zip(positions, placeholder_ids(seed, count), strict=True):
+                out[p] = pid
+            inputs.append(ImageInput(digest=digest, runs=runs_of(positions), tensors=tensors,
+                                     id_seed=seed))
+        if next(where, None) is not None:
+            raise ValueError("the prompt holds the model's image placeholder token as text: "
+                             "leave it out")
+        return out, inputs
+
+    def _special(self, token: int) -> bool:
+        return token in self._special_ids
+
+    def _retokenized(self, ids: list[int]) -> list[int]:
+        """Each run of non-special tokens decoded and tokenized again as one text: pieces
+        tokenized apart (the rendered prompt, an image's expansion) join as the processor,
+        which tokenizes the whole expanded prompt, joins them (special tokens split the text
+        in both)."""
+        tok = self.processor.tokenizer
+        out: list[int] = []
+        run: list[int] = []
+        for token in [*ids, None]:
+            if token is not None and not self._special(token):
+                run.append(token)
+                continue
+            if run:
+                text = tok.decode(run, skip_special_tokens=False,
+                                  clean_up_tokenization_spaces=False)
+                out += tok.encode(text, add_special_tokens=False)
+                run = []
+            if token is not None:
+                out.append(token)
+        return out
 
     def _process(self, index: int, image: Any) -> tuple[list[int], list[ImageTensor], str]:
         """The image's expansion, tensors and their digest: kept, or from the processor now."""

@@ -177,7 +177,7 @@ class RequestFront:
             grammar.add_done_callback(timing.done)
         ids = [int(t) for t in prompt_ids]
         shown = ids if not images or self.images is None else [  # placeholders as the image token
-            self.images.image_token_id if is_image_id(t) else t for t in ids]
+            self.images.placeholder_id if is_image_id(t) else t for t in ids]
         self._trackers[rid] = OutputTracker(self.tokenizer, rid, shown, params)
         if stream:
             self._streams[rid] = Stream()

@@ -26,6 +26,7 @@ from torch import Tensor
 from radixrt.runtime.forward.forward_batch import ForwardBatch
 from radixrt.runtime.image_messages import ImageInput, ImageTensor, is_image_id
 from radixrt.runtime.models.vision.encoder import VisionEncoder
+from radixrt.runtime.models.vision.processors import placeholder_token
 from radixrt.runtime.worker.image_positions import mrope_positions
 
 DEFAULT_FEATURE_CACHE_BYTES = 512 << 20  # the encoder's outputs kept, by image digest
@@ -38,8 +39,8 @@ ImageEntry = tuple[Sequence[ImageInput], int, int]
 
 
 def image_token_id(tokenizer: Any, processor: Any) -> int:
-    """The model's image token id, as its processor names the token."""
-    return int(tokenizer.convert_tokens_to_ids(str(processor.image_token)))
+    """The id of the token an image's placeholders stand for in transformers' input_ids."""
+    return int(tokenizer.convert_tokens_to_ids(placeholder_token(processor)))
 
 
 def image_tensor(t: ImageTensor, device: torch.device) -> Tensor:
@@ -109,6 +110,7 @@ class ImageEmbedder:
             batch.mrope_positions = mrope_positions(entries, self.grid, batch.input_ids.device)
         rows: list[Tensor] = []
         embeds: list[Tensor] = []
+        lasts: list[Tensor] = []  # each image row's run's last position (bidirectional)
         offset = 0
         for images, start, length in entries:
             end = start + length
@@ -121,6 +123,7 @@ class ImageEmbedder:
                         first = feature + lo - run_start
                         embeds.append(feats[first : first + hi - lo])
                         rows.append(torch.arange(offset + lo - start, offset + hi - start))
+                        lasts.append(torch.full((hi - lo,), run_start + run_len - 1))
                     feature += run_len
             offset += length
         if not rows:
@@ -129,6 +132,10 @@ class ImageEmbedder:
         batch.input_ids[index] = 0
         batch.image_rows = index
         batch.image_embeds = torch.cat(embeds)  # [len(index), hidden]
+        if self.encoder.bidirectional:  # an image's rows see its whole run (a chunk holds it)
+            limits = batch.positions.clone()
+            limits[index] = torch.cat(lasts).to(limits.device)
+            batch.key_limits = limits
 
     def grid(self, image: ImageInput) -> tuple[int, int, int]:
         """The image's merged grid (multimodal RoPE's positions of its rows)."""

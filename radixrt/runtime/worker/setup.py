@@ -259,6 +259,7 @@ def build_worker(
                                   loaded.config, config.task, loaded.tokenizer,
                                   loaded.model.generates, loaded.gguf_pooling),
         takes_images=loaded.vision is not None,
+        image_blocks=loaded.vision is not None and loaded.vision.bidirectional,
     )
     return worker, ready
 

@@ -109,7 +109,7 @@ class TorchAttentionBackend:
             if not (native and store_kv_cpu(k_cache, v_cache, k, v, batch.out_slots)):
                 store_kv_ref(k_cache, v_cache, k, v, batch.out_slots)
             o = torch.empty_like(q)  # [num_tokens, num_heads, head_dim]
-        if native and self._small and decode_attention_cpu(
+        if native and self._small and batch.key_limits is None and decode_attention_cpu(
                 q.contiguous(), o, k_cache, v_cache, batch.kv_indptr, batch.kv_indices,
                 layer.softmax_scale(q.shape[-1]), sliding_window=layer.sliding_window,
                 logit_cap=layer.logit_cap, sinks=layer.sinks, qo_indptr=batch.qo_indptr):
@@ -126,6 +126,8 @@ class TorchAttentionBackend:
                 q_sub, o_sub, k_cache, v_cache, sub.qo_indptr, sub.kv_indptr, sub.kv_indices,
                 layer.softmax_scale(q.shape[-1]), sliding_window=layer.sliding_window,
                 logit_cap=layer.logit_cap, sinks=layer.sinks,
+                key_limits=None if batch.key_limits is None else (
+                    batch.key_limits if sub.rows is None else batch.key_limits[sub.rows]),
             )  # fmt: skip
             if sub.rows is not None:
                 o[sub.rows] = o_sub

@@ -22,6 +22,7 @@ from radixrt.kernels.mla_attention import (
     mla_extend_attention,
     mla_head_blocks,
 )
+from radixrt.kernels.reference import extend_attention_ref
 from radixrt.kernels.store_kv import store_kv
 from radixrt.runtime.forward.attention.base import LayerAttention
 from radixrt.runtime.forward.attention.decode_layout import DecodeLayout
@@ -124,6 +125,12 @@ class TritonAttentionBackend:
                 q, o, k_cache, v_cache, batch.kv_indptr, batch.kv_indices, scale,
                 sliding_window=window, logit_cap=cap, sinks=sinks, num_kv_splits=splits,
                 workspace=workspace,
+            )  # fmt: skip
+        elif batch.key_limits is not None:  # images seen both ways (Gemma 3): the reference
+            extend_attention_ref(
+                q, o, k_cache, v_cache, batch.qo_indptr, batch.kv_indptr, batch.kv_indices,
+                scale, sliding_window=window, logit_cap=cap, sinks=sinks,
+                key_limits=batch.key_limits,
             )  # fmt: skip
         else:
             extend_attention(

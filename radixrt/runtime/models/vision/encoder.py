@@ -31,6 +31,9 @@ class VisionEncoder(nn.Module):
     """Subclasses set `weight_prefixes`: checkpoint prefix -> our module prefix."""
 
     weight_prefixes: tuple[tuple[str, str], ...] = ()
+    # an image's rows attend to each other both ways (Gemma 3): the decoder computes a run
+    # in one chunk (scheduler/image_blocks.py), each row seeing up to its run's last position
+    bidirectional = False
 
     def encode(self, tensors: Mapping[str, Tensor]) -> Tensor:
         raise NotImplementedError

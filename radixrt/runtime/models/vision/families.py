@@ -10,6 +10,7 @@ from typing import Any
 
 from radixrt.runtime.models.tensor_source import Weight
 from radixrt.runtime.models.vision.encoder import VisionEncoder
+from radixrt.runtime.models.vision.gemma3 import Gemma3Encoder
 from radixrt.runtime.models.vision.idefics3 import Idefics3Encoder
 from radixrt.runtime.models.vision.llava import LlavaEncoder
 from radixrt.runtime.models.vision.llava_next import LlavaNextEncoder
@@ -74,7 +75,17 @@ QWEN2_VL = VisionFamily(
     image_token="<|image_pad|>",
 )
 
-VISION_FAMILIES: tuple[VisionFamily, ...] = (LLAVA, LLAVA_NEXT, IDEFICS3, QWEN2_VL)
+GEMMA3 = VisionFamily(
+    name="gemma3",
+    architectures=("Gemma3ForConditionalGeneration",),
+    model_types=("gemma3",),
+    text_prefixes=(("model.language_model.", "model."), ("language_model.model.", "model."),
+                   ("language_model.lm_head.", "lm_head."), ("lm_head.", "lm_head.")),
+    encoder=Gemma3Encoder,
+    features={"images": "Gemma 3: SigLIP, pooled to 256 rows, seen both ways"},
+)
+
+VISION_FAMILIES: tuple[VisionFamily, ...] = (LLAVA, LLAVA_NEXT, IDEFICS3, QWEN2_VL, GEMMA3)
 
 
 def vision_family_of(cfg: Mapping[str, Any]) -> VisionFamily | None:

@@ -49,6 +49,13 @@ class ImageTokenProcessor:
         return self.tokenizer.apply_chat_template(messages, **kwargs)
 
 
+def placeholder_token(processor: Any) -> str:
+    """The token whose runs stand for an image's features: the processor's image token (what
+    the chat template writes), or the tokenizer's own image token where the processor expands
+    a marker into another (Gemma 3: <start_of_image> into <image_soft_token> runs)."""
+    return str(getattr(processor.tokenizer, "image_token", None) or processor.image_token)
+
+
 def load_processor(folder: str, model_type: str, image_token: str | None) -> Any:
     """AutoProcessor of the folder, else (a class transformers cannot build here, see above)
     an ImageTokenProcessor."""

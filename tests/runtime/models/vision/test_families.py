@@ -19,6 +19,7 @@ from tiny_vlms import BUILDERS, hf_vlm_logprobs, images
 
 from radixrt import Engine, SamplingParams
 from radixrt.runtime.models import load_model
+from radixrt.runtime.models.vision.processors import placeholder_token
 
 pytestmark = pytest.mark.model
 
@@ -33,8 +34,9 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "preempt-recompute": dict(preemption="recompute"),  # a pool the longest prompt fits alone
 }
 # preemption by recompute re-encodes (or finds cached) the images of a request admitted again:
-# one family with placeholder runs, one with multimodal RoPE's positions
-PREEMPTED = ("llava", "qwen2-vl")
+# one family with placeholder runs, one with multimodal RoPE's positions, one whose image runs
+# are computed whole (re-admitted, its tree match may end inside one)
+PREEMPTED = ("llava", "qwen2-vl", "gemma3")
 CASES = [(name, config) for name in BUILDERS for config in CONFIGS
          if config != "preempt-recompute" or name in PREEMPTED]
 
@@ -142,8 +144,8 @@ def test_repeated_image_hits_and_a_different_one_misses(
         assert images_of.encoded == encoded + 1
     finally:
         engine.close()
-    image_id = loaded(name).processor.image_token_id if hasattr(
-        loaded(name).processor, "image_token_id") else None
+    processor = loaded(name).processor
+    image_id = processor.tokenizer.convert_tokens_to_ids(placeholder_token(processor))
     start = first.prompt_token_ids.index(image_id)
     end = len(first.prompt_token_ids) - first.prompt_token_ids[::-1].index(image_id)
     assert again.cached_tokens >= end, "the image's placeholders came from the tree"
