@@ -148,10 +148,10 @@ MEMORY_BUGS: tuple[PlantedBug, ...] = (
     ),
     PlantedBug(
         "sched-prefill-chunk-ignores-budget", "scheduler", PLANNER,
-        "                chunk = min(req.remaining, draft.budget)\n"
+        "                chunk = self._whole(req, min(req.remaining, draft.budget))\n"
         "                self._plan_chunk(req, chunk, draft, self._prompt_draft(req, chunk, "
         "draft))\n",
-        "                chunk = req.remaining\n"
+        "                chunk = self._whole(req, req.remaining)\n"
         "                self._plan_chunk(req, chunk, draft, self._prompt_draft(req, chunk, "
         "draft))\n",
         (T_PLANNER,),

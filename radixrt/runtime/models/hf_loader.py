@@ -16,6 +16,7 @@ from radixrt.runtime.models.vision.families import text_config_of, vision_family
 from radixrt.runtime.models.vision.processors import load_processor
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+_PROCESSOR_FILES = ("preprocessor_config.json", "processor_config.json")  # an image processor's
 
 
 def hf_config(folder: str) -> ModelConfig:
@@ -82,8 +83,10 @@ def load_hf_tokenizer(folder: str) -> Any | None:
 
 def load_hf_processor(folder: str) -> Any | None:
     """A vision-language model's processor (its image processor and image token), or None
-    for a text model."""
-    if not (Path(folder) / "config.json").is_file():
+    for a text model -- or for a vision-language checkpoint shipped without its image
+    processor's file (its decoder then serves text alone)."""
+    if not (Path(folder) / "config.json").is_file() or not any(
+            (Path(folder) / name).is_file() for name in _PROCESSOR_FILES):
         return None
     cfg = read_hf_config(folder)
     family = vision_family_of(cfg)

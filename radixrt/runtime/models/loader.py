@@ -155,12 +155,16 @@ def load_model(
             raise ValueError(f"quantization={quantization!r} cannot run here: {problem}")
     net = _build(config, torch_dtype, dev, attention_backend, weights, tp,
                  packed=quantization is not None, quantization=quantization)
+    processor = None if vision is None else load_hf_processor(model)
+    if processor is None and vision is not None:
+        log.warning("%s has no image processor file: its decoder serves text alone", model)
+        vision = None
     if vision is not None:  # its tensors were set aside while the decoder loaded
         if vision_weights:
             vision.load((name, read_all(w)) for name, w in vision_weights.items())
         vision = vision.to(device=dev, dtype=torch_dtype).eval()
     return LoadedModel(net, config, load_hf_tokenizer(model), model, None, vision=vision,
-                       processor=None if vision is None else load_hf_processor(model))
+                       processor=processor)
 
 
 def _served(config: ModelConfig, context_length: int | None) -> ModelConfig:

@@ -101,8 +101,9 @@ def vision_family_of(cfg: Mapping[str, Any]) -> VisionFamily | None:
 
 def text_config_of(cfg: Mapping[str, Any]) -> dict[str, Any]:
     """The decoder's config.json of a vision-language one (its text_config, named by its
-    model_type or the family's text_architecture; the eos / bos ids of the whole where the text
-    part lacks them; multimodal RoPE's sections as `mrope_section`)."""
+    model_type or the family's text_architecture; the bos id of the whole where the text part
+    lacks it, the end-of-sequence ids of both; multimodal RoPE's sections as
+    `mrope_section`)."""
     family = vision_family_of(cfg)
     assert family is not None
     text = dict(cfg["text_config"])
@@ -117,9 +118,13 @@ def text_config_of(cfg: Mapping[str, Any]) -> dict[str, Any]:
                 rope["rope_type"] = "default"
                 rope.pop("type", None)
             text[key] = rope
-    for key in ("eos_token_id", "bos_token_id", "tie_word_embeddings"):
+    for key in ("bos_token_id", "tie_word_embeddings"):
         if text.get(key) is None and cfg.get(key) is not None:
             text[key] = cfg[key]
+    eos = [x for key in (text.get("eos_token_id"), cfg.get("eos_token_id")) if key is not None
+           for x in (key if isinstance(key, list) else [key])]
+    if eos:  # the whole's (Gemma 3's <end_of_turn>) beside the text part's own
+        text["eos_token_id"] = list(dict.fromkeys(eos))
     return text
 
 
