@@ -139,9 +139,10 @@ class Speculator:
         if own[1]:  # the longer match first, its own on a tie (a stable sort)
             found.insert(0, own)
         found.sort(key=lambda f: f[0], reverse=True)
-        # a draft never holds an image's placeholder: only its image's features could follow
-        paths = [_before_images(path) for _, path in found[:MAX_DRAFT_PATHS]]
-        paths = [path for path in paths if path]
+        paths = [path for _, path in found[:MAX_DRAFT_PATHS]]
+        if any(is_image_id(t) for path in paths for t in path):
+            # a draft never holds an image's placeholder: only its image's features could follow
+            paths = [p for p in (_before_images(path) for path in paths) if p]
         # unless its last main line was accepted whole, the main line leaves each other
         # continuation known at least the token where it parts from it; a tree verifies at most
         # the rows the main line would have verified had it been accepted whole (rows doubled)
