@@ -450,9 +450,6 @@ MAX_TOOLS = 128  # function tools per request
 MAX_TOOL_CALL_ID_CHARS = 256  # an assistant message's tool_calls[i].id, a tool message's id
 REASONING_FORMAT_NAMES = ("qwen3", "deepseek-r1")  # constrained/structural.py defines them
 
-# --- images in requests (tokenizer/media_fetch.py, --media-fetch-timeout) ----------------------
-DEFAULT_MEDIA_FETCH_TIMEOUT_S = 10.0  # one image's whole fetch: lookups, connects, redirects
-
 
 def parse_tenant_weights(text: str) -> dict[str, float]:
     """`name:weight,name:weight` (EngineConfig.tenant_weights) as a dict; raises ValueError

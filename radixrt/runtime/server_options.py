@@ -10,13 +10,12 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from radixrt.runtime.config import (
-    DEFAULT_MEDIA_FETCH_TIMEOUT_S,
-    PIN_LEASE_TTL_S,
-    REASONING_FORMAT_NAMES,
-)
+from radixrt.runtime.config import PIN_LEASE_TTL_S, REASONING_FORMAT_NAMES
 
 MAX_DP_SIZE = 64  # --dp-size
+# one image's whole fetch (--media-fetch-timeout; tokenizer/media_fetch.py): lookups, connects,
+# redirects
+DEFAULT_MEDIA_FETCH_TIMEOUT_S = 10.0
 ROUTER_POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 TOOL_CALL_PARSERS = ("auto", "hermes", "llama3_json")  # --tool-call-parser
 

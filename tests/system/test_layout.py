@@ -140,6 +140,7 @@ WITHOUT_TEST_FILE = (
     "radixrt/runtime/worker/cuda_graph.py",
     "radixrt/runtime/worker/image_embeds.py",
     "radixrt/runtime/worker/lora_manager.py",
+    "radixrt/runtime/worker/request_state.py",
     "radixrt/runtime/worker/setup.py",
     "radixrt/runtime/worker/step_executor.py",
     "radixrt/runtime/worker/step_rows.py",

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, unquote_to_bytes, urljoin, urlsplit
 
-from radixrt.runtime.config import DEFAULT_MEDIA_FETCH_TIMEOUT_S
+from radixrt.runtime.server_options import DEFAULT_MEDIA_FETCH_TIMEOUT_S
 
 if TYPE_CHECKING:
     from PIL import Image

@@ -5,8 +5,6 @@ It keeps per-request state (token ids, slot table) so the scheduler's plans carr
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import msgspec
 import torch
 
@@ -16,7 +14,6 @@ from radixrt.runtime.constrained.grammar_engine import Grammar, GrammarState
 from radixrt.runtime.constrained.token_table import TokenTable
 from radixrt.runtime.forward.forward_batch import ForwardBatch, PrefixGroup
 from radixrt.runtime.forward.kv_cache import KVCache
-from radixrt.runtime.image_messages import ImageInput
 from radixrt.runtime.messages import (
     Run,
     RunResult,
@@ -40,6 +37,7 @@ from radixrt.runtime.worker.grammar_rows import MaskRow, MaskThread, after_sampl
 from radixrt.runtime.worker.image_embeds import ImageEmbedder, ImageEntry, image_token_id
 from radixrt.runtime.worker.kv_tiers import KVTiers
 from radixrt.runtime.worker.lora_manager import LoraManager
+from radixrt.runtime.worker.request_state import RequestState
 from radixrt.runtime.worker.sampler import (
     AllowedTokens,
     Sampler,
@@ -48,20 +46,6 @@ from radixrt.runtime.worker.sampler import (
     prompt_logprobs,
 )
 from radixrt.runtime.worker.step_rows import Draws, LogitRows
-
-
-@dataclass
-class _RequestState:
-    params: SamplingParams
-    max_tokens: int  # resolved at admission by the scheduler
-    token_ids: list[int]  # prompt + outputs so far
-    prompt_len: int
-    slots: list[int]  # slot of every position whose K/V is computed
-    seed_offset: int
-    grammar: GrammarState | None = None  # where a constrained output is in its grammar
-    lora: str | None = None  # the LoRA adapter it runs under (LoraAdapter.key)
-    pool: PoolState | None = None  # a pooling request: what it pooled of its prompt so far
-    images: list[ImageInput] | None = None  # its prompt's images (worker/image_embeds.py)
 
 
 class Worker:
@@ -91,7 +75,7 @@ class Worker:
         eos = list(loaded.config.eos_token_ids)
         self.sampler = Sampler(loaded.config.vocab_size, eos, self.device, base_seed=seed,
                                native=loaded.model.cpu_kernels)
-        self.states: dict[int, _RequestState] = {}
+        self.states: dict[int, RequestState] = {}
         self.swapped: dict[int, torch.Tensor] = {}  # rid -> host K/V
         self.tiers: KVTiers | None = None  # the KV tiers below the pool (setup.build_tiers)
         self.tokenizer = loaded.tokenizer
@@ -160,12 +144,12 @@ class Worker:
         result = self._forward(plan)
         return msgspec.structs.replace(result, move_seconds=moved) if moved else result
 
-    def _new_state(self, new: WorkerRequest) -> _RequestState:
+    def _new_state(self, new: WorkerRequest) -> RequestState:
         params = new.params
         grammar = None
         if params.constraint is not None:  # re-admitted after preemption: replay its outputs
             grammar = GrammarState.replay(self._grammar(params), list(new.output_ids))
-        return _RequestState(
+        return RequestState(
             params=params,
             max_tokens=new.max_tokens,
             token_ids=(list(new.prompt_ids) if self.images is None or not new.images
@@ -338,7 +322,7 @@ class Worker:
         return draws
 
     @staticmethod
-    def _draft_rows(draws: Draws, idx: int, run: Run, state: _RequestState) -> None:
+    def _draft_rows(draws: Draws, idx: int, run: Run, state: RequestState) -> None:
         """Speculative decoding: one row after the last known token and one after each drafted
         node, each sampled as if the node's path were outputs (worker/draft_verifier.py)."""
         if run.fork_into:
@@ -454,7 +438,7 @@ class Worker:
               grammars: dict[int, GrammarState | None]) -> None:
         parent = self.states.pop(run.rid)
         for i, child in enumerate(run.fork_into):
-            self.states[child] = _RequestState(
+            self.states[child] = RequestState(
                 params=parent.params,
                 max_tokens=parent.max_tokens,
                 token_ids=parent.token_ids + [sampled[child].token_id],
