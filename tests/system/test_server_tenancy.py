@@ -21,6 +21,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.serial]
 KEYS = {"alice": "key-alice-123", "bob": "key-bob-456", "carol": "key-carol-789"}
 FLOOD = 8  # alice's requests: 2 run, 6 wait
 FLOOD_TOKENS = 48
+# the two that take the running slots hold them while the other six arrive: at 48 tokens they
+# finished in ~0.3 s here, and on a loaded 2-core CI machine before the six were all queued.
+# Longer holds widen that window; under 4.5x FLOOD_TOKENS keeps the other tenant's wait for a
+# slot below 0.6x the wait behind the queue
+HOLD_TOKENS = 128
 TENANT_CAP = FLOOD - 1  # alice may queue one more than the flood's 6 waiting
 
 
@@ -69,7 +74,8 @@ async def flood_then_probe(server: Server, tenant: str, priority: int,
 
     async def background(i: int) -> str | None:
         out = await alice.completions.create(
-            model="default", prompt=f"Story {i}: once upon a time", max_tokens=FLOOD_TOKENS,
+            model="default", prompt=f"Story {i}: once upon a time",
+            max_tokens=HOLD_TOKENS if i < 2 else FLOOD_TOKENS,
             temperature=0, extra_body={"priority": 5, "ignore_eos": True})
         return out.choices[0].finish_reason
 

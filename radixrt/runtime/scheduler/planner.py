@@ -3,7 +3,8 @@ new admissions in policy order; preemption (recompute or swap) when KV runs out.
 
 Order within a plan (`schedule`): swapped-out requests come back first (oldest admission first),
 then every running decode gets its one token, then running prefills get chunks while the budget
-lasts, then waiting requests are admitted (none while any request is swapped out). Pages that a
+lasts, then waiting requests are admitted (none while any request is swapped out); a waiting
+request more urgent than a running prefill is admitted before it. Pages that a
 prefix computed twice at once holds are handed back last, once nothing in this plan can reuse
 them. Making room in a step (preemption by memory, priority and fair share; swapped-out requests
 coming back) is the `Preemptor`'s (preemption.py), which the planner owns and calls; the planner
@@ -108,10 +109,11 @@ class Planner:
                     draft.sync_reason = draft.sync_reason or SYNC_SPECULATE
         prefills = sorted((r for r in table.running if not r.is_decoding and r.remaining > 0),
                           key=lambda r: r.priority)  # stable: admission order within a level
-        ahead = [r for r in prefills if urgent is None or r.priority <= urgent]
-        self._plan_prefills(ahead, draft)
-        self._admit(draft)  # more urgent waiting requests go before less urgent prefills
-        self._plan_prefills(prefills[len(ahead):], draft)
+        for level in sorted({r.priority for r in prefills}):
+            if urgent is not None and urgent < level:  # more urgent waiting requests go first
+                self._admit(draft, before=level)
+            self._plan_prefills([r for r in prefills if r.priority == level], draft)
+        self._admit(draft)
         self._prefetch()
         free = table.take_pending_free()  # ends during planning are in it too
         self._move_onto_tree_pages(draft, free)
@@ -206,7 +208,9 @@ class Planner:
             self.stats.prefetched_tokens += self.kv.prefetch(req)
 
     # --- admission ---------------------------------------------------------------------------
-    def _admit(self, draft: StepDraft) -> None:
+    def _admit(self, draft: StepDraft, before: int | None = None) -> None:
+        """Admit waiting requests in admission order while the budget, the running slots and
+        the KV pool allow; `before`: only those more urgent than that priority."""
         table = self.table
         fair = table.fair if self.config.fair_share else None
         admittable = table.admittable()
@@ -219,6 +223,8 @@ class Planner:
         for req in admission_order(admittable, self.kv, self.policy, fair):
             if swapped is not None and req.priority >= swapped:
                 break  # swapped-out requests come back before anything as urgent starts
+            if before is not None and req.priority >= before:
+                break
             if req.rid in draft.not_admitted:
                 continue  # preempted or passed over for a waiting request in this very plan
             # a more urgent request held back keeps its running slot: nothing less urgent

@@ -58,7 +58,8 @@ class Preemptor:
         urgent = sorted((r for r in table.admittable() if r.priority < ceiling),
                         key=lambda r: (r.priority, r.arrival))
         self._make_room(draft, urgent,
-                        lambda req, _holdings, _slot, _tokens: self._less_urgent_victim(req, draft))
+                        lambda req, _holdings, _slot, _tokens: self._less_urgent_victim(req, draft),
+                        free_adapters=True)
 
     def preempt_for_fair_share(self, draft: StepDraft, level: int) -> None:
         """Fair-share preemption, within the most urgent waiting priority `level`: make room for
@@ -97,19 +98,24 @@ class Preemptor:
 
     def _make_room(self, draft: StepDraft, waiting: list[Request],
                    victim_for: Callable[[Request, Holdings, bool, int], Request | None],
-                   holdings: Holdings | None = None, pass_over: bool = False) -> None:
+                   holdings: Holdings | None = None, pass_over: bool = False,
+                   free_adapters: bool = False) -> None:
         """Make room (a running slot, KV pages for its first chunk) for each of `waiting` in
         turn by preempting `victim_for(req, holdings, slot short, KV tokens short)`. A request
         no victim makes room for ends the walk (admission would stop there too), or with
         `pass_over` is left out of this plan's admissions, and so are its tenant's requests
         after it (a tenant's own order holds). `holdings`: what each tenant holds, updated with
-        every move (fair share's rule reads it)."""
+        every move (fair share's rule reads it). A request whose LoRA adapter finds no adapter
+        slot in the step (--max-loras-per-batch) first gets one with `free_adapters`
+        (`_adapter_victims`: priority); without, or when none can be freed, it is passed by, as
+        admission passes it by: no room is made for a request that cannot start."""
         table, kv = self.table, self.kv
         holdings = holdings or Holdings(table.running, kv.page_size)
         ps = kv.page_size
         pages = sum(1 for r in table.running if r.is_decoding and r.kv_len % ps == 0)
         budget = self.config.max_num_batched_tokens - sum(r.is_decoding for r in table.running)
         placed = 0  # running slots the requests made room for take
+        adapters: list[str | None] = []  # and the adapters they run under
         passed: set[str] = set()  # tenants with a request passed over
         for req in waiting:
             if budget <= 0:
@@ -117,6 +123,16 @@ class Preemptor:
             if req.tenant in passed:
                 draft.not_admitted.add(req.rid)
                 continue
+            if not self._adapter_fits(req, adapters):
+                victims = self._adapter_victims(req, draft, adapters) if free_adapters else []
+                if not victims:
+                    continue
+                if any(v.pending for v in victims):  # their tokens are in flight: fold first
+                    draft.sync_reason = draft.sync_reason or SYNC_PREEMPT
+                    return
+                for victim in victims:
+                    holdings.remove(victim)
+                    self._preempt_for(req, victim, draft)
             cached, unlocked = kv.cached_prefix(req)
             chunk = min(req.num_tokens - cached, budget)
             # its first chunk, a copy-on-write page, and its cached prefix (evictable now,
@@ -142,6 +158,7 @@ class Preemptor:
                 budget -= chunk
                 pages += need
                 placed += 1
+                adapters.append(req.lora)
                 holdings.place(req.tenant, cached + chunk)
 
     def _less_urgent_victim(self, req: Request, draft: StepDraft) -> Request | None:
@@ -151,15 +168,41 @@ class Preemptor:
                    if r.priority > req.priority and r.rid not in draft.swapped_in]
         return max(victims, key=lambda r: (r.priority, r.admitted_at), default=None)
 
+    def _adapter_fits(self, req: Request, placed: list[str | None]) -> bool:
+        """May `req`'s adapter join the running requests' and the `placed` ones in a step?"""
+        return self.lora is None or self.lora.fits(
+            [r.lora for r in self.table.running] + placed, req.lora)
+
+    def _adapter_victims(self, req: Request, draft: StepDraft,
+                         placed: list[str | None]) -> list[Request]:
+        """The running requests to preempt so that `req`'s adapter gets a slot in the step:
+        every request under one other adapter, all of them strictly less urgent than `req` and
+        none swapped in by this plan (the adapter whose most urgent request is least urgent,
+        then the one with fewest requests); [] when no adapter can be freed so."""
+        groups: dict[str, list[Request]] = {}
+        for r in self.table.running:
+            if r.lora is not None and r.lora not in placed:
+                groups.setdefault(r.lora, []).append(r)
+        freeable = [g for g in groups.values()
+                    if all(r.priority > req.priority and r.rid not in draft.swapped_in
+                           for r in g)]
+        return max(freeable, key=lambda g: (min(r.priority for r in g), -len(g)), default=[])
+
     def _preempt_less_urgent(self, req: Request, draft: StepDraft) -> bool:
-        """Priority preemption for `req`; False when there is no victim to preempt now (none,
-        or its token is in flight: it is preempted once that step is folded in)."""
-        victim = self._less_urgent_victim(req, draft)
-        if victim is None or victim.pending:
-            if victim is not None:
+        """Priority preemption for `req`: a less urgent request, or every request holding the
+        adapter slot it needs; False when there is no victim to preempt now (none, or a token
+        is in flight: it is preempted once that step is folded in)."""
+        if self._adapter_fits(req, []):
+            victim = self._less_urgent_victim(req, draft)
+            victims = [] if victim is None else [victim]
+        else:
+            victims = self._adapter_victims(req, draft, [])
+        if not victims or any(v.pending for v in victims):
+            if victims:
                 draft.sync_reason = draft.sync_reason or SYNC_PREEMPT
             return False
-        self._preempt_for(req, victim, draft)
+        for victim in victims:
+            self._preempt_for(req, victim, draft)
         return True
 
     def _preempt_for(self, req: Request, victim: Request, draft: StepDraft) -> None:
@@ -197,9 +240,7 @@ class Preemptor:
         table = self.table
         need = self.kv.pages_for(req.kv_len_swapped) + len(table.running)
         return (len(table.running) < self.config.max_running_requests
-                and self.kv.available_pages() >= need
-                and (self.lora is None
-                     or self.lora.fits([r.lora for r in table.running], req.lora)))
+                and self.kv.available_pages() >= need and self._adapter_fits(req, []))
 
     def swap_back(self, draft: StepDraft, urgent: int | None) -> None:
         """Swapped-out requests come back, most urgent then oldest first, unless a more urgent

@@ -93,6 +93,54 @@ def test_an_urgent_request_preempts_for_kv_memory(preemption: str) -> None:
     check_outputs(sim, [*arrivals, Arrival(0, urgent_prompt, SHORT)], [*background, urgent])
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_an_urgent_request_under_another_adapter_preempts_for_an_adapter_slot(
+    overlap: bool, preemption: str
+) -> None:
+    # one adapter per step: l0's two running requests hold it; the urgent l1 request needs
+    # them both gone, and no base-model request admitted meanwhile may take what was freed
+    sim = make_sim(512, overlap, loras=2, max_loras_per_batch=1, max_running_requests=2,
+                   preemption=preemption)
+    background = [sim.sched.add_request(list(prompt(i)), LONG, Scheduling(lora="l0"))
+                  for i in range(2)]
+    for _ in range(3):
+        step(sim)
+    queued = [sim.sched.add_request(list(prompt(i + 2)), SHORT, Scheduling()) for i in range(3)]
+    urgent = sim.sched.add_request([9, 9, 9, 9], SHORT, Scheduling(priority=-1, lora="l1"))
+    assert first_token_step(sim, urgent) <= 3 + overlap
+    assert sim.sched.stats.priority_preemptions == 2
+    drain(sim)
+    check_idle(sim)
+    arrivals = [Arrival(0, prompt(i), LONG, Scheduling(lora="l0")) for i in range(2)]
+    arrivals += [Arrival(0, prompt(i + 2), SHORT) for i in range(3)]
+    check_outputs(sim, [*arrivals, Arrival(0, (9, 9, 9, 9), SHORT, Scheduling(lora="l1"))],
+                  [*background, *queued, urgent])
+
+
+def test_running_prefills_go_before_admissions_of_their_priority() -> None:
+    # an urgent request that cannot start (its adapter's slot is held by a request as urgent)
+    # must not let new requests of priority 0 take the budget of priority-0 prompts in progress
+    sim = make_sim(512, loras=2, max_loras_per_batch=1, max_running_requests=4,
+                   max_num_batched_tokens=16, priority_preemption=True)
+    holder = sim.sched.add_request(list(prompt(0)), LONG, Scheduling(priority=-1, lora="l0"))
+    step(sim)
+    long_prompt = [1 + k % 13 for k in range(64)]
+    started = sim.sched.add_request(long_prompt, SHORT, Scheduling())
+    step(sim)
+    assert 0 < started.kv_len < len(long_prompt)  # mid-prompt
+    sim.sched.add_request([9, 9, 9, 9], SHORT, Scheduling(priority=-1, lora="l1"))
+    newcomers = [sim.sched.add_request(list(prompt(i + 3, 20)), SHORT, Scheduling())
+                 for i in range(2)]
+    before = started.kv_len
+    step(sim)
+    assert started.kv_len == before + 15, "the prompt in progress lost its chunk"  # 16 - 1
+    assert all(r.kv_len <= 0 for r in newcomers)  # the budget was spent
+    drain(sim)
+    check_idle(sim)
+    assert holder.finished
+
+
 def test_equal_priorities_never_preempt_each_other() -> None:
     sim = make_sim(512, max_running_requests=4)
     background = fill_slots(sim, 4, priority=1)
