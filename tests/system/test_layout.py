@@ -14,6 +14,7 @@ WITHOUT_TEST_FILE = (
     "radixrt/config_flags.py",
     "radixrt/frontend/backends/http_client.py",
     "radixrt/frontend/backends/http_endpoint.py",
+    "radixrt/frontend/backends/http_images.py",
     "radixrt/frontend/backends/lease_keeper.py",
     "radixrt/frontend/backends/local_runtime.py",
     "radixrt/frontend/backends/next_token_scoring.py",

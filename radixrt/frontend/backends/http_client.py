@@ -12,13 +12,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json as jsonlib
 import weakref
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 
+from radixrt.frontend.lang.backend import BackendError
 from radixrt.frontend.lang.runners import await_, in_loop_program
+
+
+def error_message(response: httpx.Response) -> str:
+    """What a refusing server said: its OpenAI-shaped error's message, else status and body."""
+    try:
+        return str(response.json()["error"]["message"])
+    except (ValueError, KeyError, TypeError):
+        return f"HTTP {response.status_code}: {response.text[:500]}"
 
 
 class HttpClient:
@@ -56,6 +66,20 @@ class HttpClient:
             yield StreamedResponse(response, on_loop=True)
         finally:
             await_(response.aclose())
+
+    def events(self, url: str, json: Any) -> Iterator[dict[str, Any]]:
+        """POST and read the response's server-sent events as they come: each `data:` line's
+        JSON, up to `data: [DONE]`. BackendError when the server refuses (its message) or does
+        not answer."""
+        try:
+            with self.stream(url, json) as resp:
+                if resp.status_code != 200:
+                    raise BackendError(error_message(resp.read()))
+                for line in resp.lines():
+                    if line.startswith("data: ") and line != "data: [DONE]":
+                        yield jsonlib.loads(line[len("data: "):])
+        except httpx.HTTPError as exc:
+            raise BackendError(f"{url} did not answer: {exc}") from None
 
     def close(self) -> None:
         self._sync.close()

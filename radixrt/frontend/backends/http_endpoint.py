@@ -5,24 +5,39 @@ gen and select run as on any OpenAI-compatible server (OpenAICompatible: /v1/com
 choices scored in one echo request), with the role markers from /server_info; what the radixrt
 server adds is used: a fork's prefix is pinned with POST /generate {"pin": true} under the same
 lease as over ZeroMQ (renewed in the background with /renew_pins, released with /unpin), and
-flush_cache / get_server_info reach /flush_cache and /server_info. The ZeroMQ endpoint
+flush_cache / get_server_info reach /flush_cache and /server_info. A call whose text holds
+images (rx.image, on a vision-language model: /server_info names the text that stands for one)
+goes through the native /generate with the images (http_images.py). The ZeroMQ endpoint
 (`--dsl-port`, tcp://) is the faster path: one call per select, no HTTP parsing.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
 
+from radixrt.frontend.backends.http_client import error_message
+from radixrt.frontend.backends.http_images import NativeImageCalls
 from radixrt.frontend.backends.lease_keeper import LeaseKeeper
-from radixrt.frontend.backends.openai_backend import OpenAICompatible, error_message
-from radixrt.frontend.lang.backend import PREFILL_ONLY, BackendError
+from radixrt.frontend.backends.openai_backend import OpenAICompatible
+from radixrt.frontend.lang.backend import (
+    PREFILL_ONLY,
+    BackendError,
+    ChoiceLogprobs,
+    GenResult,
+    PieceCallback,
+)
 from radixrt.runtime.config import PIN_LEASE_TTL_S, PIN_RENEWALS_PER_TTL
 
 
 class HttpRuntimeEndpoint(OpenAICompatible):
+    no_images = ("rx.image needs a vision-language model: this server's model takes no images "
+                 "(its /server_info names no image text)")
+    sends_images = True
+
     def __init__(self, url: str, api_key: str | None = None) -> None:
         root = url.rstrip("/").removesuffix("/v1")
         self.root = root
@@ -41,12 +56,37 @@ class HttpRuntimeEndpoint(OpenAICompatible):
         self.model_path: str | None = info.get("model_path")  # its local tokenizer folder
         ttl = float(info.get("pin_lease_ttl_s", PIN_LEASE_TTL_S))
         self._leases = LeaseKeeper(self._renew, ttl / PIN_RENEWALS_PER_TTL)
+        self._images = NativeImageCalls(self._http, root)
 
-    def pin(self, text: str, priority: int = 0) -> int | None:
+    def generate(self, text: str, params: dict[str, Any], on_piece: PieceCallback | None,
+                 priority: int = 0, images: Sequence[bytes] = ()) -> GenResult:
+        if not images:
+            return super().generate(text, params, on_piece, priority)
+        result = self._images.generate(text, params, on_piece, priority, images)
+        self.token_usage.add(result.prompt_tokens, result.completion_tokens,
+                             result.cached_tokens)
+        return result
+
+    def score(self, text: str, choices: list[str], unconditional: bool, priority: int = 0,
+              images: Sequence[bytes] = ()) -> list[ChoiceLogprobs]:
+        if not images:
+            return super().score(text, choices, unconditional, priority)
+        scores = self._images.score(text, choices, priority, images)
+        if unconditional:  # each choice alone, as the text-only path scores it
+            alone = self._echo_scores([(self._score_start(), c) for c in choices], priority)
+            if alone is None:
+                raise BackendError("the server returned no prompt log-probabilities")
+            scores = [ChoiceLogprobs(s.logprobs, a) for s, a in zip(scores, alone)]
+        return scores
+
+    def pin(self, text: str, priority: int = 0, images: Sequence[bytes] = ()) -> int | None:
         if not self._cache_on:
             return None
-        meta = self._native("/generate", {"text": text, "pin": True, "priority": priority,
-                                          "sampling_params": PREFILL_ONLY})["meta_info"]
+        if images:
+            meta = self._images.pin(text, priority, images)
+        else:
+            meta = self._native("/generate", {"text": text, "pin": True, "priority": priority,
+                                              "sampling_params": PREFILL_ONLY})["meta_info"]
         self.token_usage.add(meta.get("prompt_tokens", 0), 0, meta.get("cached_tokens", 0))
         if meta.get("pin_id") is None:
             warnings.warn(f"radixrt: {meta.get('pin_error')}", RuntimeWarning, stacklevel=2)

@@ -8,11 +8,13 @@ list [text + choice, ...] with echo and logprobs, max_tokens=0), reading the log
 of the tokens past the text. There is no pinning over HTTP: the server's own prefix cache, if
 it has one, does the reuse. Roles need the model's chat markers: read from a radixrt server's
 /server_info, or given as chat_format ("chatml", "llama-3" or a ChatFormat). rx.image is
-refused: a completion's prompt is text, and there is no chat message to put an image part in.
+refused: a completion's prompt is text, and there is no chat message to put an image part in
+(HttpRuntimeEndpoint, on a radixrt server, sends those calls to its native /generate).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import re
@@ -20,7 +22,7 @@ from typing import Any
 
 import httpx
 
-from radixrt.frontend.backends.http_client import HttpClient
+from radixrt.frontend.backends.http_client import HttpClient, error_message
 from radixrt.frontend.backends.next_token_scoring import NoScoringRoute, score_by_next_tokens
 from radixrt.frontend.lang.backend import (
     SEPARATE_REASONING,
@@ -50,9 +52,10 @@ HTTP_TIMEOUT_S = 600.0
 
 class OpenAICompatible:
     # why rx.image cannot run here (the executor's message; generate takes no images=)
-    no_images = ("rx.image needs rx.Runtime or rx.RuntimeEndpoint(\"tcp://...\") on a "
+    no_images = ("rx.image needs rx.Runtime or rx.RuntimeEndpoint (tcp:// or http://) on a "
                  "vision-language model: this backend sends /v1/completions text prompts, "
                  "which carry no images")
+    sends_images = False  # (HttpRuntimeEndpoint's calls take images= on a radixrt server)
 
     def __init__(self, base_url: str, model: str, api_key: str | None = None,
                  chat_format: str | ChatFormat | None = None,
@@ -124,8 +127,22 @@ class OpenAICompatible:
         # alone = after the model's start token, as radixrt's /server_info names it (so the
         # scores equal RuntimeEndpoint's); elsewhere the choice's first token goes unscored
         start = self._score_start() if unconditional else ""
-        prompts = [text + c for c in choices] + ([start + c for c in choices]
-                                                  if unconditional else [])
+        scores = self._echo_scores([(text, c) for c in choices]
+                                   + ([(start, c) for c in choices] if unconditional else []),
+                                   priority)
+        if scores is None:
+            self._next_token_scoring = True
+            return self._score_next_tokens(text, choices, unconditional)
+        for choice, cond in zip(choices, scores):
+            if not cond:
+                raise BackendError(f"the server returned no log-probabilities for {choice!r}")
+        return [ChoiceLogprobs(scores[i], scores[len(choices) + i] if unconditional else [])
+                for i in range(len(choices))]
+
+    def _echo_scores(self, pairs: list[tuple[str, str]], priority: int) -> list[list[float]] | None:
+        """Per (text, choice): the logprobs of the choice's tokens after the text, from ONE
+        echo request; None when the server does not echo prompt logprobs."""
+        prompts = [text + c for text, c in pairs]
         body = {"model": self.model, "prompt": prompts, "echo": True, "logprobs": 1,
                 "max_tokens": 0, "temperature": 0.0}
         if priority:
@@ -133,18 +150,9 @@ class OpenAICompatible:
         data = self._post(body)
         by_index = sorted(data["choices"], key=lambda c: c["index"])
         if not _echoed(by_index[0].get("logprobs"), len(prompts[0])):
-            self._next_token_scoring = True
-            return self._score_next_tokens(text, choices, unconditional)
-        scored = []
-        for i in range(len(choices)):
-            cond = _logprobs_after(by_index[i]["logprobs"], len(text))
-            uncond = []
-            if unconditional:
-                uncond = _logprobs_after(by_index[len(choices) + i]["logprobs"], len(start))
-            if not cond:
-                raise BackendError(f"the server returned no log-probabilities for {choices[i]!r}")
-            scored.append(ChoiceLogprobs(cond, uncond))
-        return scored
+            return None
+        return [_logprobs_after(choice["logprobs"], len(text))
+                for (text, _), choice in zip(pairs, by_index)]
 
     def _score_next_tokens(self, text: str, choices: list[str],
                            unconditional: bool) -> list[ChoiceLogprobs]:
@@ -241,7 +249,9 @@ class OpenAICompatible:
                 raise ValueError(f"chat_format {chat_format!r} is unknown: use one of "
                                  f"{sorted(CHAT_FORMATS)} or a ChatFormat")
             return CHAT_FORMATS[chat_format]
-        return ChatFormat.from_info(self.info().get("chat", {}))
+        chat = ChatFormat.from_info(self.info().get("chat", {}))
+        # a radixrt server names its image text; completions' text prompts cannot carry images
+        return chat if self.sends_images else dataclasses.replace(chat, image_token="")
 
     def _post(self, body: dict[str, Any], url: str | None = None) -> dict[str, Any]:
         try:
@@ -258,22 +268,13 @@ class OpenAICompatible:
         pieces: list[str] = []
         reason = None
         usage: dict[str, Any] = {}
-        try:
-            with self._http.stream(self.base_url + "/completions", body) as resp:
-                if resp.status_code != 200:
-                    raise BackendError(error_message(resp.read()))
-                for line in resp.lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    chunk = json.loads(line[len("data: "):])
-                    usage = chunk.get("usage") or usage  # the last chunk's (include_usage)
-                    for choice in chunk.get("choices", []):
-                        if choice.get("text"):
-                            pieces.append(choice["text"])
-                            on_piece(choice["text"])
-                        reason = choice.get("finish_reason") or reason
-        except httpx.HTTPError as exc:
-            raise BackendError(f"{self.base_url} did not answer: {exc}") from None
+        for chunk in self._http.events(self.base_url + "/completions", body):
+            usage = chunk.get("usage") or usage  # the last chunk's (include_usage)
+            for choice in chunk.get("choices", []):
+                if choice.get("text"):
+                    pieces.append(choice["text"])
+                    on_piece(choice["text"])
+                reason = choice.get("finish_reason") or reason
         return GenResult("".join(pieces), reason, usage.get("prompt_tokens", 0),
                          (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0),
                          usage.get("completion_tokens", 0))
@@ -364,9 +365,3 @@ def _logprobs_after(logprobs: dict[str, Any], start_char: int) -> list[float]:
             out.append(float(lp))
     return out
 
-
-def error_message(response: httpx.Response) -> str:
-    try:
-        return str(response.json()["error"]["message"])
-    except (ValueError, KeyError, TypeError):
-        return f"HTTP {response.status_code}: {response.text[:500]}"

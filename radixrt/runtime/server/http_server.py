@@ -53,6 +53,7 @@ from radixrt.runtime.server.core.operations_routes import add_operations_routes
 from radixrt.runtime.server.core.tenants import ApiKeys
 from radixrt.runtime.server.core.text_check import CheckedTextRoute
 from radixrt.runtime.server.core.trace_middleware import TraceContext
+from radixrt.runtime.server.dsl.dsl_images import program_chat
 from radixrt.runtime.server.dsl.dsl_scoring import start_text
 from radixrt.runtime.server.native.native_routes import add_native_routes
 from radixrt.runtime.server.native.native_serving import NativeServing
@@ -64,7 +65,6 @@ from radixrt.runtime.server.pooling.pooling_serving import PoolingServing
 from radixrt.runtime.server.responses.response_store import ResponseStore
 from radixrt.runtime.server.responses.responses_routes import add_responses_routes
 from radixrt.runtime.server.responses.responses_serving import ResponsesServing
-from radixrt.runtime.tokenizer.chat_tool_prompts import dsl_chat_info
 from radixrt.runtime.tokenizer.pin_leases import PinService
 from radixrt.runtime.tokenizer.request_tracer import RequestTracer
 from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
@@ -139,11 +139,13 @@ def add_info_routes(app: FastAPI, manager: TokenizerManager, native: NativeServi
                     pins: PinService, features: ChatFeatures, store: ResponseStore) -> None:
     """GET /server_info (SGLang's /get_server_info too): the runtime's state and what each
     surface adds (the DSL's chat info, pins, stored responses, named sequences, the router's)."""
+    chat = program_chat(manager, features.tool_format)
+
     @app.get("/server_info")
     @app.get("/get_server_info")  # SGLang's name
     async def server_info() -> dict[str, Any]:
         info = await manager.server_info()
-        info["chat"] = dsl_chat_info(manager.tokenizer, features.tool_format)  # DSL clients
+        info["chat"] = chat  # DSL clients
         info["chat_features"] = features.info()
         info["score_start"] = start_text(manager.tokenizer)  # unconditional select scores
         info.update(pins.info())

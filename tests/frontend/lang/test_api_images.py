@@ -5,7 +5,9 @@ same picture (greedy); the same picture again is a radix-cache hit, another one 
 carry the image (their pinned prefix holds it) and a concate_and_append join carries the
 children's images on to the parent; a select after an image runs; refusals (bad bytes, embed
 of a text with images, a backend that cannot send images) are clear and leave the runtime
-serving."""
+serving. `rx.RuntimeEndpoint("http://...")` (SGLang's form) runs the same programs over the
+HTTP port (the native /generate with image_data): every answer and every choice's scores as
+over ZeroMQ."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from tiny_vlms import build_llava, images
 
 import radixrt as rx
 from radixrt import Engine, SamplingParams
+from radixrt.frontend.backends import http_images
 
 pytestmark = pytest.mark.slow  # starts real processes
 
@@ -49,6 +52,13 @@ def rt(llava: Path) -> Iterator[rx.Runtime]:
     yield runtime
     runtime.close()
     assert runtime.proc.returncode == 0, runtime.log_tail()
+
+
+@pytest.fixture(scope="module")
+def http(rt: rx.Runtime) -> Iterator[Any]:
+    endpoint = rx.RuntimeEndpoint(rt.base_url)
+    yield endpoint
+    endpoint.close()
 
 
 @pytest.fixture(scope="module")
@@ -100,16 +110,23 @@ def test_a_gen_after_an_image_answers_as_the_engine_and_hits_the_cache(rt, engin
     assert other.get_meta_info("answer")["cached_tokens"] <= start, "another picture: a miss"
 
 
-def test_forks_and_a_concate_and_append_join_carry_the_images(rt, engine):
-    @rx.function
-    def forked(s):
-        s += rx.user(rx.image(PICTURE) + QUESTION)  # a PIL image, sent as PNG
-        forks = s.fork(2)
-        forks += lambda i: rx.assistant(f"Answer {i}:" + rx.gen("answer", **GREEDY))
-        forks[1] += rx.user(rx.image(png(OTHER)) + "And this one?")
-        forks.join("concate_and_append")
-        s += rx.assistant(rx.gen("last", **GREEDY))
+@rx.function
+def forked(s):
+    s += rx.user(rx.image(PICTURE) + QUESTION)  # a PIL image, sent as PNG
+    forks = s.fork(2)
+    forks += lambda i: rx.assistant(f"Answer {i}:" + rx.gen("answer", **GREEDY))
+    forks[1] += rx.user(rx.image(png(OTHER)) + "And this one?")
+    forks.join("concate_and_append")
+    s += rx.assistant(rx.gen("last", **GREEDY))
 
+
+@rx.function
+def choose(s, method):
+    s += rx.user(rx.image(PICTURE) + "Is it blue?")
+    s += rx.assistant(rx.select("answer", ["yes", "no", "maybe so, who knows"], method=method))
+
+
+def test_forks_and_a_concate_and_append_join_carry_the_images(rt, engine):
     state = forked.run(backend=rt)
     for i, child in enumerate(state.forks):
         text = child.text()
@@ -157,3 +174,57 @@ def test_refusals_are_clear_and_the_runtime_keeps_serving(rt):
     completions.close()
     state = image_qa.run(picture=png(PICTURE), question=QUESTION, backend=rt)
     assert state.get_meta_info("answer")["completion_tokens"] == GREEDY["max_tokens"]
+
+
+@rx.function
+def rule(s):
+    s += rx.user(rx.image(PICTURE) + "Draw a rule.")
+    s += rx.assistant("Q: " + "=" * 64 + rx.select("rule", ["=", "==", "= done"]))
+
+
+def test_the_http_endpoint_runs_image_programs_as_over_zeromq(rt, http, engine, monkeypatch):
+    """SGLang's `RuntimeEndpoint("http://...")`: gens (streamed too), selects and forks whose
+    text holds images go through the native /generate; the path they replace is ZeroMQ's."""
+    assert http.chat_format().image_token == "<image>\n"  # /server_info names it
+    question = "Name a color."
+    zmq = image_qa.run(picture=png(PICTURE), question=question, backend=rt)
+    over_http = image_qa.run(picture=png(PICTURE), question=question, backend=http)
+    assert over_http["answer"] == zmq["answer"]
+    meta, expected = over_http.get_meta_info("answer"), zmq.get_meta_info("answer")
+    assert meta["prompt_tokens"] == expected["prompt_tokens"]
+    chat = [{"role": "user", "content": [{"type": "image", "image": PICTURE},
+                                         {"type": "text", "text": question}]}]
+    end = image_span(engine, engine_answer(engine, chat))[1]
+    assert meta["cached_tokens"] >= end, "the picture's placeholders hit the tree"
+    streamed = image_qa.run(picture=png(PICTURE), question=question, backend=http, stream=True)
+    assert "".join(streamed.text_iter("answer")) == zmq["answer"]
+
+    for method in ("token_length_normalized", "unconditional_likelihood_normalized"):
+        want = choose.run(method=method, backend=rt).get_meta_info("answer")
+        got = choose.run(method=method, backend=http).get_meta_info("answer")
+        for key in ("token_logprobs", "unconditional_token_logprobs"):
+            if key == "unconditional_token_logprobs" and method == "token_length_normalized":
+                continue
+            assert [len(c) for c in got[key]] == [len(c) for c in want[key]], key
+            for ours, theirs in zip(got[key], want[key]):
+                assert ours == pytest.approx(theirs, abs=1e-4), key
+        assert got["scores"] == pytest.approx(want["scores"], abs=1e-4)
+
+    # choices whose tokenization takes back the text's last 5 tokens (a run of "="): with the
+    # input logprobs asked from 8 tokens back, and from 1 (asked again from the start)
+    want = rule.run(backend=rt).get_meta_info("rule")
+    for lookback in (8, 1):
+        monkeypatch.setattr(http_images, "SCORE_LOOKBACK", lookback)
+        got = rule.run(backend=http).get_meta_info("rule")
+        assert [len(c) for c in got["token_logprobs"]] == [len(c) for c in want["token_logprobs"]]
+        for ours, theirs in zip(got["token_logprobs"], want["token_logprobs"]):
+            assert ours == pytest.approx(theirs, abs=1e-4), lookback
+
+    state = forked.run(backend=http)  # the fork's prefix pinned with its image over HTTP
+    reference = forked.run(backend=rt)
+    assert [c["answer"] for c in state.forks] == [c["answer"] for c in reference.forks]
+    assert state["last"] == reference["last"]
+    assert state.forks[0].get_meta_info("answer")["cached_tokens"] >= end
+
+    with pytest.raises(rx.BackendError, match="image 0: not an image"):
+        image_qa.run(picture=b"\x89PNG not really", question=question, backend=http)

@@ -26,13 +26,12 @@ from radixrt.runtime.messages import DslReply, DslRequest, DslSample, DslToolCal
 from radixrt.runtime.sampling_params import SamplingParams
 from radixrt.runtime.server.core.http_replica import local_tokenizer_path
 from radixrt.runtime.server.core.tenants import ApiKeys
-from radixrt.runtime.server.dsl.dsl_images import image_text, images_of, request_prompt
+from radixrt.runtime.server.dsl.dsl_images import images_of, program_chat, request_prompt
 from radixrt.runtime.server.dsl.dsl_scoring import score_choices
 from radixrt.runtime.server.openai.chat_tool_plan import ChatFeatures
 from radixrt.runtime.server.openai.logprob_formats import TokenText
 from radixrt.runtime.server.openai.reasoning_parsers import split_reasoning
 from radixrt.runtime.server.openai.tool_parsers import parse_tool_calls
-from radixrt.runtime.tokenizer.chat_tool_prompts import dsl_chat_info
 from radixrt.runtime.tokenizer.pin_leases import PinService
 from radixrt.runtime.tokenizer.pooling_inputs import PoolingAborted, embed_params, pooled_result
 from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
@@ -64,10 +63,7 @@ class DslEndpoint:
         self._decoder = msgspec.msgpack.Decoder(DslRequest)
         self._calls: dict[tuple[bytes, int], asyncio.Task] = {}
         self._loop_task: asyncio.Task | None = None
-        self._chat = dsl_chat_info(manager.tokenizer, self.features.tool_format)
-        images = manager.front.images
-        if images is not None:  # what a program writes for rx.image
-            self._chat["image_token"] = image_text(manager.tokenizer, images.image_token)
+        self._chat = program_chat(manager, self.features.tool_format)
         self._cache_on: bool | None = None  # the runtime's radix cache, read on first use
         self._token_text = TokenText(manager.tokenizer)
 

@@ -16,11 +16,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixrt.runtime.constrained.structural import ToolFormat
 from radixrt.runtime.image_messages import ImageInput
 from radixrt.runtime.messages import DslRequest
+from radixrt.runtime.tokenizer.chat_tool_prompts import dsl_chat_info
 from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 
 SENTINEL = "\u2063radixrt-image-probe\u2063"  # text no template writes by itself
+
+
+def program_chat(manager: TokenizerManager, tool_format: ToolFormat) -> dict[str, Any]:
+    """What DSL clients build a program's prompts from (op info's and /server_info's "chat"):
+    the roles' markers and the tool prompt (dsl_chat_info) and, on a vision-language model, the
+    text that stands for an image ("image_token": image_text)."""
+    chat = dsl_chat_info(manager.tokenizer, tool_format)
+    images = manager.front.images
+    if images is not None:
+        chat["image_token"] = image_text(manager.tokenizer, images.image_token)
+    return chat
 
 
 def image_text(tokenizer: Any, image_token: str) -> str:
