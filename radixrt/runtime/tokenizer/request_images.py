@@ -23,17 +23,22 @@ from radixrt.runtime.tokenizer.media_fetch import (
 if TYPE_CHECKING:
     from PIL import Image
 
+    from radixrt.runtime.tokenizer.decoded_images import DecodedImages
 
-async def load_request_images(refs: Sequence[Any], policy: MediaPolicy) -> list[Image.Image]:
+
+async def load_request_images(refs: Sequence[Any], policy: MediaPolicy,
+                              decoded: DecodedImages | None = None) -> list[Image.Image]:
     """The images `refs` name, in order: a PIL image as it is (RGB), bytes decoded, a str
-    fetched or read (load_media_bytes' rules) and decoded. ValueError for too many images or
-    the first one that cannot be used ("image i: why")."""
+    fetched or read (load_media_bytes' rules) and decoded, each held in `decoded` (the
+    process's bound on decoded images) while it lives. ValueError for too many images or the
+    first one that cannot be used ("image i: why"); QueueFull when the decoded images of the
+    requests in flight leave no room for one."""
     if len(refs) > MAX_IMAGES_PER_REQUEST:
         raise MediaError(f"{len(refs)} images in one request: at most "
                          f"{MAX_IMAGES_PER_REQUEST}; send fewer")
     if not refs:
         return []
-    loads = [asyncio.ensure_future(_load(ref, policy)) for ref in refs]
+    loads = [asyncio.ensure_future(_load(ref, policy, decoded)) for ref in refs]
     try:
         await asyncio.wait(loads)
     except BaseException:  # the caller was cancelled (its client left)
@@ -41,6 +46,8 @@ async def load_request_images(refs: Sequence[Any], policy: MediaPolicy) -> list[
             load.cancel()  # a fetch already on its thread ends by its own deadline
         raise
     errors = [load.exception() for load in loads]  # each one retrieved
+    if any(errors):
+        loads.clear()  # the images that did decode are freed now (their bytes: decoded_images)
     for i, error in enumerate(errors):
         if isinstance(error, (ValueError, OSError)):
             raise MediaError(f"image {i}: {error}") from None
@@ -49,7 +56,7 @@ async def load_request_images(refs: Sequence[Any], policy: MediaPolicy) -> list[
     return [load.result() for load in loads]
 
 
-async def _load(ref: Any, policy: MediaPolicy) -> Image.Image:
+async def _load(ref: Any, policy: MediaPolicy, decoded: DecodedImages | None) -> Image.Image:
     from PIL import Image
 
     if isinstance(ref, Image.Image):
@@ -60,4 +67,4 @@ async def _load(ref: Any, policy: MediaPolicy) -> Image.Image:
         data = await fetch_media_bytes(ref, policy)
     else:
         raise MediaError(f"an image is a URL or a path, not {type(ref).__name__}")
-    return await asyncio.to_thread(decode_image, data, policy)
+    return await asyncio.to_thread(decode_image, data, policy, decoded)

@@ -24,6 +24,7 @@ from radixrt.runtime.models.lora_format import adapter_key
 from radixrt.runtime.outputs import StreamChunk
 from radixrt.runtime.pooling_params import PoolingInfo
 from radixrt.runtime.sampling_params import SamplingParams
+from radixrt.runtime.tokenizer.decoded_images import DecodedImages
 from radixrt.runtime.tokenizer.media_fetch import MediaPolicy
 from radixrt.runtime.tokenizer.prompts import Prompt
 from radixrt.runtime.tokenizer.request_front import RequestFront, Stream
@@ -91,6 +92,7 @@ class TokenizerManager:
         hosts and data: URLs only)."""
         self.link = link
         self.media = media if media is not None else MediaPolicy()
+        self.decoded = DecodedImages()  # requests' decoded images, bounded across requests
         self.front = link.front
         self.model_name = model_name
         self.tokenizer = link.front.tokenizer
@@ -136,8 +138,9 @@ class TokenizerManager:
 
     async def load_images(self, refs: Sequence[Any]) -> list[Image.Image]:
         """A request's image references -> PIL images, fetched and decoded off the event loop
-        under `media` (request_images.py). ValueError for too many or a bad one."""
-        return await load_request_images(refs, self.media)
+        under `media` (request_images.py), held in `decoded` while they live. ValueError for
+        too many or a bad one; QueueFull when other requests' decoded images leave no room."""
+        return await load_request_images(refs, self.media, self.decoded)
 
     async def encode_images(self, prompt: Prompt, images: Sequence[Any]
                             ) -> tuple[list[int], list[ImageInput]]:

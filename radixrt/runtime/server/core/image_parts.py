@@ -21,8 +21,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from radixrt.runtime.config import MAX_PATH_CHARS
+from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.image_messages import ImageInput
 from radixrt.runtime.server.core.error_shapes import APIError
+from radixrt.runtime.server.core.http_streaming import queue_full
 from radixrt.runtime.tokenizer.prompts import Prompt
 from radixrt.runtime.tokenizer.tokenizer_manager import TokenizerManager
 
@@ -88,7 +90,8 @@ def native_image_refs(image_data: Any, count: int, batch: bool) -> list[list[str
 
 async def load_images(manager: TokenizerManager, refs: Sequence[Any], param: str) -> list[Any]:
     """The images refs name (PIL images); APIError (400) when the model takes none, for too many,
-    or for one that cannot be fetched, read or decoded."""
+    or for one that cannot be fetched, read or decoded; 429 when the server holds as many
+    decoded images as it may (tokenizer/decoded_images.py)."""
     if not refs:
         return []
     if not manager.takes_images:
@@ -97,6 +100,8 @@ async def load_images(manager: TokenizerManager, refs: Sequence[Any], param: str
         return await manager.load_images(refs)
     except ValueError as exc:
         raise APIError(str(exc), param=param) from None
+    except QueueFull as exc:  # other requests' decoded images fill the server's bound
+        raise queue_full(str(exc), exc.retry_after_s) from None
 
 
 async def encode_with_images(manager: TokenizerManager, prompt: Prompt, images: Sequence[Any],
