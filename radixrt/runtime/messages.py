@@ -180,6 +180,11 @@ class StepResult(msgspec.Struct, frozen=True, tag=True):
     num_tokens: int = 0  # tokens in the forward pass
     masks: MaskTiming | None = None  # None: no row of the step had a grammar
     move_seconds: float = 0.0  # spent on the plan's PageMoves (KV tiers)
+    # images whose features the vision encoder computed in this step, and those its cache had,
+    # and the encoder's seconds (vision-language models)
+    images_encoded: int = 0
+    image_cache_hits: int = 0
+    image_encode_seconds: float = 0.0
 
 
 class OutputDelta(msgspec.Struct, frozen=True, omit_defaults=True):

@@ -57,6 +57,9 @@ class ResultFolder:
             self.stats.grammar_mask_seconds += result.masks.seconds
             self.stats.grammar_mask_wait_seconds += result.masks.wait_seconds
         self.stats.tier_move_seconds += result.move_seconds
+        self.stats.images_encoded += result.images_encoded
+        self.stats.image_cache_hits += result.image_cache_hits
+        self.stats.image_encode_seconds += result.image_encode_seconds
         for run in plan.runs:
             req = table.requests.get(run.rid)
             if req is None or step.is_stale(req):

@@ -59,4 +59,9 @@ class SchedulerStats:
     # KV tiers: seconds the worker spent moving pages between tiers (PageMoves); tokens of
     # waiting requests' prefixes brought from disk to host memory ahead of their admission
     tier_move_seconds: float = 0.0
+    # vision-language models: images through the vision encoder, images its cache had, and the
+    # encoder's seconds (the worker's StepResults)
+    images_encoded: int = 0
+    image_cache_hits: int = 0
+    image_encode_seconds: float = 0.0
     prefetched_tokens: int = 0

@@ -301,6 +301,8 @@ class TokenizerManager:
         cache_hit_rate, prompt/cached/generated tokens, steps, preemptions."""
         info = await self._call("info")
         info["model"] = self.model_name
+        info["decoded_image_bytes"] = self.decoded.held  # requests' pictures in this process
+        info["decoded_images_refused"] = self.decoded.refused
         return info
 
     async def check_integrity(self) -> dict[str, Any]:

@@ -147,7 +147,15 @@ class ImageEmbedder:
                 self._grids.pop(next(iter(self._grids)))
         return grid
 
-    def stats(self) -> dict[str, float]:
-        return {"images_encoded": self.encoded, "image_cache_hits": self.hits,
-                "image_encode_seconds": self.encode_seconds,
-                "image_cache_bytes": self._cached_bytes}
+    def counts(self) -> tuple[int, int, float]:
+        """Images encoded, images the cache had, the encoder's seconds: so far."""
+        return self.encoded, self.hits, self.encode_seconds
+
+    def since(self, before: tuple[int, int, float]) -> dict[str, Any]:
+        """StepResult's image fields for what happened after `counts()` was `before` ({}:
+        nothing)."""
+        encoded, hits, seconds = self.counts()
+        if (encoded, hits) == before[:2]:
+            return {}
+        return {"images_encoded": encoded - before[0], "image_cache_hits": hits - before[1],
+                "image_encode_seconds": seconds - before[2]}

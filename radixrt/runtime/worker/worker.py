@@ -141,8 +141,12 @@ class Worker:
             self.states[swap.rid].slots = list(swap.slots)
         if not plan.runs:
             return StepResult(step_id=plan.step_id, move_seconds=moved)
+        before = self.images.counts() if self.images is not None else None
         result = self._forward(plan)
-        return msgspec.structs.replace(result, move_seconds=moved) if moved else result
+        extra = self.images.since(before) if self.images is not None and before else {}
+        if moved:
+            extra["move_seconds"] = moved
+        return msgspec.structs.replace(result, **extra) if extra else result
 
     def _new_state(self, new: WorkerRequest) -> RequestState:
         params = new.params

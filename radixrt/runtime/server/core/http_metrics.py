@@ -127,6 +127,15 @@ class HTTPMetrics:
                                           "worker's mask thread, beside the forward pass); "
                                           "divide by grammar_masks for the cost per token",
                                           registry=r)
+        self.images = {
+            key: Gauge(f"{PREFIX}_{key}", text, registry=r) for key, text in (
+                ("images_encoded", "Images the vision encoder computed features of so far"),
+                ("image_cache_hits", "Images whose features came from the encoder's cache "
+                                     "(a picture sent again, a request computed again)"),
+                ("image_encode_seconds", "Seconds the vision encoder ran so far"),
+                ("decoded_image_bytes", "Bytes of requests' decoded pictures held now (bounded: "
+                                        "past the bound a 429)"),
+                ("decoded_images_refused", "Images refused with a 429 at that bound so far"))}
         self.grammar_mask_wait = Gauge(f"{PREFIX}_grammar_mask_wait_seconds",
                                        "Seconds sampling waited for grammar masks after the "
                                        "forward pass so far (mask time the pass did not hide)",
@@ -312,6 +321,8 @@ class HTTPMetrics:
         self.grammar_masks.set(info.get("grammar_masks", 0))
         self.grammar_mask_seconds.set(info.get("grammar_mask_seconds", 0.0))
         self.grammar_mask_wait.set(info.get("grammar_mask_wait_seconds", 0.0))
+        for key, gauge in self.images.items():
+            gauge.set(info.get(key, 0))
         for key, gauge in self.spec.items():
             gauge.set(info.get(key, 0))
         for length, count in info.get("spec_accepted_lengths", {}).items():

@@ -269,3 +269,23 @@ def test_native_generate_image_data(server: Server, checkpoint: Path, hosted: Ho
     assert logprobs.status_code == 200, logprobs.text  # the image token's rows included
     assert len(logprobs.json()["meta_info"]["input_token_logprobs"]) == expected.prompt_tokens
     server.wait_idle()
+
+
+def test_the_encoders_cache_and_the_decoded_pictures_in_server_info_and_metrics(
+        server: Server, client: openai.OpenAI, expected: Any) -> None:
+    """A picture whose prefix left the radix tree (flushed) is not encoded again: the vision
+    encoder's cache has its features; the pictures decoded for requests are freed with them."""
+    assert chat(client, DATA_URL).choices[0].message.content == expected.text  # encoded once
+    before = server.info()
+    assert before["images_encoded"] >= 1 and before["image_encode_seconds"] > 0
+    httpx.post(f"{server.url}/flush_cache", headers=server.headers()).raise_for_status()
+    again = chat(client, DATA_URL)
+    assert again.choices[0].message.content == expected.text
+    assert again.usage.prompt_tokens_details.cached_tokens == 0  # the tree had nothing
+    after = server.info()
+    assert after["images_encoded"] == before["images_encoded"], "encoded again"
+    assert after["image_cache_hits"] == before["image_cache_hits"] + 1
+    assert after["decoded_image_bytes"] == 0 and after["decoded_images_refused"] == 0
+    text = httpx.get(f"{server.url}/metrics", headers=server.headers()).text
+    assert f"radixrt_image_cache_hits {float(after['image_cache_hits'])}" in text
+    assert "radixrt_decoded_image_bytes 0.0" in text
