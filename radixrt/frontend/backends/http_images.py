@@ -4,13 +4,14 @@ native /generate with `image_data`, as SGLang's RuntimeEndpoint sends them.
 A completion's prompt is text only, so HttpRuntimeEndpoint sends these calls here: a gen as one
 /generate (streamed when the program streams), a fork's pin as a prefill-only /generate with
 "pin", and a select as the DSL endpoint scores it (dsl_scoring.py), token by token: the text
-alone first (its prompt ids, and its KV in the tree), then every choice in one batch, whose
-log-probabilities are read from the first token where its ids part from the text's. The choices'
-input logprobs are asked for from a few tokens before the text's end (their shared prefix comes
-from the tree); where a choice's id there is not the text's (its tokenization reaches further
-back), the batch is asked again from the prompt's start. The images go as data: URLs
-with every request (the server decodes them under its media limits; the same image is the same
-placeholders, so the choices share the text's KV, images included).
+alone first (prefilled: its KV in the tree, which every later request of the select hits),
+then its last tokens' ids and each choice's, one request each, whose log-probabilities are read
+from the first token where the choice's ids part from the text's. Those input logprobs are
+asked for from SCORE_LOOKBACK tokens before the text's end; where a choice's id there is not the
+text's (its tokenization reaches further back), they are asked again from the prompt's start.
+Every request carries the images once, as data: URLs (the server decodes them under its media
+limits; the same image is the same placeholders, so the choices share the text's KV, images
+included).
 """
 
 from __future__ import annotations
@@ -30,13 +31,15 @@ from radixrt.frontend.lang.backend import (
     ChoiceLogprobs,
     GenResult,
     PieceCallback,
+    constraint_of,
 )
 from radixrt.frontend.lang.sglang_names import LORA
 from radixrt.runtime.sampling_params import SamplingParams
 
 # the choices' input logprobs start this many tokens before the text's end (a choice whose
-# tokenization joins the text's last tokens parts from it there; earlier: asked again from 0)
-SCORE_LOOKBACK = 8
+# tokenization joins the text's last tokens parts from it there; earlier: asked again from 0;
+# only a word of more tokens than this re-tokenized whole could part earlier unseen)
+SCORE_LOOKBACK = 32
 # logprob fields the native API takes as request fields (return_logprob, ...), not in
 # sampling_params
 _LOGPROB_FIELDS = ("logprobs", "top_logprobs", "prompt_logprobs_start")
@@ -61,6 +64,11 @@ class NativeImageCalls:
         if params.get(SEPARATE_REASONING):
             raise BackendError("gen(separate_reasoning=True) needs rx.RuntimeEndpoint(\"tcp://"
                                "...\") or rx.Runtime (a radixrt runtime with --reasoning-parser)")
+        constraint = constraint_of(params)
+        if constraint is not None and constraint[0] == "tool_calls":
+            raise BackendError("gen(tools=...) after rx.image needs rx.RuntimeEndpoint(\"tcp://"
+                               "...\") or rx.Runtime: the native /generate returns no parsed "
+                               "tool calls")
         fields = {k: v for k, v in params.items() if k != LORA}
         try:
             SamplingParams.from_fields(fields)  # a bad option is refused here, before sending
@@ -79,12 +87,20 @@ class NativeImageCalls:
         out = (self._post(body) if on_piece is None
                else self._stream(dict(body, stream=True), on_piece))
         meta = out["meta_info"]
-        logprobs = {k: [tuple(e) for e in meta[k]] for k in
-                    ("output_token_logprobs", "input_token_logprobs") if meta.get(k)}
-        for k in ("output_top_logprobs", "input_top_logprobs"):
-            if meta.get(k) is not None:
-                logprobs[k] = [[tuple(e) for e in row or []] for row in meta[k]]
-        return GenResult(out["text"], reason_of(meta.get("finish_reason")),
+        reason = reason_of(meta.get("finish_reason"))
+        if reason is not None and reason.startswith("error"):  # (streamed: no HTTP error)
+            raise BackendError(reason)
+        logprobs = {}
+        for kind in ("output", "input"):
+            # the input entries begin at logprob_start_len, one before the first logprob
+            skip = 1 if kind == "input" else 0
+            if meta.get(f"{kind}_token_logprobs"):
+                logprobs[f"{kind}_token_logprobs"] = [
+                    tuple(e) for e in meta[f"{kind}_token_logprobs"][skip:]]
+            if meta.get(f"{kind}_top_logprobs") is not None:
+                logprobs[f"{kind}_top_logprobs"] = [
+                    [tuple(e) for e in row or []] for row in meta[f"{kind}_top_logprobs"][skip:]]
+        return GenResult(out["text"], reason,
                          meta.get("prompt_tokens", 0), meta.get("cached_tokens", 0),
                          meta.get("completion_tokens", 0), logprobs)
 
@@ -99,38 +115,35 @@ class NativeImageCalls:
         """Each choice's tokens' logprobs after `text` (dsl_scoring's rule)."""
         if not text:
             raise BackendError("select needs some text before it to score the choices against")
-        prefix = self._post(dict(self._body(text, images, priority), return_logprob=True,
-                                 logprob_start_len=0, sampling_params=dict(PREFILL_ONLY)))
-        prefix_ids = [int(e[1]) for e in prefix["meta_info"]["input_token_logprobs"]]
-        from_pos = max(len(prefix_ids) - SCORE_LOOKBACK, 0)
-        entries = self._choice_entries(text, choices, priority, images, prefix_ids, from_pos)
+        # the text alone first: its KV in the tree (every later request hits it), its length
+        prefix = self._post(dict(self._body(text, images, priority),
+                                 sampling_params=dict(PREFILL_ONLY)))
+        from_pos = max(int(prefix["meta_info"]["prompt_tokens"]) - SCORE_LOOKBACK, 0)
+        prefix_ids, _ = self._entries(text, priority, images, from_pos)
+        scored = [self._entries(text + c, priority, images, from_pos) for c in choices]
         if from_pos and any(len(ids) <= from_pos or ids[from_pos] != prefix_ids[from_pos]
-                            for ids, _ in entries):
-            from_pos = 0  # a choice parts from the text before the guess: all of it
-            entries = self._choice_entries(text, choices, priority, images, prefix_ids, 0)
+                            for ids, _ in scored):
+            from_pos = 0  # a choice parts from the text before the lookback: all of it
+            prefix_ids, _ = self._entries(text, priority, images, 0)
+            scored = [self._entries(text + c, priority, images, 0) for c in choices]
         start = max(1, min(min(len(commonprefix([prefix_ids, ids])), len(ids) - 1)
-                           for ids, _ in entries))
+                           for ids, _ in scored))
         if start <= from_pos:  # its logprob is not in what came back (from_pos has none)
             from_pos = start - 1
-            entries = self._choice_entries(text, choices, priority, images, prefix_ids,
-                                           from_pos)
+            scored = [self._entries(text + c, priority, images, from_pos) for c in choices]
         return [ChoiceLogprobs([float(lp) for lp in logprobs[start - from_pos:]])
-                for _ids, logprobs in entries]
+                for _ids, logprobs in scored]
 
-    def _choice_entries(self, text: str, choices: list[str], priority: int,
-                        images: Sequence[bytes], prefix_ids: list[int], from_pos: int
-                        ) -> list[tuple[list[int], list[float | None]]]:
-        """Per choice: its prompt's ids (those before from_pos taken as the text's) and the
-        logprob of each position from from_pos on (None at from_pos)."""
-        body = self._body([text + c for c in choices], [], priority)
-        body.update(image_data=[image_data(images)] * len(choices), return_logprob=True,
-                    logprob_start_len=from_pos, sampling_params=dict(PREFILL_ONLY))
-        out = []
-        for result in self._post(body):
-            triples = result["meta_info"]["input_token_logprobs"]
-            ids = prefix_ids[:from_pos] + [int(e[1]) for e in triples]
-            out.append((ids, [e[0] for e in triples]))
-        return out
+    def _entries(self, text: str, priority: int, images: Sequence[bytes],
+                 from_pos: int) -> tuple[list[int], list[float | None]]:
+        """The prompt's ids from from_pos on (-1 before: the same for every prompt of the
+        select, whose texts agree there) and the logprob of each position from from_pos on
+        (None at from_pos): one prefill-only /generate, the images sent once."""
+        body = self._body(text, images, priority)
+        body.update(return_logprob=True, logprob_start_len=from_pos,
+                    sampling_params=dict(PREFILL_ONLY))
+        triples = self._post(body)["meta_info"]["input_token_logprobs"]
+        return [-1] * from_pos + [int(e[1]) for e in triples], [e[0] for e in triples]
 
     def _body(self, text: str | list[str], images: Sequence[bytes],
               priority: int) -> dict[str, Any]:
@@ -163,6 +176,11 @@ class NativeImageCalls:
 
 
 def reason_of(finish: Any) -> str | None:
-    """SGLang's meta_info finish_reason ({"type": "stop", ...}) as a gen's finish reason."""
-    return finish.get("type") if isinstance(finish, dict) else finish
+    """SGLang's meta_info finish_reason ({"type": "stop", ...}) as a gen's finish reason: its
+    type, or the runtime's "error: ..." message of an abort that was one."""
+    if not isinstance(finish, dict):
+        return finish
+    message = str(finish.get("message") or "")
+    return message if finish.get("type") == "abort" and message.startswith("error") else (
+        finish.get("type"))
 

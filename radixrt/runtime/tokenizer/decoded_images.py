@@ -4,10 +4,11 @@ One request's images are bounded (how many, each one's bytes and pixels: media_f
 requests come at once: decoded pictures are 4 bytes a pixel, and a burst of requests each with
 sixteen 40-megapixel images would hold tens of GiB before any reaches the scheduler (which bounds
 what it holds itself). Every decode reserves its picture's bytes here once its header has given
-its size, before its pixels are decoded; they count until the image is freed (a finalizer on the
-PIL image: however long the request keeps it). A decode that would pass the bound is refused
-with QueueFull (HTTP 429 with Retry-After: the server is busy, the request is fine). The bound
-holds a whole request of the largest images, so a request alone is never refused.
+its size: a request's pictures all at once, from their headers, before any pixels are decoded;
+each counts until it is freed (a finalizer on the PIL image: however long the request keeps
+it). A request that would pass the bound is refused with QueueFull (HTTP 429 with Retry-After:
+the server is busy, the request is fine), holding nothing. The bound holds a whole request of
+the largest images, so a request alone is never refused.
 """
 
 from __future__ import annotations
@@ -33,18 +34,23 @@ class DecodedImages:
         self.refused = 0  # decodes refused at the bound
         self._lock = threading.Lock()
 
-    def reserve(self, width: int, height: int) -> int:
-        """Reserve a width x height picture's bytes (returned); QueueFull past the bound."""
-        nbytes = width * height * DECODED_BYTES_PER_PIXEL
-        with self._lock:
-            if self.held + nbytes > self.limit:
+    def reserve(self, sizes: list[tuple[int, int]]) -> list[int]:
+        """Reserve the bytes of a request's pictures (width, height each), all or none: each
+        one's share (returned), or QueueFull past the bound."""
+        shares = [width * height * DECODED_BYTES_PER_PIXEL for width, height in sizes]
+        need = sum(shares)
+        with self._lock:  # (nothing allocated under it: a finalizer may release meanwhile)
+            held = self.held
+            fits = held + need <= self.limit
+            if fits:
+                self.held += need
+            else:
                 self.refused += 1
-                raise QueueFull(f"the server holds {self.held >> 20} MiB of decoded images of "
-                                f"other requests, and this {width}x{height} image needs "
-                                f"{nbytes >> 20} MiB more than its {self.limit >> 20} MiB allow: "
-                                "retry shortly", RETRY_AFTER_S)
-            self.held += nbytes
-        return nbytes
+        if not fits:
+            raise QueueFull(f"the server holds {held / 2**20:.1f} MiB of decoded images, and "
+                            f"this request's {len(sizes)} need {need / 2**20:.1f} MiB more than "
+                            f"its {self.limit >> 20} MiB allow: retry shortly", RETRY_AFTER_S)
+        return shares
 
     def release(self, nbytes: int) -> None:
         with self._lock:

@@ -37,17 +37,16 @@ import ssl
 import stat
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, unquote_to_bytes, urljoin, urlsplit
 
-from radixrt.runtime.errors import QueueFull
 from radixrt.runtime.server_options import DEFAULT_MEDIA_FETCH_TIMEOUT_S
 
 if TYPE_CHECKING:
     from PIL import Image
 
-    from radixrt.runtime.tokenizer.decoded_images import DecodedImages
 
 DEFAULT_MAX_IMAGE_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_REDIRECTS = 3
@@ -112,47 +111,59 @@ async def fetch_media_bytes(ref: str, policy: MediaPolicy) -> bytes:
     return await asyncio.to_thread(load_media_bytes, ref, policy)
 
 
-def decode_image(data: bytes, policy: MediaPolicy,
-                 decoded: DecodedImages | None = None) -> Image.Image:
-    """`data` decoded as an RGB image, fully loaded; its size is checked before its pixels, and
-    its bytes reserved in `decoded` (the process's bound on decoded images: QueueFull past it)
-    until the image is freed."""
+def image_size(data: bytes, policy: MediaPolicy) -> tuple[int, int]:
+    """The (width, height) `data`'s header gives, checked against the policy's bounds (bytes,
+    pixels, aspect ratio) before any pixel is decoded."""
+    with _opened(data, policy) as img:
+        return img.size
+
+
+def decode_image(data: bytes, policy: MediaPolicy) -> Image.Image:
+    """`data` decoded as an RGB image, fully loaded; its size is checked before its pixels."""
+    from PIL import ImageOps
+
+    with _opened(data, policy) as img:
+        try:
+            img.load()
+            # as transformers' load_image: a photo's EXIF orientation applied
+            return ImageOps.exif_transpose(img).convert("RGB")
+        except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, EOFError, ...
+            raise _undecodable(e, len(data)) from e
+
+
+@contextlib.contextmanager
+def _opened(data: bytes, policy: MediaPolicy) -> Iterator[Image.Image]:
+    """`data` opened (its header read), its size within the policy's bounds."""
     from PIL import Image
 
     if len(data) > policy.max_bytes:
         raise MediaError(f"the image is larger than {policy.max_bytes} bytes: send a smaller one")
-    from PIL import ImageOps
-
-    reserved = 0
     try:
-        with Image.open(io.BytesIO(data), formats=IMAGE_FORMATS) as img:
-            width, height = img.size
-            if width * height > policy.max_pixels:
-                raise MediaError(f"the image is {width}x{height} pixels, more than "
-                                 f"{policy.max_pixels}: send a smaller one")
-            if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
-                raise MediaError(f"the image is {width}x{height} pixels: one side more than "
-                                 f"{MAX_ASPECT_RATIO} times the other; crop it")
-            reserved = decoded.reserve(width, height) if decoded is not None else 0
-            img.load()
-            # as transformers' load_image: a photo's EXIF orientation applied
-            picture = ImageOps.exif_transpose(img).convert("RGB")
-        if decoded is not None:
-            decoded.hold(picture, reserved)
-            reserved = 0
-        return picture
-    except (MediaError, QueueFull):
-        raise
-    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as e:
-        raise MediaError(f"the image is too large to decode ({e}): send a smaller one") from e
-    except Image.UnidentifiedImageError as e:  # its message names an in-memory file object
-        raise MediaError(f"not an image (PNG, JPEG, GIF, WebP, BMP ...): its {len(data)} "
-                         "bytes are in no image format") from e
-    except Exception as e:  # PIL raises OSError, SyntaxError, ValueError, EOFError, ...
-        raise MediaError(f"not an image (PNG, JPEG, GIF, WebP, BMP ...): {e}") from e
-    finally:
-        if reserved and decoded is not None:  # not decoded after all
-            decoded.release(reserved)
+        img = Image.open(io.BytesIO(data), formats=IMAGE_FORMATS)
+    except Exception as e:
+        raise _undecodable(e, len(data)) from e
+    with img:
+        width, height = img.size
+        if width * height > policy.max_pixels:
+            raise MediaError(f"the image is {width}x{height} pixels, more than "
+                             f"{policy.max_pixels}: send a smaller one")
+        if max(width, height) > MAX_ASPECT_RATIO * min(width, height):
+            raise MediaError(f"the image is {width}x{height} pixels: one side more than "
+                             f"{MAX_ASPECT_RATIO} times the other; crop it")
+        yield img
+
+
+def _undecodable(e: Exception, size: int) -> MediaError:
+    from PIL import Image
+
+    if isinstance(e, MediaError):
+        return e
+    if isinstance(e, (Image.DecompressionBombError, Image.DecompressionBombWarning)):
+        return MediaError(f"the image is too large to decode ({e}): send a smaller one")
+    if isinstance(e, Image.UnidentifiedImageError):  # its message names an in-memory file
+        return MediaError(f"not an image (PNG, JPEG, GIF, WebP, BMP ...): its {size} bytes are "
+                          "in no image format")
+    return MediaError(f"not an image (PNG, JPEG, GIF, WebP, BMP ...): {e}")
 
 
 def load_image(ref: str | bytes, policy: MediaPolicy) -> Image.Image:

@@ -220,6 +220,27 @@ def test_the_http_endpoint_runs_image_programs_as_over_zeromq(rt, http, engine, 
         for ours, theirs in zip(got["token_logprobs"], want["token_logprobs"]):
             assert ours == pytest.approx(theirs, abs=1e-4), lookback
 
+    @rx.function
+    def scored(s):  # a gen's output and prompt logprobs after an image
+        s += rx.user(rx.image(PICTURE) + question)
+        s += rx.assistant(rx.gen("answer", return_logprob=True, logprob_start_len=3,
+                                 top_logprobs_num=2, **GREEDY))
+
+    want, got = (scored.run(backend=b).get_meta_info("answer") for b in (rt, http))
+    for key in ("output_token_logprobs", "input_token_logprobs"):
+        assert [e[1] for e in got[key]] == [e[1] for e in want[key]], key
+        assert [e[0] for e in got[key]] == pytest.approx([e[0] for e in want[key]], abs=1e-4)
+    assert len(got["input_top_logprobs"]) == len(want["input_top_logprobs"])
+
+    @rx.function
+    def tool_after_image(s):
+        s += rx.user(rx.image(PICTURE) + question)
+        s += rx.assistant(rx.gen("call", tools=[{"type": "function", "function": {
+            "name": "look", "parameters": {"type": "object", "properties": {}}}}]))
+
+    with pytest.raises(rx.BackendError, match="tools=.*after rx.image"):
+        tool_after_image.run(backend=http)
+
     state = forked.run(backend=http)  # the fork's prefix pinned with its image over HTTP
     reference = forked.run(backend=rt)
     assert [c["answer"] for c in state.forks] == [c["answer"] for c in reference.forks]

@@ -2,7 +2,8 @@
 loading path (request_images.py, media_fetch.decode_image): a decoded picture's bytes count while
 it lives and no longer; a request that would pass the bound while other requests hold their
 pictures is refused with QueueFull (HTTP 429 with Retry-After, image_parts.py) and goes through
-once they are freed; a refused or undecodable image leaves nothing reserved."""
+once they are freed; a request reserves all its pictures or none; a refused or undecodable
+image leaves nothing reserved."""
 
 from __future__ import annotations
 
@@ -63,6 +64,23 @@ def test_decoded_pictures_count_while_they_live() -> None:
     assert [im.size for im in second] == [(SIDE, SIDE)] * 2
     assert decoded.held == 2 * ONE
     del second
+    gc.collect()
+    assert decoded.held == 0
+
+
+def test_a_request_reserves_all_its_pictures_or_none() -> None:
+    """Two requests of 3 pictures at once under a bound of 4: one goes through whole, the other
+    is refused holding nothing (reserved per picture, both could end refused)."""
+    decoded = DecodedImages(limit=4 * ONE)
+
+    async def both() -> list[Any]:
+        return await asyncio.gather(*(load_request_images([png()] * 3, POLICY, decoded)
+                                      for _ in range(2)), return_exceptions=True)
+
+    outcomes = asyncio.run(both())
+    assert sorted(type(o).__name__ for o in outcomes) == ["QueueFull", "list"]
+    assert decoded.held == 3 * ONE
+    del outcomes
     gc.collect()
     assert decoded.held == 0
 
