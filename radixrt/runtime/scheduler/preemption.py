@@ -13,7 +13,7 @@ tensors.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
 from radixrt.runtime.config import EngineConfig
@@ -116,6 +116,7 @@ class Preemptor:
         budget = self.config.max_num_batched_tokens - sum(r.is_decoding for r in table.running)
         placed = 0  # running slots the requests made room for take
         adapters: list[str | None] = []  # and the adapters they run under
+        wanted = {r.lora for r in waiting}  # adapters the waiting requests run under
         passed: set[str] = set()  # tenants with a request passed over
         for req in waiting:
             if budget <= 0:
@@ -124,7 +125,8 @@ class Preemptor:
                 draft.not_admitted.add(req.rid)
                 continue
             if not self._adapter_fits(req, adapters):
-                victims = self._adapter_victims(req, draft, adapters) if free_adapters else []
+                victims = (self._adapter_victims(req, draft, adapters, wanted)
+                           if free_adapters else [])
                 if not victims:
                     continue
                 if any(v.pending for v in victims):  # their tokens are in flight: fold first
@@ -173,12 +175,13 @@ class Preemptor:
         return self.lora is None or self.lora.fits(
             [r.lora for r in self.table.running] + placed, req.lora)
 
-    def _adapter_victims(self, req: Request, draft: StepDraft,
-                         placed: list[str | None]) -> list[Request]:
+    def _adapter_victims(self, req: Request, draft: StepDraft, placed: list[str | None],
+                         wanted: Collection[str | None] = ()) -> list[Request]:
         """The running requests to preempt so that `req`'s adapter gets a slot in the step:
         every request under one other adapter, all of them strictly less urgent than `req` and
-        none swapped in by this plan (the adapter whose most urgent request is least urgent,
-        then the one with fewest requests); [] when no adapter can be freed so."""
+        none swapped in by this plan (one no other `wanted` request runs under, then the one
+        whose most urgent request is least urgent, then the one with fewest requests); [] when
+        no adapter can be freed so."""
         groups: dict[str, list[Request]] = {}
         for r in self.table.running:
             if r.lora is not None and r.lora not in placed:
@@ -186,7 +189,8 @@ class Preemptor:
         freeable = [g for g in groups.values()
                     if all(r.priority > req.priority and r.rid not in draft.swapped_in
                            for r in g)]
-        return max(freeable, key=lambda g: (min(r.priority for r in g), -len(g)), default=[])
+        return max(freeable, key=lambda g: (g[0].lora not in wanted, min(r.priority for r in g),
+                                            -len(g)), default=[])
 
     def _preempt_less_urgent(self, req: Request, draft: StepDraft) -> bool:
         """Priority preemption for `req`: a less urgent request, or every request holding the

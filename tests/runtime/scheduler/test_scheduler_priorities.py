@@ -118,6 +118,26 @@ def test_an_urgent_request_under_another_adapter_preempts_for_an_adapter_slot(
                   [*background, *queued, urgent])
 
 
+def test_urgent_requests_free_the_adapter_none_of_them_needs() -> None:
+    # two adapter slots: l0 (one request) and l1 (two) run; urgent requests under l2 and l0
+    # arrive. Freeing l0 for l2 would preempt its request only for l0's urgent one to need it:
+    # l1's two go, and l0's request keeps running beside l0's urgent one
+    sim = make_sim(512, loras=3, max_loras_per_batch=2, max_running_requests=5)
+    keep = sim.sched.add_request(list(prompt(0)), LONG, Scheduling(lora="l0"))
+    others = [sim.sched.add_request(list(prompt(i)), LONG, Scheduling(lora="l1"))
+              for i in (1, 2)]
+    for _ in range(3):
+        step(sim)
+    urgent = [sim.sched.add_request([9, 9, 9, k], SHORT, Scheduling(priority=-1, lora=lora))
+              for k, lora in ((1, "l2"), (2, "l0"))]
+    for req in urgent:
+        first_token_step(sim, req)
+    assert sim.sched.stats.priority_preemptions == 2
+    assert keep.num_preemptions == 0 and all(r.num_preemptions == 1 for r in others)
+    drain(sim)
+    check_idle(sim)
+
+
 def test_running_prefills_go_before_admissions_of_their_priority() -> None:
     # an urgent request that cannot start (its adapter's slot is held by a request as urgent)
     # must not let new requests of priority 0 take the budget of priority-0 prompts in progress
