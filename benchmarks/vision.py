@@ -183,7 +183,7 @@ def radixrt_rows(path: str, picture: Any, args: argparse.Namespace, cache: bool
                 times.setdefault(turn, []).append(ttft)
                 prompts[turn] = prompt
                 answers.append(text)
-            encoder = engine.worker.images.stats()
+            encoder = engine.stats()  # the vision encoder's images_encoded and seconds
         finally:
             engine.close()
     rows = [TurnRow(system, t + 1, prompts[t], 1000 * statistics.median(times[t]))
