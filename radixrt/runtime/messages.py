@@ -180,8 +180,7 @@ class StepResult(msgspec.Struct, frozen=True, tag=True):
     num_tokens: int = 0  # tokens in the forward pass
     masks: MaskTiming | None = None  # None: no row of the step had a grammar
     move_seconds: float = 0.0  # spent on the plan's PageMoves (KV tiers)
-    # images whose features the vision encoder computed in this step, and those its cache had,
-    # and the encoder's seconds (vision-language models)
+    # this step's images through the vision encoder, from its cache, and the encoder's seconds
     images_encoded: int = 0
     image_cache_hits: int = 0
     image_encode_seconds: float = 0.0

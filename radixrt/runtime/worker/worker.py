@@ -141,11 +141,11 @@ class Worker:
             self.states[swap.rid].slots = list(swap.slots)
         if not plan.runs:
             return StepResult(step_id=plan.step_id, move_seconds=moved)
-        before = self.images.counts() if self.images is not None else None
+        images = self.images
+        before = images.counts() if images is not None else (0, 0, 0.0)
         result = self._forward(plan)
-        extra = self.images.since(before) if self.images is not None and before else {}
-        if moved:
-            extra["move_seconds"] = moved
+        extra = {**(images.since(before) if images is not None else {}),
+                 **({"move_seconds": moved} if moved else {})}
         return msgspec.structs.replace(result, **extra) if extra else result
 
     def _new_state(self, new: WorkerRequest) -> RequestState:
